@@ -1,0 +1,22 @@
+"""Shared test set-up: every test gets its own TRAINFORGE_HOME so nothing touches ~/.trainforge.
+
+Fixture modules live in tests/fixtures/ and are registered here."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+pytest_plugins: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.mktemp("tf-home")
+    monkeypatch.setenv("TRAINFORGE_HOME", str(home))
+    monkeypatch.delenv("TRAINFORGE_CLUSTER", raising=False)
+    yield home

@@ -1,0 +1,30 @@
+"""`trainforge` command line. Each command lives in trainforge/commands/<name>.py and registers itself on `app`;
+heavy libraries (torch, prefect, mlflow) are imported inside commands, never at start-up."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="trainforge",
+    help="Parallel ML training platform: validate, plan, submit and track training jobs from one YAML spec.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# One module per command group; each calls `@app.command()` on import.
+COMMAND_MODULES = ["validate"]
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"trainforge.commands.{_name}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

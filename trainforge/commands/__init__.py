@@ -1,0 +1,1 @@
+"""CLI command modules; each registers its commands on `trainforge.cli.app`."""

@@ -1,0 +1,64 @@
+"""Dataset manifests: what a dataset version is. Pure: no I/O.
+
+A version id is the sha256 of the manifest's canonical JSON, and the manifest lists every shard with its sha256,
+so a version id pins the exact bytes trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    file: str
+    num_samples: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetManifest:
+    name: str
+    shards: tuple[ShardInfo, ...]
+    sample_len: int
+    """Tokens per stored sample (seq_len + 1: inputs and next-token targets)."""
+    token_dtype: str
+    vocab_size: int
+    tokenizer: str
+    license: str
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.num_samples for s in self.shards)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shards"] = [asdict(s) for s in self.shards]
+        return d
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def version_id(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DatasetManifest:
+        shards = tuple(ShardInfo(**s) for s in d["shards"])
+        return cls(**{**d, "shards": shards})
+
+    def shard_offsets(self) -> list[int]:
+        """Global index of each shard's first sample."""
+        out, acc = [], 0
+        for s in self.shards:
+            out.append(acc)
+            acc += s.num_samples
+        return out

@@ -1,0 +1,48 @@
+"""Dataset references (`catalog://`, `file://`, `s3://`, `gs://`, `lakefs://`) -> an immutable version."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from trainforge.datasets.catalog import CatalogError, EmbeddedCatalog, ResolvedDataset, load_version_dir
+from trainforge.spec import Problem
+
+
+def resolve_reference(ref: str, base_dir: Path | None = None) -> ResolvedDataset:
+    """Resolve a reference to a committed version. Raises CatalogError with a readable reason."""
+    scheme, _, rest = ref.partition("://")
+    if scheme == "catalog":
+        name, _, version = rest.partition("@")
+        return EmbeddedCatalog().resolve(name, version or "main")
+    if scheme == "file":
+        path = Path(rest)
+        if not path.is_absolute():
+            path = (base_dir or Path.cwd()) / path
+        return load_version_dir(path.resolve(), ref)
+    raise CatalogError(f"{scheme}:// datasets are not resolvable on the embedded backend yet")
+
+
+def check_reference(ref: str, base_dir: Path) -> Problem | None:
+    """None if the reference resolves; otherwise an error, or "not-checked" for systems out of reach."""
+    scheme = ref.partition("://")[0]
+    if scheme in ("catalog", "file"):
+        try:
+            resolve_reference(ref, base_dir)
+        except CatalogError as exc:
+            fix = ("build it with `trainforge demo` / `trainforge datasets build`, or check the name"
+                   if scheme == "catalog" else "point file:// at a dataset version folder holding manifest.json")
+            return Problem("dataset.ref", str(exc), ref, fix)
+        return None
+    if scheme in ("s3", "gs"):
+        if not (os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")):
+            return Problem("dataset.ref", f"{scheme}:// reference not checked: no object-storage credentials in "
+                           "this environment", ref, "run where the credentials are set, or drop --strict",
+                           "not-checked")
+        return Problem("dataset.ref", f"{scheme}:// existence is checked at submit time", ref, "", "not-checked")
+    if scheme == "lakefs":
+        if not os.environ.get("LAKEFS_ENDPOINT"):
+            return Problem("dataset.ref", "lakefs:// reference not checked: LAKEFS_ENDPOINT is not set", ref,
+                           "set LAKEFS_ENDPOINT (and credentials) or drop --strict", "not-checked")
+        return Problem("dataset.ref", "lakefs:// resolution is checked at submit time", ref, "", "not-checked")
+    return Problem("dataset.ref", "unknown dataset scheme", ref, "use catalog://, file://, s3://, gs:// or lakefs://")

@@ -1,0 +1,124 @@
+"""The embedded default object store: a local folder. Writes are atomic (temp file + rename)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from trainforge.infra.storage.base import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ObjectStore,
+    PermissionDeniedError,
+)
+
+
+def _check_key(key: str) -> str:
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid object key {key!r}")
+    return key
+
+
+class LocalObjectStore:
+    def __init__(self, root: str | Path, prefix: str = ""):
+        self.root = Path(root).expanduser().resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.prefix = prefix.strip("/")
+        self.url = f"file://{self.root}" + (f"/{self.prefix}" if self.prefix else "")
+
+    def _path(self, key: str) -> Path:
+        _check_key(key)
+        if self.prefix and not (key == self.prefix or key.startswith(self.prefix + "/")):
+            raise PermissionDeniedError(f"this handle may only access {self.prefix}/; refused {key!r}")
+        return self.root / key
+
+    def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if if_none_match:
+                try:
+                    os.link(tmp, path)  # atomic create-if-absent
+                except FileExistsError:
+                    raise ObjectExistsError(key) from None
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def put_file(self, key: str, path: Path) -> None:
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+        os.close(fd)
+        try:
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, dest)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def get_bytes(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                if byte_range is None:
+                    return f.read()
+                start, end = byte_range
+                f.seek(start)
+                return f.read(max(0, end - start))
+        except FileNotFoundError:
+            raise ObjectNotFoundError(key) from None
+
+    def get_file(self, key: str, path: Path) -> None:
+        src = self._path(key)
+        if not src.is_file():
+            raise ObjectNotFoundError(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, path)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str = "") -> list[str]:
+        if self.prefix and not (prefix + "/").startswith(self.prefix + "/") and not prefix.startswith(self.prefix):
+            raise PermissionDeniedError(f"this handle may only list under {self.prefix}/; refused {prefix!r}")
+        base = self.root
+        out = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(".tmp-"):
+                    continue
+                key = os.path.relpath(os.path.join(dirpath, name), base).replace(os.sep, "/")
+                if key.startswith(prefix):
+                    out.append(key)
+        return sorted(out)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return
+
+    def scoped(self, prefix: str) -> ObjectStore:
+        prefix = prefix.strip("/")
+        if self.prefix and not (prefix + "/").startswith(self.prefix + "/"):
+            raise PermissionDeniedError(f"cannot widen a handle scoped to {self.prefix}/ to {prefix}/")
+        return LocalObjectStore(self.root, prefix)
+
+    def local_path(self, key: str) -> Path:
+        """The file behind a key (local store only): lets DCP read and write in place."""
+        return self._path(key)

@@ -1,0 +1,121 @@
+"""Cluster description: racks -> nodes -> GPUs, grouped into node groups of one GPU type.
+
+Loaded from YAML (`examples/clusters/*.yaml`). Pure data; the scheduler and the planner both read it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainforge.spec import GpuType, Problem, SpecError, _problems_from_validation
+
+Link = Literal["nvlink", "nvswitch", "pcie", "infiniband", "efa", "gpudirect-tcpx", "ethernet", "loopback"]
+
+
+class NodeGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    name: str
+    """Name of this group of identical nodes (e.g. `h100-onprem`)."""
+    gpu_type: GpuType
+    """GPU type of every node in the group."""
+    nodes: int = Field(ge=1)
+    """Number of nodes."""
+    gpus_per_node: int = Field(ge=1, le=16)
+    """GPUs (or CPU worker slots) per node."""
+    nodes_per_rack: int = Field(default=32, ge=1)
+    """Nodes per rack; racks are filled in order."""
+    memory_per_node_gb: float = Field(default=2048, gt=0)
+    """Host memory per node in GiB."""
+    intra_node_link: Link = "nvswitch"
+    """Link between GPUs of one node."""
+    inter_node_link: Link = "infiniband"
+    """Link between nodes (within and across racks)."""
+    spot: bool = False
+    """Spot / preemptible cloud capacity."""
+    pool: str = "shared"
+    """`shared`, or the name of the team that owns this dedicated pool."""
+
+    @property
+    def racks(self) -> int:
+        return -(-self.nodes // self.nodes_per_rack)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class ClusterSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    name: str
+    """Cluster name."""
+    node_groups: list[NodeGroup] = Field(min_length=1)
+    """Groups of identical nodes."""
+    node_mtbf_hours: float = Field(default=50_000, gt=0)
+    """Mean time between failures of one node, in hours (for checkpoint intervals and the simulator)."""
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ClusterSpec:
+        names = [g.name for g in self.node_groups]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"node group names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    def groups_of(self, gpu_type: str) -> list[NodeGroup]:
+        return [g for g in self.node_groups if g.gpu_type == gpu_type]
+
+    def gpu_types(self) -> list[str]:
+        return sorted({g.gpu_type.value for g in self.node_groups})
+
+    def total_gpus(self, gpu_type: str | None = None) -> int:
+        groups: Iterable[NodeGroup] = self.node_groups if gpu_type is None else self.groups_of(gpu_type)
+        return sum(g.total_gpus for g in groups)
+
+    def max_gpus_per_node(self, gpu_type: str) -> int:
+        return max((g.gpus_per_node for g in self.groups_of(gpu_type)), default=0)
+
+
+def local_cluster() -> ClusterSpec:
+    """This machine as a cluster: one node of CPU worker slots (gloo). Slots = max(2, cores), capped at 4
+    because more oversubscribes a small machine (see ENVIRONMENT: 4 workers on 2 cores is ~2x slower/step)."""
+    slots = min(4, max(2, os.cpu_count() or 2))
+    return ClusterSpec(
+        name="this-machine",
+        node_groups=[
+            NodeGroup(name="local", gpu_type=GpuType.CPU, nodes=1, gpus_per_node=slots, nodes_per_rack=1,
+                      memory_per_node_gb=16, intra_node_link="loopback", inter_node_link="loopback")
+        ],
+        node_mtbf_hours=10_000,
+    )
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read a cluster description; raises SpecError naming the file and field on any problem."""
+    from trainforge.spec import read_document
+
+    doc = read_document(path)
+    if not isinstance(doc, dict):
+        raise SpecError([Problem("<root>", "a cluster description must be a mapping", None,
+                                 "see examples/clusters/fleet-10k.yaml")], str(path))
+    try:
+        return ClusterSpec.model_validate(doc)
+    except ValidationError as exc:
+        raise SpecError(_problems_from_validation(exc), str(path)) from None
+
+
+def default_cluster() -> ClusterSpec:
+    """The configured cluster ($TRAINFORGE_CLUSTER), else this machine."""
+    configured = os.environ.get("TRAINFORGE_CLUSTER")
+    return load_cluster(configured) if configured else local_cluster()
+
+
+def dump_cluster(cluster: ClusterSpec) -> str:
+    return yaml.safe_dump(cluster.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,119 @@
+"""A parallel layout (degrees, micro-batch, schedule, sharding) and the divisibility rules it must obey.
+
+`layout_problems` is pure and returns every broken rule with the numbers, so dry-run validation can report all
+of them at once and the advisor can reject a candidate without raising.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainforge.plan.model import ModelShape
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    micro_batch_size: int = 1
+    schedule: str = "1f1b"
+    sharding: str = "none"
+    activation_checkpointing: str = "none"
+
+    @property
+    def world_size(self) -> int:
+        # Expert parallelism is folded into the data-parallel ranks (torchtitan's convention): it does not
+        # multiply the world size.
+        return self.dp * self.tp * self.pp
+
+    def describe(self) -> str:
+        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
+        if self.vpp > 1:
+            parts.append(f"vpp={self.vpp}")
+        parts += [f"mb={self.micro_batch_size}", f"sharding={self.sharding}", f"ac={self.activation_checkpointing}"]
+        if self.pp > 1:
+            parts.append(f"schedule={self.schedule}")
+        return ",".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutProblem:
+    field: str
+    message: str
+    fix: str
+
+
+def gradient_accumulation_steps(layout: Layout, global_batch_size: int) -> int:
+    """Micro-batches per optimizer step per data-parallel rank (pipeline micro-batches included)."""
+    return global_batch_size // (layout.dp * layout.micro_batch_size)
+
+
+def layout_problems(
+    layout: Layout,
+    model: ModelShape,
+    *,
+    global_batch_size: int,
+    world_size: int,
+    gpus_per_node: int,
+) -> list[LayoutProblem]:
+    """Every divisibility / topology rule the layout breaks, with the numbers."""
+    out: list[LayoutProblem] = []
+    if layout.world_size != world_size:
+        out.append(LayoutProblem(
+            "parallelism",
+            f"dp({layout.dp}) * tp({layout.tp}) * pp({layout.pp}) = {layout.world_size} != world size ({world_size})",
+            "make the product of the degrees equal resources.min_gpus, or leave a degree unset for the planner",
+        ))
+    if model.heads % layout.tp:
+        out.append(LayoutProblem("parallelism.tp", f"tp ({layout.tp}) does not divide attention heads ({model.heads})",
+                                 f"use a tp that divides {model.heads}"))
+    elif model.kv_heads % layout.tp and layout.tp % model.kv_heads:
+        out.append(LayoutProblem("parallelism.tp",
+                                 f"tp ({layout.tp}) and kv_heads ({model.kv_heads}) must divide one another",
+                                 f"use a tp that divides {model.kv_heads} or a multiple of it"))
+    if layout.tp > gpus_per_node:
+        out.append(LayoutProblem("parallelism.tp", f"tp ({layout.tp}) exceeds GPUs per node ({gpus_per_node}); "
+                                 "tensor parallelism needs NVLink within one node",
+                                 f"use tp <= {gpus_per_node} and add pipeline or data parallelism"))
+    elif gpus_per_node % layout.tp:
+        out.append(LayoutProblem("parallelism.tp", f"tp ({layout.tp}) does not divide GPUs per node ({gpus_per_node})",
+                                 "use a tp that divides the node size so TP groups never straddle nodes"))
+    chunks = layout.pp * layout.vpp
+    if model.layers % chunks:
+        what = f"pp ({layout.pp})" + (f" * virtual stages ({layout.vpp})" if layout.vpp > 1 else "")
+        out.append(LayoutProblem("parallelism.pp", f"{what} = {chunks} does not divide layers ({model.layers})",
+                                 f"use a stage count that divides {model.layers}"))
+    if layout.ep > 1:
+        if not model.experts:
+            out.append(LayoutProblem("parallelism.ep", f"ep ({layout.ep}) is set but the model has no experts",
+                                     "remove ep or set model.experts"))
+        elif model.experts % layout.ep:
+            out.append(LayoutProblem("parallelism.ep", f"ep ({layout.ep}) does not divide experts ({model.experts})",
+                                     f"use an ep that divides {model.experts}"))
+        if layout.dp % layout.ep:
+            out.append(LayoutProblem("parallelism.ep", f"ep ({layout.ep}) does not divide dp ({layout.dp})",
+                                     "expert parallelism borrows data-parallel ranks; pick ep dividing dp"))
+    per_step = layout.dp * layout.micro_batch_size
+    if global_batch_size % per_step:
+        out.append(LayoutProblem(
+            "training.global_batch_size",
+            f"global batch ({global_batch_size}) is not a multiple of dp ({layout.dp}) * micro-batch "
+            f"({layout.micro_batch_size}) = {per_step}",
+            f"use a global batch that is a multiple of {per_step}, or change the micro-batch size",
+        ))
+    elif layout.pp > 1 and gradient_accumulation_steps(layout, global_batch_size) < layout.pp:
+        n = gradient_accumulation_steps(layout, global_batch_size)
+        out.append(LayoutProblem(
+            "parallelism.micro_batch_size",
+            f"{n} micro-batches per step is fewer than pp ({layout.pp}) stages; the pipeline would be mostly bubble",
+            f"raise the global batch or lower the micro-batch so there are at least {layout.pp} (ideally "
+            f">= {4 * layout.pp})",
+        ))
+    if layout.sharding == "hybrid-shard" and layout.dp < 2:
+        out.append(LayoutProblem("parallelism.sharding", "hybrid-shard needs dp >= 2", "use full-shard or none"))
+    return out

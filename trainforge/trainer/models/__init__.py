@@ -1,0 +1,1 @@
+"""Reference models (architecture only; parallelism is applied from outside)."""

@@ -1,0 +1,269 @@
+"""Dry-run validation: every check that can fail a job, run before any process starts or GPU is taken.
+
+`validate_document` returns a `ValidationReport` listing every problem at once (schema, layout, memory, code,
+dataset, cluster, combinations). Checks that need a system this machine cannot reach are reported as
+"not-checked" with the reason, never passed silently; `strict=True` turns them into errors.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainforge.plan.cluster import ClusterSpec, default_cluster
+from trainforge.plan.hardware import gpu_spec
+from trainforge.plan.layout import Layout, layout_problems
+from trainforge.plan.memory import estimate_memory
+from trainforge.plan.model import ModelShape, shape_from_spec
+from trainforge.spec import JobSpec, Problem, SpecError, parse_spec, read_document
+
+GiB = 2**30
+
+# A dataset checker returns None when the reference resolves, else a Problem (error or not-checked).
+DatasetChecker = Callable[[JobSpec, Path], "Problem | None"]
+
+
+@dataclass
+class ValidationReport:
+    source: str
+    spec: JobSpec | None = None
+    problems: list[Problem] = field(default_factory=list)
+    layout: Layout | None = None
+    memory_per_gpu_bytes: int | None = None
+    unreadable: bool = False
+
+    def errors(self, strict: bool = False) -> list[Problem]:
+        bad = {"error", "not-checked"} if strict else {"error"}
+        return [p for p in self.problems if p.severity in bad]
+
+    def ok(self, strict: bool = False) -> bool:
+        return not self.unreadable and not self.errors(strict)
+
+    def to_dict(self, strict: bool = False) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "valid": self.ok(strict),
+            "job": self.spec.name if self.spec else None,
+            "layout": None if self.layout is None else self.layout.describe(),
+            "memory_per_gpu_bytes": self.memory_per_gpu_bytes,
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+
+def validate_file(
+    path: str | Path,
+    cluster: ClusterSpec | None = None,
+    dataset_checker: DatasetChecker | None = None,
+) -> ValidationReport:
+    try:
+        doc = read_document(path)
+    except SpecError as exc:
+        return ValidationReport(str(path), problems=exc.problems, unreadable=True)
+    return validate_document(doc, str(path), Path(path).resolve().parent, cluster, dataset_checker)
+
+
+def validate_document(
+    doc: Any,
+    source: str = "<spec>",
+    base_dir: Path | None = None,
+    cluster: ClusterSpec | None = None,
+    dataset_checker: DatasetChecker | None = None,
+) -> ValidationReport:
+    report = ValidationReport(source)
+    try:
+        spec = parse_spec(doc, source)
+    except SpecError as exc:
+        report.problems = exc.problems
+        return report
+    report.spec = spec
+    report.problems = semantic_problems(
+        spec, base_dir or Path.cwd(), cluster or default_cluster(), dataset_checker or default_dataset_checker(), report
+    )
+    return report
+
+
+def semantic_problems(
+    spec: JobSpec, base_dir: Path, cluster: ClusterSpec, dataset_checker: DatasetChecker, report: ValidationReport
+) -> list[Problem]:
+    problems: list[Problem] = []
+    problems += _cluster_problems(spec, cluster)
+    problems += _combination_problems(spec)
+    problems += _code_problems(spec, base_dir)
+    found = dataset_checker(spec, base_dir)
+    if found is not None:
+        problems.append(found)
+    shape = None
+    if spec.code.mode == "managed":
+        try:
+            shape = shape_from_spec(spec.model, spec.name)
+        except ValueError as exc:
+            problems.append(Problem("model", str(exc), None,
+                                    "set model.preset (e.g. llama-7b) or layers/hidden/heads/vocab"))
+    if shape is not None:
+        problems += _layout_and_memory_problems(spec, shape, cluster, report)
+    if isinstance(spec.checkpoint.interval_steps, int) and spec.checkpoint.interval_steps > spec.training.total_steps:
+        problems.append(Problem("checkpoint.interval_steps",
+                                f"is larger than the run ({spec.training.total_steps} steps): only the final "
+                                "checkpoint will be written", spec.checkpoint.interval_steps,
+                                "lower it to get intermediate checkpoints", "warning"))
+    return problems
+
+
+def _cluster_problems(spec: JobSpec, cluster: ClusterSpec) -> list[Problem]:
+    res = spec.resources
+    gpu = res.gpu_type.value
+    available = cluster.total_gpus(gpu)
+    if available == 0:
+        return [Problem("resources.gpu_type", f"cluster {cluster.name!r} has no {gpu} GPUs", gpu,
+                        f"use one of: {', '.join(cluster.gpu_types())}, or pass --cluster for another cluster")]
+    out: list[Problem] = []
+    wanted = res.max_gpus or res.min_gpus
+    if res.min_gpus > available:
+        out.append(Problem("resources.min_gpus", f"cluster {cluster.name!r} has only {available} {gpu} GPUs",
+                           res.min_gpus, f"ask for at most {available}"))
+    elif wanted > available:
+        out.append(Problem("resources.max_gpus", f"cluster {cluster.name!r} has only {available} {gpu} GPUs",
+                           wanted, f"lower max_gpus to {available}"))
+    node = cluster.max_gpus_per_node(gpu)
+    if res.gpus_per_node > node:
+        out.append(Problem("resources.gpus_per_node", f"{gpu} nodes of cluster {cluster.name!r} have {node} GPUs",
+                           res.gpus_per_node, f"use gpus_per_node <= {node}"))
+    if res.min_gpus > res.gpus_per_node and res.min_gpus % res.gpus_per_node:
+        out.append(Problem("resources.min_gpus", f"a multi-node job must use whole nodes of {res.gpus_per_node} GPUs",
+                           res.min_gpus, f"use a multiple of {res.gpus_per_node}"))
+    if res.memory_per_node_gb is not None:
+        biggest = max(g.memory_per_node_gb for g in cluster.groups_of(gpu))
+        if res.memory_per_node_gb > biggest:
+            out.append(Problem("resources.memory_per_node_gb", f"the largest {gpu} node has {biggest:g} GiB",
+                               res.memory_per_node_gb, f"ask for at most {biggest:g}"))
+    return out
+
+
+def _combination_problems(spec: JobSpec) -> list[Problem]:
+    out: list[Problem] = []
+    par, code = spec.parallelism, spec.code
+    if code.mode == "script" and code.framework != "pytorch" and (par.pp or 1) > 1:
+        out.append(Problem("parallelism.pp", f"pipeline parallelism is applied by the platform only to PyTorch; "
+                           f"a {code.framework} script must implement it itself", par.pp,
+                           "remove parallelism.pp or use mode: managed with framework: pytorch"))
+    if code.mode == "script" and ((par.tp or 1) > 1 or (par.ep or 1) > 1):
+        out.append(Problem("parallelism", "tp/ep are applied by the platform in managed mode only; a script "
+                           "builds its own model", {"tp": par.tp, "ep": par.ep},
+                           "remove tp/ep or switch code.mode to managed"))
+    if code.framework != "pytorch" and code.mode == "managed":
+        out.append(Problem("code.framework", "managed mode runs the platform's PyTorch loop", code.framework,
+                           "use mode: script for JAX or TensorFlow code"))
+    if par.engine == "deepspeed" and ((par.tp or 1) > 1 or (par.pp or 1) > 1):
+        out.append(Problem("parallelism.engine", "the deepspeed engine provides ZeRO data parallelism only",
+                           "deepspeed", "use engine: native for tp/pp, or drop tp/pp"))
+    if spec.resources.gpu_type.value == "cpu" and spec.training.precision.value == "fp16":
+        out.append(Problem("training.precision", "fp16 autocast is not supported on CPU workers", "fp16",
+                           "use bf16 or fp32"))
+    if spec.model.experts and code.mode == "script":
+        out.append(Problem("model.experts", "model architecture numbers only apply in managed mode",
+                           spec.model.experts, "remove the model section or use mode: managed", "warning"))
+    return out
+
+
+_GIT_URL = re.compile(r"^(https?://|ssh://|git@|git://)")
+
+
+def _code_problems(spec: JobSpec, base_dir: Path) -> list[Problem]:
+    code = spec.code
+    if _GIT_URL.match(code.repo):
+        return [Problem("code.repo", "a remote repository is fetched at submit time; its entrypoint was not "
+                        "checked here", code.repo, "use --strict only where the repository is reachable",
+                        "not-checked")]
+    repo = (base_dir / code.repo).resolve()
+    if not repo.is_dir():
+        return [Problem("code.repo", "local repository path does not exist", str(repo),
+                        "point code.repo at the directory holding your code (relative to the spec file)")]
+    if code.mode == "script":
+        if not (repo / code.entrypoint).is_file():
+            return [Problem("code.entrypoint", f"script not found in {repo}", code.entrypoint,
+                            "give the script's path relative to code.repo")]
+        return []
+    module, sep, func = code.entrypoint.partition(":")
+    if not sep or not func.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
+        return [Problem("code.entrypoint", "managed mode needs `package.module:function`", code.entrypoint,
+                        "e.g. trainforge.trainer.models.llama:build_model")]
+    if _module_file(module, repo) is None:
+        return [Problem("code.entrypoint", f"module {module!r} not found in {repo} nor installed", code.entrypoint,
+                        "check the module path and that the file exists")]
+    return []
+
+
+def _module_file(module: str, repo: Path) -> Path | None:
+    """Locate a module's source without importing it (importing user code could run anything)."""
+    parts = module.split(".")
+    for root in [repo, *_installed_roots(parts[0])]:
+        candidate = root.joinpath(*parts)
+        for path in (candidate.with_suffix(".py"), candidate / "__init__.py"):
+            if path.is_file():
+                return path
+    return None
+
+
+def _installed_roots(top: str) -> list[Path]:
+    try:
+        found = importlib.util.find_spec(top)  # top-level only: locates, does not execute the package
+    except (ImportError, ValueError):
+        return []
+    if found is None or found.origin is None:
+        return []
+    origin = Path(found.origin)
+    return [origin.parent.parent] if origin.name == "__init__.py" else [origin.parent]
+
+
+def _layout_and_memory_problems(
+    spec: JobSpec, shape: ModelShape, cluster: ClusterSpec, report: ValidationReport
+) -> list[Problem]:
+    from trainforge.plan.resolve import resolve_layout
+
+    out: list[Problem] = []
+    try:
+        layout = resolve_layout(spec, shape, cluster)
+    except ValueError as exc:
+        return [Problem("parallelism", str(exc), None, "set the degrees explicitly or change resources.min_gpus")]
+    report.layout = layout
+    world = spec.resources.world_size
+    for lp in layout_problems(layout, shape, global_batch_size=spec.training.global_batch_size, world_size=world,
+                              gpus_per_node=min(spec.resources.gpus_per_node, world)):
+        out.append(Problem(lp.field, lp.message, None, lp.fix))
+    if out:
+        return out
+    gpu = gpu_spec(spec.resources.gpu_type.value)
+    mem = estimate_memory(shape, layout, seq_len=spec.training.seq_len,
+                          global_batch_size=spec.training.global_batch_size,
+                          precision=spec.training.precision.value, capacity_bytes=gpu.memory_bytes)
+    report.memory_per_gpu_bytes = mem.total_bytes
+    if not mem.fits:
+        parts = ", ".join(f"{i.name} {i.bytes / GiB:.1f}" for i in mem.items)
+        out.append(Problem(
+            "parallelism",
+            f"the model does not fit: {mem.total_bytes / GiB:.1f} GiB per GPU needed ({parts} GiB) but one "
+            f"{gpu.name} GPU has {gpu.memory_bytes / GiB:.1f} GiB (over by {(mem.total_bytes - mem.capacity_bytes) / GiB:.1f} "
+            f"GiB) with layout {layout.describe()}",
+            None,
+            "use sharding: full-shard, more tp/pp, activation_checkpointing: full, a smaller micro_batch_size, "
+            "or a GPU type with more memory (see `trainforge plan`)",
+        ))
+    return out
+
+
+def default_dataset_checker() -> DatasetChecker:
+    def check(spec: JobSpec, base_dir: Path) -> Problem | None:
+        from trainforge.datasets.refs import check_reference
+
+        return check_reference(spec.dataset.ref, base_dir)
+
+    return check
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
