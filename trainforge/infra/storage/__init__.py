@@ -1,6 +1,14 @@
 """Object storage behind one small interface: a local folder (embedded default) or S3."""
 
-from trainforge.infra.storage.base import ObjectExistsError, ObjectNotFoundError, ObjectStore, PermissionDeniedError
+from trainforge.infra.storage.base import (
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ObjectStore,
+    PermissionDeniedError,
+    StorageError,
+)
+from trainforge.infra.storage.iam import render_job_iam_policy
+from trainforge.infra.storage.layout import checkpoint_prefix, job_prefix
 from trainforge.infra.storage.local import LocalObjectStore
 
 __all__ = [
@@ -9,12 +17,17 @@ __all__ = [
     "ObjectNotFoundError",
     "ObjectStore",
     "PermissionDeniedError",
+    "StorageError",
+    "checkpoint_prefix",
+    "job_prefix",
     "open_store",
+    "render_job_iam_policy",
 ]
 
 
 def open_store(url: str) -> ObjectStore:
-    """`file:///path` or a plain path -> LocalObjectStore; `s3://bucket/prefix` -> S3ObjectStore."""
+    """`file:///path` or a plain path -> LocalObjectStore; `s3://bucket/prefix` -> S3ObjectStore
+    (endpoint and credentials from the environment, see S3ObjectStore.from_url). boto3 loads only here."""
     if url.startswith("s3://"):
         from trainforge.infra.storage.s3 import S3ObjectStore
 

@@ -6,6 +6,10 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 
+class StorageError(OSError):
+    """A backend failure that is none of the specific errors below (after the backend's own retries)."""
+
+
 class ObjectNotFoundError(KeyError):
     pass
 
@@ -15,7 +19,35 @@ class ObjectExistsError(FileExistsError):
 
 
 class PermissionDeniedError(PermissionError):
-    """The handle is scoped to a prefix and the key lies outside it."""
+    """The handle is scoped to a prefix and the key lies outside it, or the server refused the request
+    (wrong credentials, or a per-job identity reaching outside its prefix)."""
+
+
+def check_key(key: str) -> str:
+    """Keys are relative '/'-separated paths: no leading '/', no empty, '.' or '..' segment."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid object key {key!r}")
+    return key
+
+
+def in_scope(key: str, scope: str) -> bool:
+    """Whether `key` lies inside the scope prefix `scope` (no scope: everything)."""
+    return not scope or key == scope or key.startswith(scope + "/")
+
+
+def scoped_list_prefix(prefix: str, scope: str) -> str:
+    """The listing prefix a handle scoped to `scope` may use for `list(prefix)`.
+
+    "" (everything visible) narrows to the scope itself; the scope without its trailing '/' also means the
+    scope (so that a job 'j1' never sees 'j10'); anything outside the scope is refused."""
+    if not scope:
+        return prefix
+    if prefix in ("", scope, scope + "/"):
+        return scope + "/"
+    if prefix.startswith(scope + "/"):
+        return prefix
+    raise PermissionDeniedError(f"this handle may only list under {scope}/; refused {prefix!r}")
 
 
 @runtime_checkable
@@ -25,8 +57,8 @@ class ObjectStore(Protocol):
     def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False) -> None:
         """Write an object atomically. if_none_match: fail with ObjectExistsError if the key exists."""
 
-    def put_file(self, key: str, path: Path) -> None:
-        """Upload a local file (multipart where the backend supports it)."""
+    def put_file(self, key: str, path: Path, *, if_none_match: bool = False) -> None:
+        """Upload a local file (multipart where the backend supports it); if_none_match as for put_bytes."""
 
     def get_bytes(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         """Read an object, or the half-open byte range [start, end)."""

@@ -12,14 +12,12 @@ from trainforge.infra.storage.base import (
     ObjectNotFoundError,
     ObjectStore,
     PermissionDeniedError,
+    check_key,
+    in_scope,
+    scoped_list_prefix,
 )
 
-
-def _check_key(key: str) -> str:
-    parts = key.split("/")
-    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"invalid object key {key!r}")
-    return key
+_check_key = check_key  # kept for callers of the old private name
 
 
 class LocalObjectStore:
@@ -30,8 +28,8 @@ class LocalObjectStore:
         self.url = f"file://{self.root}" + (f"/{self.prefix}" if self.prefix else "")
 
     def _path(self, key: str) -> Path:
-        _check_key(key)
-        if self.prefix and not (key == self.prefix or key.startswith(self.prefix + "/")):
+        check_key(key)
+        if not in_scope(key, self.prefix):
             raise PermissionDeniedError(f"this handle may only access {self.prefix}/; refused {key!r}")
         return self.root / key
 
@@ -57,14 +55,21 @@ class LocalObjectStore:
                 os.unlink(tmp)
             raise
 
-    def put_file(self, key: str, path: Path) -> None:
+    def put_file(self, key: str, path: Path, *, if_none_match: bool = False) -> None:
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
         os.close(fd)
         try:
             shutil.copyfile(path, tmp)
-            os.replace(tmp, dest)
+            if if_none_match:
+                try:
+                    os.link(tmp, dest)
+                except FileExistsError:
+                    raise ObjectExistsError(key) from None
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, dest)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -93,16 +98,16 @@ class LocalObjectStore:
         return self._path(key).is_file()
 
     def list(self, prefix: str = "") -> list[str]:
-        if self.prefix and not (prefix + "/").startswith(self.prefix + "/") and not prefix.startswith(self.prefix):
-            raise PermissionDeniedError(f"this handle may only list under {self.prefix}/; refused {prefix!r}")
-        base = self.root
+        prefix = scoped_list_prefix(prefix, self.prefix)
+        # Walk only the deepest folder the prefix names, not the whole store.
+        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
         out = []
         for dirpath, _dirs, files in os.walk(base):
             for name in files:
                 if name.startswith(".tmp-"):
                     continue
-                key = os.path.relpath(os.path.join(dirpath, name), base).replace(os.sep, "/")
-                if key.startswith(prefix):
+                key = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
+                if key.startswith(prefix) and in_scope(key, self.prefix):
                     out.append(key)
         return sorted(out)
 
