@@ -1,0 +1,1 @@
+"""Cluster backends: where a gang's workers run. `local` (this host, embedded default) and `kubernetes`."""

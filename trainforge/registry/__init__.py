@@ -1,0 +1,1 @@
+"""Checkpoint catalog and retention, MLflow tracking and model registry, lineage."""

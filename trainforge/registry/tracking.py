@@ -1,0 +1,108 @@
+"""MLflow tracking and model registry (imported lazily: the CLI and the pure core never load mlflow).
+
+Default store: SQLite in $TRAINFORGE_HOME with artifacts in $TRAINFORGE_HOME/mlartifacts; $MLFLOW_TRACKING_URI
+points it at a server. One experiment per team; one run per job, tagged with its lineage.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from trainforge.home import home
+
+LINEAGE_TAGS = ("trainforge.job_id", "trainforge.team", "trainforge.dataset_ref", "trainforge.dataset_version",
+                "trainforge.dataset_license", "trainforge.code_commit", "trainforge.config_hash")
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home() / 'mlflow.db'}"
+
+
+def artifact_root() -> str:
+    return os.environ.get("TRAINFORGE_ARTIFACT_ROOT") or (home() / "mlartifacts").as_uri()
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key))
+        else:
+            out[key] = str(v)[:6000]
+    return out
+
+
+class Tracker:
+    """A thin adapter over MlflowClient; every call names its run explicitly (no global active run)."""
+
+    def __init__(self, uri: str | None = None):
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri or tracking_uri()
+        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+
+    def experiment_id(self, team: str) -> str:
+        name = f"trainforge/{team}"
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=f"{artifact_root()}/{team}")
+        except Exception:  # created concurrently by another job of the team
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def start_run(self, team: str, job_id: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+        run = self.client.create_run(self.experiment_id(team), run_name=job_id, tags=dict(tags))
+        from mlflow.entities import Param
+
+        flat = flatten(params)
+        items = [Param(k, v) for k, v in sorted(flat.items())]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(run.info.run_id, params=items[i : i + 100])
+        return run.info.run_id
+
+    def log_metrics(self, run_id: str, rows: list[tuple[int, Mapping[str, float]]]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, step) for step, values in rows for k, v in values.items()
+                   if isinstance(v, int | float)]
+        for i in range(0, len(metrics), 900):
+            self.client.log_batch(run_id, metrics=metrics[i : i + 900])
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(run_id, k, v)
+
+    def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def end_run(self, run_id: str, status: str) -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    def artifact_uri(self, run_id: str, path: str) -> str:
+        return f"{self.client.get_run(run_id).info.artifact_uri}/{path}"
+
+    def register_model(self, name: str, source: str, run_id: str, tags: Mapping[str, str],
+                       alias: str | None = "candidate") -> str:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException:
+            pass  # exists already
+        version = self.client.create_model_version(name, source=source, run_id=run_id, tags=dict(tags))
+        if alias:
+            self.client.set_registered_model_alias(name, alias, version.version)
+        return str(version.version)
+
+    def model_version(self, name: str, version: str) -> Any:
+        return self.client.get_model_version(name, version)

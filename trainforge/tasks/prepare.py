@@ -1,0 +1,126 @@
+"""The steps before training: validate, resolve the dataset version, plan, provision, write the worker config.
+
+Plain functions (tested without Prefect); `trainforge.tasks` wraps them as Prefect tasks.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from trainforge.datasets.refs import resolve_reference
+from trainforge.home import home
+from trainforge.infra.storage.layout import job_prefix
+from trainforge.jobconfig import WorkerConfig
+from trainforge.plan.cluster import ClusterSpec, default_cluster
+from trainforge.plan.model import shape_from_spec
+from trainforge.plan.resolve import resolve_layout
+from trainforge.spec import JobSpec, Problem, SpecError
+from trainforge.validate import validate_document
+
+
+class JobRejected(ValueError):
+    """Validation failed: nothing was started or written."""
+
+
+def validate_spec(doc: dict[str, Any], source: str, base_dir: Path, cluster: ClusterSpec | None = None) -> JobSpec:
+    report = validate_document(doc, source, base_dir, cluster)
+    if not report.ok():
+        raise JobRejected(str(SpecError(report.errors(), source)))
+    assert report.spec is not None
+    return report.spec
+
+
+def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
+    ds = resolve_reference(spec.dataset.ref, base_dir)
+    license_ = ds.license
+    warnings = []
+    if spec.dataset.license and spec.dataset.license != ds.license:
+        warnings.append(f"spec says license {spec.dataset.license!r} but the dataset version records "
+                        f"{ds.license!r}; the dataset's own license is recorded")
+    return {"ref": spec.dataset.ref, "name": ds.name, "version": ds.version, "license": license_,
+            "path": str(ds.path), "num_samples": ds.manifest.num_samples, "sample_len": ds.manifest.sample_len,
+            "vocab_size": ds.manifest.vocab_size, "eval_fraction": spec.dataset.eval_fraction, "warnings": warnings}
+
+
+def make_plan(spec: JobSpec, cluster: ClusterSpec | None = None) -> dict[str, Any]:
+    shape = shape_from_spec(spec.model, spec.name)
+    layout = resolve_layout(spec, shape, cluster or default_cluster())
+    return {"layout": asdict(layout), "model": {"layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads,
+            "kv_heads": shape.kv_heads, "ffn_hidden": shape.ffn_hidden, "vocab": shape.vocab},
+            "parameters": shape.total_params, "world_size": layout.world_size}
+
+
+def check_dataset_fits(spec: JobSpec, dataset: dict[str, Any], plan: dict[str, Any]) -> None:
+    problems = []
+    if dataset["sample_len"] < spec.training.seq_len + 1:
+        problems.append(Problem("training.seq_len", f"the dataset's samples hold {dataset['sample_len']} tokens, "
+                                f"fewer than seq_len + 1 = {spec.training.seq_len + 1}", spec.training.seq_len,
+                                f"use seq_len <= {dataset['sample_len'] - 1}"))
+    if dataset["vocab_size"] > plan["model"]["vocab"]:
+        problems.append(Problem("model.vocab", f"the dataset's tokenizer has {dataset['vocab_size']} ids, more "
+                                "than the model's vocabulary", plan["model"]["vocab"],
+                                f"set model.vocab >= {dataset['vocab_size']}"))
+    if problems:
+        raise JobRejected(str(SpecError(problems, spec.name)))
+
+
+def code_commit(repo: Path, pinned: str | None) -> str:
+    """The commit that runs: the pinned one, else the repository's HEAD (+ '-dirty' with local changes)."""
+    if pinned:
+        return pinned
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unversioned"
+
+
+def code_dir(spec: JobSpec, base_dir: Path) -> Path:
+    return (base_dir / spec.code.repo).resolve() if "://" not in spec.code.repo else base_dir
+
+
+def storage_url() -> str:
+    import os
+
+    return os.environ.get("TRAINFORGE_STORAGE_URL") or (home() / "store").as_uri()
+
+
+def worker_config(spec: JobSpec, job_id: str, run_dir: Path, base_dir: Path, dataset: dict[str, Any],
+                  plan: dict[str, Any], commit: str) -> WorkerConfig:
+    interval = spec.checkpoint.interval_steps
+    if interval == "auto":
+        interval = auto_checkpoint_interval(spec, plan)
+    return WorkerConfig(
+        job_id=job_id, team=spec.team, name=spec.name, run_dir=str(run_dir),
+        storage_url=storage_url(), storage_prefix=job_prefix(spec.team, job_id),
+        staging_dir=str(home() / "staging" / job_id),
+        entrypoint=spec.code.entrypoint, code_dir=str(code_dir(spec, base_dir)),
+        model=plan["model"], layout=plan["layout"],
+        training=spec.training.model_dump(mode="json"), total_steps=spec.training.total_steps,
+        dataset=dataset, checkpoint_interval=int(interval),
+        segment_max_steps=spec.fault_tolerance.segment_max_steps,
+        collective_timeout_s=120.0, code_commit=commit, config_hash=spec.config_hash(),
+    )
+
+
+def auto_checkpoint_interval(spec: JobSpec, plan: dict[str, Any]) -> int:
+    """Young/Daly optimum sqrt(2 * write_cost * MTBF) converted to steps (write cost: checkpoint bytes over the
+    node's storage bandwidth; step time from the planner's model where it has one)."""
+    import math
+
+    from trainforge.plan.cluster import default_cluster
+
+    cluster = default_cluster()
+    nodes = max(1, spec.resources.world_size // max(1, spec.resources.gpus_per_node))
+    mtbf_s = cluster.node_mtbf_hours * 3600 / nodes
+    ckpt_bytes = plan["parameters"] * 16  # bf16 weights + fp32 master + Adam moments (ZeRO accounting)
+    write_s = max(1.0, ckpt_bytes / 1e9)  # ~1 GB/s per node to staging
+    optimum_s = math.sqrt(2 * write_s * mtbf_s)
+    step_s = plan.get("step_time_s") or 1.0
+    return max(1, min(spec.training.total_steps, int(optimum_s / step_s)))

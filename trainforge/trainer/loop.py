@@ -1,0 +1,200 @@
+"""The managed training loop: DDP, AdamW, warmup + cosine LR, clipping, accumulation, exact resume.
+
+Determinism: weights are initialised from the job seed on every rank, the global sample order is a pure function
+of (seed, dataset version, position), and a checkpoint holds model, optimizer, step and each rank's RNG state, so a
+resumed run continues bit for bit where the committed checkpoint left off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainforge.datasets.catalog import load_version_dir
+from trainforge.datasets.sampler import SampleOrder
+from trainforge.datasets.shards import ShardReader
+from trainforge.infra.storage import open_store
+from trainforge.trainer.checkpoint import Checkpointer
+from trainforge.jobconfig import WorkerConfig
+from trainforge.trainer.distributed import DistContext
+from trainforge.events import EventWriter
+from trainforge.trainer.faults import FaultInjector
+
+logger = logging.getLogger(__name__)
+
+
+class UserCodeError(Exception):
+    """The user's entrypoint could not be imported or built the model wrongly: retrying will not help."""
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int, decay: str, min_ratio: float) -> float:
+    """LR for optimizer step `step` (0-based): linear warm-up, then cosine/linear decay to min_ratio * peak."""
+    if warmup and step < warmup:
+        return peak * (step + 1) / warmup
+    if decay == "constant":
+        return peak
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if decay == "linear":
+        return peak * (1 - (1 - min_ratio) * progress)
+    return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def load_entrypoint(entrypoint: str, code_dir: str) -> Any:
+    module_name, _, func = entrypoint.partition(":")
+    if code_dir and code_dir not in sys.path:
+        sys.path.insert(0, code_dir)
+    try:
+        module = importlib.import_module(module_name)
+        return getattr(module, func)
+    except Exception as exc:
+        raise UserCodeError(f"cannot load entrypoint {entrypoint!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def build_model(cfg: WorkerConfig) -> torch.nn.Module:
+    factory = load_entrypoint(cfg.entrypoint, cfg.code_dir)
+    model = factory({**cfg.model, "max_seq_len": cfg.training["seq_len"]})
+    if not isinstance(model, torch.nn.Module):
+        raise UserCodeError(f"entrypoint {cfg.entrypoint!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+@dataclass
+class StepBatches:
+    inputs: list[torch.Tensor]
+    targets: list[torch.Tensor]
+
+
+class DataFeed:
+    """This rank's micro-batches for each step, from the deterministic global order."""
+
+    def __init__(self, cfg: WorkerConfig, dp_rank: int, dp_degree: int):
+        ds = load_version_dir(Path(cfg.dataset["path"]), cfg.dataset["ref"])
+        if ds.version != cfg.dataset["version"]:
+            raise RuntimeError(f"dataset at {cfg.dataset['path']} is version {ds.version}, expected "
+                               f"{cfg.dataset['version']}")
+        self.reader = ShardReader(ds.path, ds.manifest)
+        self.order = SampleOrder(ds.manifest.num_samples, cfg.dataset["eval_fraction"], ds.version,
+                                 cfg.training["seed"])
+        self.global_batch = cfg.training["global_batch_size"]
+        self.micro = cfg.layout["micro_batch_size"]
+        self.dp_rank, self.dp_degree = dp_rank, dp_degree
+        self.seq_len = cfg.training["seq_len"]
+
+    def step(self, step: int) -> StepBatches:
+        idx = self.order.rank_slice(step, self.global_batch, self.dp_rank, self.dp_degree)
+        tokens = torch.from_numpy(self.reader.get(idx))[:, : self.seq_len + 1]
+        chunks = tokens.split(self.micro)
+        return StepBatches([c[:, :-1] for c in chunks], [c[:, 1:] for c in chunks])
+
+
+def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision == "fp16" and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
+    """Train one segment: from the last committed checkpoint (or step 0) to the end or the segment limit."""
+    tr = cfg.training
+    events = EventWriter(cfg.run_dir, ctx.is_main)
+    faults = FaultInjector.from_env(cfg.run_dir, ctx.rank)
+    torch.manual_seed(tr["seed"])
+    model = build_model(cfg).to(ctx.device)
+    ddp = ctx.world_size > 1
+    if ddp:
+        model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+    opt = tr["optimizer"]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
+                                  weight_decay=opt["weight_decay"])
+    store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
+
+    def on_commit(step: int, prefix: str, manifest: dict[str, Any]) -> None:
+        events.emit("checkpoint", step=step, prefix=prefix, metrics=manifest.get("metrics", {}))
+
+    ckpt = Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir), on_commit)
+    start = 0
+    ref, skipped = ckpt.latest()
+    for bad_step, problems in skipped:
+        events.emit("checkpoint_corrupt", step=bad_step, problems=problems)
+    if ref is not None:
+        ckpt.load(ref, model, optimizer)
+        start = ref.step
+    events.emit("segment_start", step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None)
+
+    feed = DataFeed(cfg, dp_rank=ctx.rank, dp_degree=ctx.world_size)
+    total = cfg.total_steps
+    end = total if cfg.segment_max_steps is None else min(total, start + cfg.segment_max_steps)
+    sched = tr["lr_schedule"]
+    tokens_per_step = tr["global_batch_size"] * tr["seq_len"]
+    last_loss = float("nan")
+    for step in range(start, end):
+        faults.maybe_fire(step)
+        t0 = time.perf_counter()
+        batches = feed.step(step)
+        lr = lr_at(step, total, opt["lr"], sched["warmup_steps"], sched["decay"], sched["min_lr_ratio"])
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+        n_micro = len(batches.inputs)
+        loss_sum = 0.0
+        for i, (x, y) in enumerate(zip(batches.inputs, batches.targets, strict=True)):
+            # Skip DDP's all-reduce on all but the last micro-batch: gradients accumulate locally.
+            sync = contextlib.nullcontext() if (not ddp or i == n_micro - 1) else model.no_sync()
+            with sync:
+                with _autocast(tr["precision"], ctx.device):
+                    logits = model(x.to(ctx.device))
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.to(ctx.device).flatten()) / n_micro
+                loss.backward()
+            loss_sum += float(loss.detach())
+        if tr.get("grad_clip"):
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"]))
+        else:
+            grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()
+                                                             if p.grad is not None]))
+        optimizer.step()
+        last_loss = ctx.all_reduce_mean(loss_sum)
+        dt = time.perf_counter() - t0
+        events.emit("metrics", step=step + 1, loss=last_loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
+                    tokens_per_s=tokens_per_step / dt, samples_per_s=tr["global_batch_size"] / dt)
+        if not math.isfinite(last_loss):
+            raise FloatingPointError(f"loss is {last_loss} at step {step + 1}")
+        done = step + 1
+        if done % cfg.checkpoint_interval == 0 or done == end:
+            blocked = ckpt.save(done, model, optimizer, _manifest_fields(cfg, ctx, done, last_loss))
+            events.emit("checkpoint_staged", step=done, blocked_s=blocked)
+    ckpt.close()
+    reason = "finished" if end == total else "segment_max_steps"
+    events.emit("segment_end", step=end, reason=reason)
+    del model, optimizer
+    return {"step": end, "reason": reason, "loss": last_loss}
+
+
+def _manifest_fields(cfg: WorkerConfig, ctx: DistContext, step: int, loss: float) -> dict[str, Any]:
+    return {
+        "job_id": cfg.job_id,
+        "team": cfg.team,
+        "world_size": ctx.world_size,
+        "layout": cfg.layout,
+        "sampler": {"position": step * cfg.training["global_batch_size"], "seed": cfg.training["seed"],
+                    "dataset_version": cfg.dataset["version"]},
+        "rng": {"files": [f"rng-rank{r:05d}.safetensors" for r in range(ctx.world_size)]},
+        "metrics": {"train_loss": loss},
+        "dataset": {"ref": cfg.dataset["ref"], "version": cfg.dataset["version"],
+                    "license": cfg.dataset.get("license")},
+        "code_commit": cfg.code_commit,
+        "config_hash": cfg.config_hash,
+        "model": cfg.model,
+    }

@@ -1,0 +1,88 @@
+"""Single-process jobs on a committed checkpoint, run by control-plane tasks as subprocesses (so the flow never
+imports torch): `evaluate` (held-out loss and perplexity) and `export` (consolidated safetensors + config).
+
+  python -m trainforge.trainer.offline evaluate --config job.json --checkpoint DIR [--batches N]
+  python -m trainforge.trainer.offline export   --config job.json --checkpoint DIR --out DIR
+Prints one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from trainforge.datasets.catalog import load_version_dir
+from trainforge.datasets.sampler import SampleOrder
+from trainforge.datasets.shards import ShardReader
+from trainforge.jobconfig import WorkerConfig
+from trainforge.trainer.checkpoint import load_model_weights
+from trainforge.trainer.loop import build_model
+
+
+def _model(cfg: WorkerConfig, checkpoint: Path) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    load_model_weights(checkpoint, model)
+    return model.eval()
+
+
+@torch.no_grad()
+def evaluate(cfg: WorkerConfig, checkpoint: Path, batches: int) -> dict[str, float]:
+    model = _model(cfg, checkpoint)
+    ds = load_version_dir(Path(cfg.dataset["path"]), cfg.dataset["ref"])
+    reader = ShardReader(ds.path, ds.manifest)
+    order = SampleOrder(ds.manifest.num_samples, cfg.dataset["eval_fraction"], ds.version, cfg.training["seed"])
+    micro = cfg.layout["micro_batch_size"]
+    idx = order.eval_indices(batches * micro)
+    if not idx:
+        raise SystemExit("the dataset has no held-out samples: raise dataset.eval_fraction")
+    seq = cfg.training["seq_len"]
+    total, count = 0.0, 0
+    for i in range(0, len(idx), micro):
+        tokens = torch.from_numpy(reader.get(idx[i : i + micro]))[:, : seq + 1]
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="sum")
+        total += float(loss)
+        count += tokens[:, 1:].numel()
+    mean = total / count
+    return {"eval_loss": mean, "eval_perplexity": math.exp(min(mean, 50.0)), "eval_tokens": count}
+
+
+def export(cfg: WorkerConfig, checkpoint: Path, out: Path) -> dict[str, object]:
+    model = _model(cfg, checkpoint)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt", "job_id": cfg.job_id})
+    (out / "config.json").write_text(json.dumps({"entrypoint": cfg.entrypoint, "model": cfg.model,
+                                                 "seq_len": cfg.training["seq_len"]}, indent=1))
+    return {"files": ["model.safetensors", "config.json"], "tensors": len(tensors),
+            "parameters": sum(t.numel() for t in tensors.values())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="trainforge.trainer.offline")
+    p.add_argument("command", choices=["evaluate", "export"])
+    p.add_argument("--config", required=True)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    cfg = WorkerConfig.load(args.config)
+    if args.command == "evaluate":
+        result = evaluate(cfg, Path(args.checkpoint), args.batches)
+    else:
+        result = export(cfg, Path(args.checkpoint), Path(args.out))
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Worker entry point, run by torchrun on every rank: `python -m trainforge.trainer.worker`.
+
+Reads the resolved job config from $TRAINFORGE_JOB_CONFIG, trains one segment, and on failure writes a report
+(rank, exception, traceback, whether it is the user's code or the infrastructure) for the control plane before
+exiting non-zero. Rank and world size come from torchrun's environment; the model code never sees them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from trainforge.jobconfig import ENV_VAR, WorkerConfig
+
+USER_ERRORS = ("UserCodeError", "OutOfMemoryError", "MemoryError", "FloatingPointError", "InjectedFault")
+INFRA_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError", "ConnectionError", "TimeoutError")
+
+
+def classify(exc: BaseException) -> str:
+    """`user` faults are not retried forever; `infra` faults are what segment retries exist for."""
+    names = {t.__name__ for t in type(exc).__mro__}
+    if names & set(INFRA_ERRORS):
+        return "infra"
+    if names & set(USER_ERRORS):
+        return "user"
+    text = str(exc).lower()
+    if any(s in text for s in ("gloo", "nccl", "connection reset", "connection closed", "timed out")):
+        return "infra"
+    # An exception raised from a frame outside the platform's own code is the user's.
+    tb = traceback.extract_tb(exc.__traceback__)
+    platform_root = str(Path(__file__).resolve().parents[1])
+    if tb and not tb[-1].filename.startswith(platform_root) and "site-packages/torch" not in tb[-1].filename:
+        return "user"
+    return "user" if isinstance(exc, (ValueError, TypeError, AttributeError, KeyError, IndexError)) else "infra"
+
+
+def write_failure(cfg: WorkerConfig, rank: int, exc: BaseException) -> None:
+    folder = Path(cfg.run_dir) / "failures"
+    folder.mkdir(parents=True, exist_ok=True)
+    attempt = os.environ.get("TRAINFORGE_SEGMENT_ATTEMPT", "0")
+    report = {
+        "rank": rank,
+        "attempt": attempt,
+        "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+        "kind": classify(exc),
+        "exception": f"{type(exc).__name__}: {exc}",
+        "traceback": "".join(traceback.format_exception(exc))[-8000:],
+        "time": time.time(),
+    }
+    (folder / f"segment-{attempt}-rank-{rank:05d}.json").write_text(json.dumps(report, indent=1))
+
+
+def main() -> int:
+    cfg = WorkerConfig.load(os.environ[ENV_VAR])
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    # Imported here so a broken torch install is reported like any other failure.
+    try:
+        from trainforge.trainer.distributed import DistContext, shutdown
+        from trainforge.trainer.loop import train
+
+        ctx = DistContext.from_env(cfg.collective_timeout_s)
+        # train() owns the model: it is freed before the process group is destroyed (gloo shutdown trap).
+        result = train(cfg, ctx)
+        logging.getLogger(__name__).info("segment done: %s", result)
+        shutdown(ctx)
+    except BaseException as exc:  # report everything, then fail the worker
+        write_failure(cfg, rank, exc)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # peers may be blocked in a collective: don't wait for a clean interpreter exit
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
