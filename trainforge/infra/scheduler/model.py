@@ -1,0 +1,228 @@
+"""Value types of the scheduler policy: job requests, running jobs, placements, team policies and decisions.
+
+Plain dataclasses (the hot path); the live scheduler's API types (`GangRequest`, `Allocation`) are in live.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+
+from trainforge.spec import Priority
+
+SHARED_POOL = "shared"
+ANY_GPU = "any"
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    PREEMPTING = "preempting"
+    """Told to checkpoint and stop; its GPUs stay held until it stops or its grace period ends."""
+
+
+class Boost(IntEnum):
+    """Position inside a priority class: requeued after a failure goes first."""
+
+    REQUEUED = 0
+    NORMAL = 1
+
+
+def priority_rank(priority: str) -> int:
+    try:
+        return Priority(priority).rank
+    except ValueError:
+        names = ", ".join(p.value for p in Priority)
+        raise ValueError(f"unknown priority {priority!r}; use one of {names}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRequest:
+    """What the policy needs to know about a gang. `num_gpus` is the (maximum) size; `min_gpus` < `num_gpus`
+    makes the job elastic."""
+
+    job_id: str
+    team: str
+    priority: str = "normal"
+    gpu_type: str = ANY_GPU
+    """One type, several separated by `|` (the job still gets one type), or `any`."""
+    num_gpus: int
+    min_gpus: int | None = None
+    """None = not elastic (min = num_gpus)."""
+    gpus_per_node: int | None = None
+    """None = let placement choose (fewest nodes whose GPU count is a multiple of tp)."""
+    tp: int = 1
+    pp: int = 1
+    max_runtime_s: float = 86_400.0
+    """Runtime estimate used for backfill reservations (EASY)."""
+    checkpoint_interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        priority_rank(self.priority)
+        if self.num_gpus < 1:
+            raise ValueError(f"job {self.job_id}: num_gpus ({self.num_gpus}) must be >= 1")
+        if self.tp < 1 or self.pp < 1:
+            raise ValueError(f"job {self.job_id}: tp ({self.tp}) and pp ({self.pp}) must be >= 1")
+        if self.num_gpus % (self.tp * self.pp):
+            raise ValueError(f"job {self.job_id}: num_gpus ({self.num_gpus}) is not a multiple of "
+                             f"tp({self.tp}) * pp({self.pp}); dp = num_gpus / (tp * pp) must be whole")
+        if self.min_gpus is not None and not (1 <= self.min_gpus <= self.num_gpus):
+            raise ValueError(f"job {self.job_id}: min_gpus ({self.min_gpus}) must be in 1..num_gpus ({self.num_gpus})")
+        if self.min_gpus is not None and self.min_gpus % (self.tp * self.pp):
+            raise ValueError(f"job {self.job_id}: min_gpus ({self.min_gpus}) is not a multiple of tp*pp "
+                             f"({self.tp * self.pp})")
+        g = self.gpus_per_node
+        if g is not None:
+            if g < 1 or self.num_gpus % g and g < self.num_gpus:
+                raise ValueError(f"job {self.job_id}: gpus_per_node ({g}) must divide num_gpus ({self.num_gpus})")
+            if min(g, self.num_gpus) % self.tp:
+                raise ValueError(f"job {self.job_id}: gpus_per_node ({g}) is not a multiple of tp ({self.tp}): "
+                                 "a tensor-parallel group would span nodes; use a multiple of tp")
+
+    @property
+    def rank(self) -> int:
+        return priority_rank(self.priority)
+
+    @property
+    def floor_gpus(self) -> int:
+        return self.min_gpus if self.min_gpus is not None else self.num_gpus
+
+    @property
+    def elastic(self) -> bool:
+        return self.floor_gpus < self.num_gpus
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementQuality:
+    num_nodes: int
+    num_racks: int
+    tp_groups: int
+    tp_groups_spanning_nodes: int
+    """Must be 0."""
+    pp_groups: int
+    pp_groups_spanning_racks: int
+    partial_nodes: int
+    """Nodes the job shares with free GPUs left over (fragmentation it leaves behind)."""
+
+    def to_dict(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    gpu_type: str
+    assignments: tuple[tuple[int, tuple[int, ...]], ...]
+    """(node index, GPU indices on that node), in rank order: ranks fill nodes in this order."""
+    quality: PlacementQuality
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(len(g) for _, g in self.assignments)
+
+    def node_indices(self) -> list[int]:
+        return [n for n, _ in self.assignments]
+
+
+@dataclass(frozen=True, slots=True)
+class TeamPolicy:
+    weight: float = 1.0
+    quota: dict[str, int] = field(default_factory=dict)
+    """Hard cap on GPUs held, per GPU type (`*` = all types together)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    policy: str = "ours"
+    """`ours` (priorities, DRF fair share, EASY backfill, preemption, elastic, lending), `fifo`, `fifo-backfill`."""
+    grace_s: float = 120.0
+    """Checkpoint-then-stop grace period given to preemption victims."""
+    backfill_depth: int = 256
+    """Jobs examined for backfill behind a blocked head, per GPU class and pass (Slurm's bf_max_job_test)."""
+    lending: bool = True
+    """Lend idle dedicated-pool GPUs to other teams as preemptible capacity."""
+    max_victims: int = 256
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; use one of {', '.join(POLICIES)}")
+
+
+POLICIES = ("ours", "fifo", "fifo-backfill")
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """A job as the policy tracks it (mutable)."""
+
+    req: JobRequest
+    submit_time: float
+    seq: int
+    state: JobState = JobState.PENDING
+    boost: Boost = Boost.NORMAL
+    placement: Placement | None = None
+    start_time: float = math.nan
+    last_checkpoint: float = math.nan
+    preempt_deadline: float = math.nan
+    borrowed_from: frozenset[str] = frozenset()
+    planned: Placement | None = None
+    """Placement reserved for this job while its preemption victims drain."""
+    waiting_on: frozenset[str] = frozenset()
+    reason: str = "queued"
+    num_preemptions: int = 0
+    num_requeues: int = 0
+    room_epoch: int = -1
+    """Scheduler epoch at which making room for this job last failed (skip retrying until something changes)."""
+
+    @property
+    def job_id(self) -> str:
+        return self.req.job_id
+
+    @property
+    def gpus(self) -> int:
+        return self.placement.num_gpus if self.placement else 0
+
+    @property
+    def est_end(self) -> float:
+        if self.state is JobState.PREEMPTING:
+            return self.preempt_deadline
+        return self.start_time + self.req.max_runtime_s
+
+
+# Decisions: what a pass tells the outside world to do.
+@dataclass(frozen=True, slots=True)
+class Start:
+    job_id: str
+    placement: Placement
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    job_id: str
+    deadline: float
+    for_job: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    """A preemption victim's grace period ended: its GPUs were taken back."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    job_id: str
+    placement: Placement
+    old_gpus: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    job_id: str
+    reason: str
+
+
+Decision = Start | Preempt | Kill | Resize | Requeue

@@ -1,0 +1,617 @@
+"""The scheduling policy: a state plus events in, decisions out. No I/O, no clock: callers pass `now`.
+
+Events: `submit`, `finish` (done, failed or cancelled), `stopped` (a preemption victim checkpointed and stopped),
+`checkpointed`, `fail_node` / `restore_node` (failures, spot reclamation), then `schedule(now)` runs one pass and
+returns the decisions (Start, Preempt, Kill, Resize, Requeue). The live scheduler and the simulator both drive it.
+
+One pass, per GPU class (a job's acceptable GPU types), in policy order:
+- `ours`: priority class first; inside a class, requeued-after-failure jobs first, then the team with the lowest
+  weighted dominant share (DRF over the GPUs of each type, recomputed as jobs start), then submit time. Team quotas
+  are hard caps. The first job that cannot start is the head: elastic jobs shrink, then lower-priority jobs (and
+  jobs borrowing the head team's dedicated pool) are preempted, least lost work first, with checkpoint-then-stop
+  grace; the head gets an EASY reservation and later jobs backfill only if they do not delay it. Idle capacity
+  nobody waits for is grown into by elastic jobs.
+- `fifo`: submit order, the head blocks its class. `fifo-backfill`: submit order plus EASY backfill.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Iterable, Iterator
+
+from trainforge.infra.scheduler.model import (
+    ANY_GPU,
+    SHARED_POOL,
+    Boost,
+    Decision,
+    Job,
+    JobRequest,
+    JobState,
+    Kill,
+    Placement,
+    Preempt,
+    Requeue,
+    Resize,
+    SchedulerConfig,
+    Start,
+    TeamPolicy,
+)
+from trainforge.infra.scheduler.placement import compute_quality, find_placement
+from trainforge.infra.scheduler.state import ClusterState
+
+_DEFAULT_TEAM = TeamPolicy()
+
+
+class _Reservation:
+    __slots__ = ("head", "shadow", "extra")
+
+    def __init__(self, head: str, shadow: float, extra: int):
+        self.head, self.shadow, self.extra = head, shadow, extra
+
+    def admits(self, now: float, gpus: int, runtime_s: float) -> int | None:
+        """None if the job would delay the head; else the GPUs it takes from the spare (`extra`) capacity."""
+        if now + runtime_s <= self.shadow:
+            return 0
+        if gpus <= self.extra:
+            self.extra -= gpus
+            return gpus
+        return None
+
+
+class Scheduler:
+    def __init__(self, state: ClusterState, teams: dict[str, TeamPolicy] | None = None,
+                 config: SchedulerConfig | None = None):
+        self.state = state
+        self.teams = dict(teams or {})
+        self.config = config or SchedulerConfig()
+        self.ours = self.config.policy == "ours"
+        self.backfill = self.config.policy != "fifo"
+        self.jobs: dict[str, Job] = {}
+        self._seq = 0
+        # class -> rank -> team -> sorted [(boost, submit, seq, job_id)]
+        self._pending: dict[str, dict[int, dict[str, list[tuple[int, float, int, str]]]]] = {}
+        self._pending_count: dict[str, int] = {}
+        self._running_ends: dict[str, list[tuple[float, int, str]]] = {t: [] for t in state.gpu_types}
+        self._alloc: dict[str, dict[str, int]] = {}  # team -> type -> GPUs held
+        self._earmarked: dict[int, str] = {}  # node idx -> job whose preemption plan includes it
+        self._preempting: set[str] = set()
+        self._victim_of: dict[str, set[str]] = {}  # victim -> preemptors waiting on it
+        self._elastic: set[str] = set()
+        self._running_on: dict[str, set[str]] = {t: set() for t in state.gpu_types}
+        self._epoch = 0  # bumped whenever GPUs are taken or given back
+        self.stats = {"preemptions": 0, "kills": 0, "shrinks": 0, "grows": 0, "requeues": 0, "replacements": 0}
+
+    # -- helpers ------------------------------------------------------------------------------------------
+    def class_types(self, gpu_type: str) -> tuple[str, ...]:
+        if gpu_type == ANY_GPU:
+            return tuple(t for t in self.state.gpu_types if t != "cpu") or tuple(self.state.gpu_types)
+        return tuple(t for t in sorted(set(gpu_type.split("|"))) if t in self.state.capacity)
+
+    def team(self, name: str) -> TeamPolicy:
+        return self.teams.get(name, _DEFAULT_TEAM)
+
+    def share(self, team: str) -> float:
+        held = self._alloc.get(team)
+        if not held:
+            return 0.0
+        cap = self.state.capacity
+        return max((g / cap[t] for t, g in held.items() if cap.get(t)), default=0.0) / self.team(team).weight
+
+    def held(self, team: str, gpu_type: str | None = None) -> int:
+        held = self._alloc.get(team, {})
+        return sum(held.values()) if gpu_type is None else held.get(gpu_type, 0)
+
+    def _tiers(self, team: str) -> list[list[str]]:
+        pools = self.state.pools
+        if not self.ours:
+            return [pools]
+        own = [p for p in (team, SHARED_POOL) if p in pools]
+        others = [p for p in pools if p not in own] if self.config.lending else []
+        return [own, others] if others else [own]
+
+    def _quota_types(self, job: Job, types: Iterable[str], gpus: int) -> list[str]:
+        quota = self.team(job.req.team).quota
+        if not quota or not self.ours:
+            return list(types)
+        total = self.held(job.req.team) + gpus
+        if total > quota.get("*", math.inf):
+            return []
+        return [t for t in types if self.held(job.req.team, t) + gpus <= quota.get(t, math.inf)]
+
+    def _blocked(self, job_id: str) -> set[int] | frozenset[int]:
+        if not self._earmarked:
+            return frozenset()
+        return {n for n, j in self._earmarked.items() if j != job_id}
+
+    # -- events -------------------------------------------------------------------------------------------
+    def submit(self, req: JobRequest, now: float) -> Job:
+        if req.job_id in self.jobs:
+            raise ValueError(f"job {req.job_id!r} is already known to the scheduler ({self.jobs[req.job_id].state})")
+        types = self.class_types(req.gpu_type)
+        if not types:
+            raise ValueError(f"job {req.job_id}: no {req.gpu_type!r} GPUs in this cluster "
+                             f"(it has {', '.join(self.state.gpu_types)})")
+        cap = max(self.state.installed[t] for t in types)
+        if req.floor_gpus > cap:
+            raise ValueError(f"job {req.job_id}: needs {req.floor_gpus} {req.gpu_type} GPUs but the cluster has at "
+                             f"most {cap} of one type; a job's GPUs must all be one type")
+        if req.tp > max(self.state.max_gpus_per_node[t] for t in types):
+            raise ValueError(f"job {req.job_id}: tp ({req.tp}) exceeds GPUs per node; a TP group must fit a node")
+        self._seq += 1
+        job = Job(req, now, self._seq)
+        self.jobs[req.job_id] = job
+        if req.elastic:
+            self._elastic.add(req.job_id)
+        self._enqueue(job)
+        return job
+
+    def finish(self, job_id: str, now: float) -> None:
+        """The job ended (completed, failed or cancelled): forget it and free its GPUs."""
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            return
+        self._elastic.discard(job_id)
+        if job.state is JobState.PENDING:
+            self._dequeue(job)
+            self._drop_plan(job)
+        else:
+            self._unplace(job)
+            self._victim_done(job_id)
+
+    def stopped(self, job_id: str, now: float) -> None:
+        """A preempted job checkpointed and stopped inside its grace period: requeue it."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state is not JobState.PREEMPTING:
+            return
+        self._unplace(job)
+        self._victim_done(job_id)
+        job.state = JobState.PENDING
+        job.last_checkpoint = now
+        self._enqueue(job)
+
+    def checkpointed(self, job_id: str, now: float) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.last_checkpoint = now
+
+    def fail_node(self, name: str, now: float, reason: str = "node failure") -> list[Decision]:
+        """A node failed or its spot capacity was reclaimed: mark it unhealthy; each running job on it gets a
+        replacement for the lost workers where possible, else is requeued at the head of its class."""
+        idx = self.state.by_name[name]
+        node = self.state.nodes[idx]
+        decisions: list[Decision] = []
+        for job_id in list(node.jobs):
+            job = self.jobs[job_id]
+            if job.state is JobState.PREEMPTING:
+                self._unplace(job)
+                self._victim_done(job_id)
+                job.state = JobState.PENDING
+                self._enqueue(job)
+                decisions.append(Kill(job_id))
+                continue
+            self.state.set_healthy(idx, False)
+            replaced = self._replace_lost(job, {idx})
+            if replaced is not None:
+                self.stats["replacements"] += 1
+                decisions.append(Resize(job_id, replaced, job.gpus, f"{reason} on {name}: lost workers replaced"))
+                self._move(job, replaced)
+                continue
+            self._unplace(job)
+            job.state = JobState.PENDING
+            job.boost = Boost.REQUEUED
+            job.num_requeues += 1
+            self.stats["requeues"] += 1
+            self._enqueue(job)
+            decisions.append(Requeue(job_id, f"{reason} on {name}; requeued at the head of its class"))
+        self.state.set_healthy(idx, False)
+        for n, j in list(self._earmarked.items()):
+            if n == idx:
+                self._drop_plan(self.jobs[j])
+        return decisions
+
+    def restore_node(self, name: str) -> None:
+        self.state.set_healthy(self.state.by_name[name], True)
+
+    # -- the pass -----------------------------------------------------------------------------------------
+    def schedule(self, now: float) -> list[Decision]:
+        decisions: list[Decision] = []
+        for job_id in [j for j in self._preempting if self.jobs[j].preempt_deadline <= now]:
+            self.stats["kills"] += 1
+            self.stopped(job_id, now)
+            decisions.append(Kill(job_id))
+        classes = [c for c, n in self._pending_count.items() if n]
+        classes.sort(key=lambda c: -max(r for r, teams in self._pending[c].items() if any(teams.values())))
+        for cls in classes:
+            self._pass(cls, now, decisions)
+        if self.ours and self._elastic:
+            self._grow(now, decisions)
+        return decisions
+
+    def _pass(self, cls: str, now: float, decisions: list[Decision]) -> None:
+        types = self.class_types(cls)
+        pools = self.state.pools
+        free = sum(self.state.free_in(t, pools) for t in types)
+        head: Job | None = None
+        reservation: _Reservation | None = None
+        scanned = 0
+        for job in self._ordered(cls):
+            req = job.req
+            if head is not None:
+                scanned += 1
+                if scanned > self.config.backfill_depth or free == 0:
+                    break
+                if req.floor_gpus > free:
+                    job.reason = f"waiting behind {head.job_id} ({free} {cls} GPUs free, needs {req.floor_gpus})"
+                    continue
+            elif req.floor_gpus > free and job.planned is None and not self.ours:
+                job.reason = f"waiting for {req.floor_gpus} {cls} GPUs ({free} free)"
+                head = job
+                if not self.backfill:
+                    return
+                reservation = self._reserve(job, types, now)
+                continue
+            started = self._try_start(job, types, now, decisions, reservation)
+            if started:
+                free = sum(self.state.free_in(t, pools) for t in types)
+                continue
+            if job.reason.startswith("quota") or head is not None:
+                continue
+            head = job
+            if self.ours:
+                self._make_room(job, types, now, decisions)
+            if not self.backfill:
+                return
+            reservation = self._reserve(job, types, now)
+            if job.planned is None:
+                job.reason = (f"head of {cls} queue: needs {req.floor_gpus} GPUs, {free} free; reserved from "
+                              + ("t+%.0fs" % (reservation.shadow - now) if math.isfinite(reservation.shadow)
+                                 else "(no estimate)"))
+
+    def _ordered(self, cls: str) -> Iterator[Job]:
+        by_rank = self._pending[cls]
+        jobs = self.jobs
+        if not self.ours:
+            lists = [list(lst) for teams in by_rank.values() for lst in teams.values() if lst]
+            for entry in heapq.merge(*lists):
+                yield jobs[entry[3]]
+            return
+        for rank in sorted(by_rank, reverse=True):
+            teams = by_rank[rank]
+            heap = [(lst[0][0], self.share(t), lst[0][1], lst[0][2], t, 0) for t, lst in teams.items() if lst]
+            snapshot = {t: list(lst) for t, lst in teams.items() if lst}
+            heapq.heapify(heap)
+            while heap:
+                _, _, _, _, team, pos = heapq.heappop(heap)
+                lst = snapshot[team]
+                yield jobs[lst[pos][3]]
+                pos += 1
+                if pos < len(lst):
+                    b, sub, seq, _ = lst[pos]
+                    heapq.heappush(heap, (b, self.share(team), sub, seq, team, pos))
+
+    def _sizes(self, job: Job, free: int) -> list[int]:
+        req = job.req
+        if not req.elastic:
+            return [req.num_gpus]
+        step = req.tp * req.pp
+        top = min(req.num_gpus, free // step * step)
+        sizes = [s for s in (req.num_gpus, top, (top + req.floor_gpus) // 2 // step * step, req.floor_gpus)
+                 if req.floor_gpus <= s <= req.num_gpus]
+        return sorted(set(sizes), reverse=True)
+
+    def _try_start(self, job: Job, types: tuple[str, ...], now: float, decisions: list[Decision],
+                   reservation: _Reservation | None) -> bool:
+        req = job.req
+        if job.planned is not None:
+            if job.waiting_on:
+                job.reason = f"preempting {len(job.waiting_on)} job(s); they checkpoint then stop"
+                return False
+            planned = job.planned
+            ok = all(self.state.nodes[n].healthy and self.state.nodes[n].free_mask >> g & 1
+                     for n, gpus in planned.assignments for g in gpus)
+            self._drop_plan(job)
+            if ok:
+                self._place(job, planned, now, decisions)
+                return True
+        pools = self.state.pools
+        free = sum(self.state.free_in(t, pools) for t in types)
+        blocked = self._blocked(req.job_id)
+        why = ""
+        for size in self._sizes(job, free):
+            allowed = self._quota_types(job, types, size)
+            if not allowed:
+                why = f"quota: team {req.team} would exceed its GPU quota with {size} more"
+                continue
+            taken = 0
+            if reservation is not None:
+                admitted = reservation.admits(now, size, req.max_runtime_s)
+                if admitted is None:
+                    why = f"backfill would delay the reservation of {reservation.head}"
+                    continue
+                taken = admitted
+            for tier in self._tiers(req.team):
+                order = sorted(allowed, key=lambda t, tier=tier: self.state.free_in(t, tier))
+                for t in order:
+                    if self.state.free_in(t, tier) < size:
+                        continue
+                    pl = find_placement(self.state, t, size, tp=req.tp, pp=req.pp, gpus_per_node=req.gpus_per_node,
+                                        pools=tier, blocked=blocked)
+                    if pl is not None:
+                        self._place(job, pl, now, decisions)
+                        return True
+            if reservation is not None:
+                reservation.extra += taken
+            why = why or (f"no placement for {req.floor_gpus} {req.gpu_type} GPUs "
+                          f"(gpus_per_node={req.gpus_per_node or 'auto'}, tp={req.tp})")
+        job.reason = why
+        return False
+
+    def _reserve(self, head: Job, types: tuple[str, ...], now: float) -> _Reservation:
+        need = head.req.floor_gpus
+        avail = sum(self.state.free_in(t, self.state.pools) for t in types)
+        if avail >= need:
+            return _Reservation(head.job_id, now, avail - need)
+        for end, _, job_id in heapq.merge(*(self._running_ends[t] for t in types)):
+            avail += self.jobs[job_id].gpus
+            if avail >= need:
+                return _Reservation(head.job_id, max(end, now), avail - need)
+        return _Reservation(head.job_id, math.inf, 0)
+
+    # -- room for a blocked head: shrink elastic jobs, then preempt ------------------------------------------
+    def _make_room(self, job: Job, types: tuple[str, ...], now: float, decisions: list[Decision]) -> None:
+        if job.planned is not None or job.room_epoch == self._epoch:
+            return
+        req = job.req
+        types = tuple(self._quota_types(job, types, req.floor_gpus))
+        if not types:
+            return
+        pools = self.state.pools
+        shrinkable = [self.jobs[j] for j in self._elastic
+                      if self.jobs[j].state is JobState.RUNNING and self.jobs[j].gpus > self.jobs[j].req.floor_gpus
+                      and self.jobs[j].placement.gpu_type in types and self.jobs[j].req.rank <= req.rank]
+        victims = [v for t in types for v in (self.jobs[j] for j in self._running_on[t])
+                   if v.state is JobState.RUNNING and (v.req.rank < req.rank or req.team in v.borrowed_from)]
+        if not shrinkable and not victims:
+            job.room_epoch = self._epoch
+            return
+        owner_pool = req.team in self.state.pools
+        victims.sort(key=lambda v: (0 if owner_pool and req.team in v.borrowed_from else 1, v.req.rank,
+                                    v.gpus * (now - v.last_checkpoint), -v.seq))
+        victims = victims[: self.config.max_victims]
+
+        def fits() -> Placement | None:
+            if sum(self.state.free_in(t, pools) for t in types) < req.floor_gpus:
+                return None
+            blocked = self._blocked(req.job_id)
+            for tier in self._tiers(req.team):
+                for t in types:
+                    pl = find_placement(self.state, t, req.floor_gpus, tp=req.tp, pp=req.pp,
+                                        gpus_per_node=req.gpus_per_node, pools=tier, blocked=blocked)
+                    if pl is not None:
+                        return pl
+            return None
+
+        shrunk: list[tuple[Job, Placement, list[tuple[int, tuple[int, ...]]]]] = []
+        plan = None
+        for e in sorted(shrinkable, key=lambda e: e.req.rank):
+            new = self._shrunk(e)
+            if new is None:
+                continue
+            keep = {n for n, _ in new.assignments}
+            removed = [(n, g) for n, g in e.placement.assignments if n not in keep]
+            self.state.release(e.job_id, [n for n, _ in removed])
+            shrunk.append((e, new, removed))
+            plan = fits()
+            if plan is not None:
+                break
+        chosen: list[Job] = []
+        if plan is None:
+            for v in victims:
+                self.state.release(v.job_id, v.placement.node_indices())
+                chosen.append(v)
+                plan = fits()
+                if plan is not None:
+                    break
+            if plan is not None:  # prune: give back victims that turned out unnecessary, latest first
+                for v in reversed(chosen[:-1]):
+                    self.state.allocate(v.job_id, v.placement.assignments)
+                    again = fits()
+                    if again is None:
+                        self.state.release(v.job_id, v.placement.node_indices())
+                    else:
+                        chosen.remove(v)
+                        plan = again
+        for v in chosen:  # victims keep their GPUs through the grace period
+            self.state.allocate(v.job_id, v.placement.assignments)
+        if plan is None:
+            for e, _, removed in shrunk:
+                self.state.allocate(e.job_id, removed)
+            job.room_epoch = self._epoch
+            return
+        for e, new, _ in shrunk:
+            self.stats["shrinks"] += 1
+            decisions.append(Resize(e.job_id, new, e.gpus, f"shrunk to make room for {req.job_id}"))
+            self._set_placement(e, new)
+        if not chosen:
+            self._place(job, plan, now, decisions)
+            return
+        deadline = now + self.config.grace_s
+        for v in chosen:
+            why = (f"reclaiming team {req.team}'s dedicated pool" if req.team in v.borrowed_from
+                   else f"{req.priority} job {req.job_id} needs its GPUs")
+            self._signal(v, deadline)
+            self._victim_of.setdefault(v.job_id, set()).add(req.job_id)
+            decisions.append(Preempt(v.job_id, deadline, req.job_id, why))
+        job.planned = plan
+        job.waiting_on = frozenset(v.job_id for v in chosen)
+        job.reason = f"preempting {len(chosen)} job(s); they checkpoint then stop"
+        for n in plan.node_indices():
+            self._earmarked[n] = req.job_id
+
+    def _shrunk(self, e: Job) -> Placement | None:
+        pl = e.placement
+        g = len(pl.assignments[0][1])
+        step = math.lcm(g, e.req.tp * e.req.pp) // g  # nodes per resize step
+        keep = len(pl.assignments)
+        while keep - step >= 1 and (keep - step) * g >= e.req.floor_gpus:
+            keep -= step
+        if keep == len(pl.assignments):
+            return None
+        kept = pl.assignments[:keep]
+        return Placement(pl.gpu_type, kept, compute_quality(self.state, kept, e.req.tp, e.req.pp))
+
+    def _signal(self, v: Job, deadline: float) -> None:
+        self._remove_end(v)
+        v.state = JobState.PREEMPTING
+        v.preempt_deadline = deadline
+        v.num_preemptions += 1
+        self.stats["preemptions"] += 1
+        self._preempting.add(v.job_id)
+        self._add_end(v)
+
+    def _victim_done(self, victim: str) -> None:
+        self._preempting.discard(victim)
+        for p in self._victim_of.pop(victim, ()):
+            pj = self.jobs.get(p)
+            if pj is not None:
+                pj.waiting_on = pj.waiting_on - {victim}
+
+    def _drop_plan(self, job: Job) -> None:
+        if job.planned is not None:
+            for n in job.planned.node_indices():
+                if self._earmarked.get(n) == job.job_id:
+                    del self._earmarked[n]
+        job.planned = None
+        job.waiting_on = frozenset()
+
+    # -- elastic growth and failed-node replacement -------------------------------------------------------
+    def _grow(self, now: float, decisions: list[Decision]) -> None:
+        waiting = {t for c, n in self._pending_count.items() if n for t in self.class_types(c)}
+        for job_id in sorted(self._elastic):
+            e = self.jobs[job_id]
+            if e.state is not JobState.RUNNING or e.gpus >= e.req.num_gpus or e.placement.gpu_type in waiting:
+                continue
+            t = e.placement.gpu_type
+            g = len(e.placement.assignments[0][1])
+            step = math.lcm(g, e.req.tp * e.req.pp)
+            extra = min(e.req.num_gpus - e.gpus, self.state.free_in(t, self.state.pools)) // step * step
+            if extra <= 0:
+                continue
+            own = set(e.placement.node_indices())
+            blocked = own | set(self._earmarked)
+            add = None
+            for tier in self._tiers(e.req.team):
+                add = find_placement(self.state, t, extra, tp=e.req.tp, pp=e.req.pp, gpus_per_node=g, pools=tier,
+                                     blocked=blocked)
+                if add is not None:
+                    break
+            if add is None:
+                continue
+            assignments = e.placement.assignments + add.assignments
+            new = Placement(t, assignments, compute_quality(self.state, assignments, e.req.tp, e.req.pp))
+            old = e.gpus
+            self.state.allocate(job_id, add.assignments)
+            self._set_placement(e, new)
+            self.stats["grows"] += 1
+            decisions.append(Resize(job_id, new, old, "grown into idle capacity"))
+
+    def _replace_lost(self, job: Job, lost: set[int]) -> Placement | None:
+        pl = job.placement
+        lost_pos = [p for p, (n, _) in enumerate(pl.assignments) if n in lost]
+        g = len(pl.assignments[lost_pos[0]][1])
+        blocked = set(pl.node_indices()) | set(self._earmarked)
+        for tier in self._tiers(job.req.team):
+            add = find_placement(self.state, pl.gpu_type, g * len(lost_pos), tp=job.req.tp, pp=1, gpus_per_node=g,
+                                 pools=tier, blocked=blocked)
+            if add is not None:
+                new = list(pl.assignments)
+                for p, a in zip(lost_pos, add.assignments, strict=True):
+                    new[p] = a
+                return Placement(pl.gpu_type, tuple(new), compute_quality(self.state, new, job.req.tp, job.req.pp))
+        return None
+
+    def _move(self, job: Job, new: Placement) -> None:
+        old = set(job.placement.node_indices())
+        keep = set(new.node_indices())
+        self.state.release(job.job_id, old - keep)
+        self.state.allocate(job.job_id, [(n, g) for n, g in new.assignments if n not in old])
+        self._set_placement(job, new)
+
+    # -- bookkeeping --------------------------------------------------------------------------------------
+    def _place(self, job: Job, pl: Placement, now: float, decisions: list[Decision]) -> None:
+        self._dequeue(job)
+        self.state.allocate(job.job_id, pl.assignments)
+        job.state = JobState.RUNNING
+        job.start_time = now
+        if math.isnan(job.last_checkpoint):
+            job.last_checkpoint = now
+        job.boost = Boost.NORMAL
+        job.reason = "running"
+        job.placement = None
+        self._set_placement(job, pl)
+        decisions.append(Start(job.job_id, pl))
+
+    def _set_placement(self, job: Job, pl: Placement) -> None:
+        """Swap the job's placement in the accounting (GPUs held per team, borrowed pools, running ends)."""
+        team = self._alloc.setdefault(job.req.team, {})
+        if job.placement is not None:
+            self._remove_end(job)
+            team[job.placement.gpu_type] -= job.placement.num_gpus
+        job.placement = pl
+        team[pl.gpu_type] = team.get(pl.gpu_type, 0) + pl.num_gpus
+        nodes = self.state.nodes
+        job.borrowed_from = frozenset(nodes[n].pool for n in pl.node_indices()
+                                      if nodes[n].pool not in (SHARED_POOL, job.req.team))
+        self._add_end(job)
+
+    def _unplace(self, job: Job) -> None:
+        pl = job.placement
+        if pl is None:
+            return
+        self._remove_end(job)
+        self.state.release(job.job_id, pl.node_indices())
+        self._alloc[job.req.team][pl.gpu_type] -= pl.num_gpus
+        job.placement = None
+        job.borrowed_from = frozenset()
+        self._preempting.discard(job.job_id)
+
+    def _add_end(self, job: Job) -> None:
+        self._epoch += 1
+        self._running_on[job.placement.gpu_type].add(job.job_id)
+        bisect.insort(self._running_ends[job.placement.gpu_type], (job.est_end, job.seq, job.job_id))
+
+    def _remove_end(self, job: Job) -> None:
+        self._epoch += 1
+        self._running_on[job.placement.gpu_type].discard(job.job_id)
+        lst = self._running_ends[job.placement.gpu_type]
+        i = bisect.bisect_left(lst, (job.est_end, job.seq, job.job_id))
+        if i < len(lst) and lst[i][2] == job.job_id:
+            del lst[i]
+
+    def _enqueue(self, job: Job) -> None:
+        req = job.req
+        cls = req.gpu_type
+        lst = self._pending.setdefault(cls, {}).setdefault(req.rank, {}).setdefault(req.team, [])
+        bisect.insort(lst, (int(job.boost), job.submit_time, job.seq, req.job_id))
+        self._pending_count[cls] = self._pending_count.get(cls, 0) + 1
+
+    def _dequeue(self, job: Job) -> None:
+        req = job.req
+        lst = self._pending.get(req.gpu_type, {}).get(req.rank, {}).get(req.team)
+        if not lst:
+            return
+        key = (int(job.boost), job.submit_time, job.seq, req.job_id)
+        i = bisect.bisect_left(lst, key)
+        if i < len(lst) and lst[i] == key:
+            del lst[i]
+            self._pending_count[req.gpu_type] -= 1
+
+    # -- views --------------------------------------------------------------------------------------------
+    def pending(self) -> list[Job]:
+        return [j for j in self.jobs.values() if j.state is JobState.PENDING]
+
+    def running(self) -> list[Job]:
+        return [j for j in self.jobs.values() if j.state is not JobState.PENDING]
+
