@@ -1048,6 +1048,8 @@ def read_document(path: str | Path) -> Any:
             raise unreadable(f"is {p.stat().st_size:,} bytes: too large for a job spec",
                              "check that this is the spec file and not data")
         data = p.read_bytes()
+    except SpecError:
+        raise
     except PermissionError:
         raise unreadable("permission denied", "make the file readable (chmod) or copy it") from None
     except (OSError, ValueError) as exc:

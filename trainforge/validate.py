@@ -20,7 +20,7 @@ from trainforge.plan.hardware import gpu_spec
 from trainforge.plan.layout import Layout, layout_problems
 from trainforge.plan.memory import estimate_memory
 from trainforge.plan.model import ModelShape, shape_from_spec
-from trainforge.spec import JobSpec, Problem, SpecError, parse_spec, read_document
+from trainforge.spec import JobSpec, PipelineSchedule, Problem, SpecError, parse_spec, read_document
 
 GiB = 2**30
 
@@ -48,6 +48,10 @@ class ValidationReport:
         return {
             "source": self.source,
             "valid": self.ok(strict),
+            "unreadable": self.unreadable,
+            "strict": strict,
+            "counts": {sev: sum(p.severity == sev for p in self.problems)
+                       for sev in ("error", "not-checked", "warning")},
             "job": self.spec.name if self.spec else None,
             "layout": None if self.layout is None else self.layout.describe(),
             "memory_per_gpu_bytes": self.memory_per_gpu_bytes,
@@ -94,9 +98,7 @@ def semantic_problems(
     problems += _cluster_problems(spec, cluster)
     problems += _combination_problems(spec)
     problems += _code_problems(spec, base_dir)
-    found = dataset_checker(spec, base_dir)
-    if found is not None:
-        problems.append(found)
+    problems += _dataset_problems(spec, base_dir, dataset_checker)
     shape = None
     if spec.code.mode == "managed":
         try:
@@ -105,13 +107,99 @@ def semantic_problems(
             problems.append(Problem("model", str(exc), None,
                                     "set model.preset (e.g. llama-7b) or layers/hidden/heads/vocab"))
     if shape is not None:
-        problems += _layout_and_memory_problems(spec, shape, cluster, report)
-    if isinstance(spec.checkpoint.interval_steps, int) and spec.checkpoint.interval_steps > spec.training.total_steps:
-        problems.append(Problem("checkpoint.interval_steps",
-                                f"is larger than the run ({spec.training.total_steps} steps): only the final "
-                                "checkpoint will be written", spec.checkpoint.interval_steps,
-                                "lower it to get intermediate checkpoints", "warning"))
+        shape_problems = _shape_problems(shape)
+        problems += shape_problems
+        if not shape_problems:
+            problems += _layout_and_memory_problems(spec, shape, cluster, report)
+    else:
+        problems += _script_layout_problems(spec)
+    problems += _schedule_problems(spec)
+    problems += _checkpoint_and_eval_problems(spec)
     return problems
+
+
+def _dataset_problems(spec: JobSpec, base_dir: Path, dataset_checker: DatasetChecker) -> list[Problem]:
+    try:
+        found = dataset_checker(spec, base_dir)
+    except (OSError, ValueError) as exc:  # e.g. a file:// path the OS refuses (too long, NUL byte)
+        found = Problem("dataset.ref", f"cannot be resolved: {exc}", spec.dataset.ref,
+                        "give a catalog:// name or a file:// path to a dataset version folder")
+    return [] if found is None else [found]
+
+
+def _shape_problems(shape: ModelShape) -> list[Problem]:
+    """The resolved shape (preset + overrides) must be a consistent model; the spec only checks given fields."""
+    out: list[Problem] = []
+    if shape.hidden % shape.heads:
+        out.append(Problem("model.heads", f"hidden ({shape.hidden}) is not divisible by heads ({shape.heads})",
+                           shape.heads, "use a head count that divides hidden"))
+    if shape.heads % shape.kv_heads:
+        out.append(Problem("model.kv_heads", f"heads ({shape.heads}) is not a multiple of kv_heads "
+                           f"({shape.kv_heads})", shape.kv_heads, "use a kv_heads that divides heads"))
+    return out
+
+
+def _script_layout_problems(spec: JobSpec) -> list[Problem]:
+    """Script mode has no model shape, but explicit degrees must still multiply to the world size."""
+    par, world = spec.parallelism, spec.resources.world_size
+    tp, pp = par.tp or 1, par.pp or 1
+    if par.dp is None and world % (tp * pp):
+        return [Problem("parallelism", f"world size ({world}) is not divisible by tp ({tp}) * pp ({pp})", None,
+                        f"choose degrees whose product divides {world}, or change resources.min_gpus")]
+    dp = par.dp if par.dp is not None else world // (tp * pp)
+    if dp * tp * pp != world:
+        return [Problem("parallelism", f"dp({dp}) * tp({tp}) * pp({pp}) = {dp * tp * pp} != world size ({world})",
+                        None, "make the product of the degrees equal resources.min_gpus, or leave dp unset")]
+    per_step = dp * (par.micro_batch_size or 1)
+    if spec.training.global_batch_size % per_step:
+        return [Problem("training.global_batch_size", f"global batch ({spec.training.global_batch_size}) is not a "
+                        f"multiple of dp ({dp}) * micro-batch ({par.micro_batch_size or 1}) = {per_step}",
+                        spec.training.global_batch_size, f"use a multiple of {per_step}")]
+    return []
+
+
+def _schedule_problems(spec: JobSpec) -> list[Problem]:
+    par = spec.parallelism
+    pp = par.pp or 1
+    out: list[Problem] = []
+    if par.pipeline_schedule == PipelineSchedule.INTERLEAVED_1F1B and par.virtual_stages < 2:
+        out.append(Problem("parallelism.virtual_stages", "interleaved-1f1b needs at least 2 virtual stages per "
+                           "pipeline rank", par.virtual_stages,
+                           "set virtual_stages: 2 (or more), or use pipeline_schedule: 1f1b"))
+    if par.virtual_stages > 1 and par.pp is not None and pp < 2:
+        out.append(Problem("parallelism.virtual_stages", f"virtual stages ({par.virtual_stages}) need pipeline "
+                           f"parallelism, but pp is {pp}", par.virtual_stages,
+                           "set pp >= 2, or remove virtual_stages and pipeline_schedule"))
+    elif par.pipeline_schedule != PipelineSchedule.ONE_F_ONE_B and par.pp is not None and pp < 2:
+        out.append(Problem("parallelism.pipeline_schedule", f"is ignored without pipeline parallelism (pp is {pp})",
+                           par.pipeline_schedule.value, "remove pipeline_schedule or set pp >= 2", "warning"))
+    return out
+
+
+def _checkpoint_and_eval_problems(spec: JobSpec) -> list[Problem]:
+    ckpt, total = spec.checkpoint, spec.training.total_steps
+    out: list[Problem] = []
+    if isinstance(ckpt.interval_steps, int) and ckpt.interval_steps > total:
+        out.append(Problem("checkpoint.interval_steps",
+                           f"is larger than the run ({total} steps): only the final checkpoint will be written",
+                           ckpt.interval_steps, "lower it to get intermediate checkpoints", "warning"))
+    if ckpt.keep_every and isinstance(ckpt.interval_steps, int) and ckpt.keep_every % ckpt.interval_steps:
+        out.append(Problem("checkpoint.keep_every", f"is not a multiple of interval_steps ({ckpt.interval_steps}), "
+                           "so few checkpoints land on it", ckpt.keep_every,
+                           f"use a multiple of {ckpt.interval_steps}", "warning"))
+    if ckpt.keep_best is not None and not spec.evaluation.enabled:
+        out.append(Problem("checkpoint.keep_best", f"ranks checkpoints by {ckpt.keep_best.metric!r}, but evaluation "
+                           "is disabled", ckpt.keep_best.metric,
+                           "set evaluation.enabled: true, or remove keep_best"))
+    if spec.evaluation.enabled and spec.dataset.eval_fraction == 0:
+        out.append(Problem("dataset.eval_fraction", "is 0, so there is no held-out split to evaluate on", 0,
+                           "set eval_fraction (e.g. 0.01), or evaluation.enabled: false"))
+    warmup = spec.training.lr_schedule.warmup_steps
+    if warmup >= total:
+        out.append(Problem("training.lr_schedule.warmup_steps", f"is not shorter than the run ({total} steps): the "
+                           "learning rate never reaches its peak", warmup,
+                           f"use fewer than {total} warm-up steps", "warning"))
+    return out
 
 
 def _cluster_problems(spec: JobSpec, cluster: ClusterSpec) -> list[Problem]:
@@ -130,7 +218,8 @@ def _cluster_problems(spec: JobSpec, cluster: ClusterSpec) -> list[Problem]:
         out.append(Problem("resources.max_gpus", f"cluster {cluster.name!r} has only {available} {gpu} GPUs",
                            wanted, f"lower max_gpus to {available}"))
     node = cluster.max_gpus_per_node(gpu)
-    if res.gpus_per_node > node:
+    # A job smaller than a node uses min_gpus of one node, whatever gpus_per_node says (its default is 8).
+    if min(res.gpus_per_node, wanted) > node:
         out.append(Problem("resources.gpus_per_node", f"{gpu} nodes of cluster {cluster.name!r} have {node} GPUs",
                            res.gpus_per_node, f"use gpus_per_node <= {node}"))
     if res.min_gpus > res.gpus_per_node and res.min_gpus % res.gpus_per_node:
@@ -161,9 +250,21 @@ def _combination_problems(spec: JobSpec) -> list[Problem]:
     if par.engine == "deepspeed" and ((par.tp or 1) > 1 or (par.pp or 1) > 1):
         out.append(Problem("parallelism.engine", "the deepspeed engine provides ZeRO data parallelism only",
                            "deepspeed", "use engine: native for tp/pp, or drop tp/pp"))
+    if par.engine == "deepspeed" and (par.ep or 1) > 1:
+        out.append(Problem("parallelism.engine", "expert parallelism is applied by the native engine only",
+                           "deepspeed", "use engine: native for ep, or drop ep"))
+    if par.engine == "deepspeed" and code.framework != "pytorch":
+        out.append(Problem("parallelism.engine", f"DeepSpeed runs PyTorch only, not {code.framework}", "deepspeed",
+                           "use engine: native, or framework: pytorch"))
     if spec.resources.gpu_type.value == "cpu" and spec.training.precision.value == "fp16":
         out.append(Problem("training.precision", "fp16 autocast is not supported on CPU workers", "fp16",
                            "use bf16 or fp32"))
+    if code.mode == "script":
+        ignored = [name for name in ("sharding", "activation_checkpointing") if getattr(par, name) is not None]
+        if ignored:
+            out.append(Problem(f"parallelism.{ignored[0]}", "is applied by the platform in managed mode only; a "
+                               "script applies its own", getattr(par, ignored[0]).value,
+                               "remove it, or use mode: managed", "warning"))
     if spec.model.experts and code.mode == "script":
         out.append(Problem("model.experts", "model architecture numbers only apply in managed mode",
                            spec.model.experts, "remove the model section or use mode: managed", "warning"))
@@ -175,25 +276,37 @@ _GIT_URL = re.compile(r"^(https?://|ssh://|git@|git://)")
 
 def _code_problems(spec: JobSpec, base_dir: Path) -> list[Problem]:
     code = spec.code
+    module, sep, func = code.entrypoint.partition(":")
+    if code.mode == "managed" and (
+        not sep or not func.isidentifier() or not all(p.isidentifier() for p in module.split("."))
+    ):
+        return [Problem("code.entrypoint", "managed mode needs `package.module:function`", code.entrypoint,
+                        "e.g. trainforge.trainer.models.llama:build_model (or use mode: script for a script)")]
     if _GIT_URL.match(code.repo):
         return [Problem("code.repo", "a remote repository is fetched at submit time; its entrypoint was not "
                         "checked here", code.repo, "use --strict only where the repository is reachable",
                         "not-checked")]
-    repo = (base_dir / code.repo).resolve()
+    try:
+        return _local_code_problems(code.entrypoint, code.mode, (base_dir / code.repo).resolve(), module)
+    except (OSError, ValueError) as exc:  # a path the OS refuses (too long, NUL byte)
+        return [Problem("code.repo", f"cannot be read: {exc}", code.repo, "give a readable local directory")]
+
+
+def _local_code_problems(entrypoint: str, mode: str, repo: Path, module: str) -> list[Problem]:
     if not repo.is_dir():
         return [Problem("code.repo", "local repository path does not exist", str(repo),
                         "point code.repo at the directory holding your code (relative to the spec file)")]
-    if code.mode == "script":
-        if not (repo / code.entrypoint).is_file():
-            return [Problem("code.entrypoint", f"script not found in {repo}", code.entrypoint,
+    if mode == "script":
+        script = (repo / entrypoint).resolve()
+        if not script.is_relative_to(repo):
+            return [Problem("code.entrypoint", f"script path leaves the repository {repo}", entrypoint,
+                            "give the script's path inside code.repo")]
+        if not script.is_file():
+            return [Problem("code.entrypoint", f"script not found in {repo}", entrypoint,
                             "give the script's path relative to code.repo")]
         return []
-    module, sep, func = code.entrypoint.partition(":")
-    if not sep or not func.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
-        return [Problem("code.entrypoint", "managed mode needs `package.module:function`", code.entrypoint,
-                        "e.g. trainforge.trainer.models.llama:build_model")]
     if _module_file(module, repo) is None:
-        return [Problem("code.entrypoint", f"module {module!r} not found in {repo} nor installed", code.entrypoint,
+        return [Problem("code.entrypoint", f"module {module!r} not found in {repo} nor installed", entrypoint,
                         "check the module path and that the file exists")]
     return []
 
@@ -235,6 +348,7 @@ def _layout_and_memory_problems(
     for lp in layout_problems(layout, shape, global_batch_size=spec.training.global_batch_size, world_size=world,
                               gpus_per_node=min(spec.resources.gpus_per_node, world)):
         out.append(Problem(lp.field, lp.message, None, lp.fix))
+    out += _accumulation_problems(spec, layout) if not out else []
     if out:
         return out
     gpu = gpu_spec(spec.resources.gpu_type.value)
@@ -253,6 +367,27 @@ def _layout_and_memory_problems(
             "use sharding: full-shard, more tp/pp, activation_checkpointing: full, a smaller micro_batch_size, "
             "or a GPU type with more memory (see `trainforge plan`)",
         ))
+    return out
+
+
+def _accumulation_problems(spec: JobSpec, layout: Layout) -> list[Problem]:
+    """An explicit gradient_accumulation_steps must agree with batch / (dp * micro-batch); interleaved 1F1B also
+    needs the micro-batches to fill whole rounds of pp stages."""
+    out: list[Problem] = []
+    gbs, per_step = spec.training.global_batch_size, layout.dp * layout.micro_batch_size
+    steps = gbs // per_step
+    given = spec.training.gradient_accumulation_steps
+    if given is not None and given != steps:
+        fits = gbs % (layout.dp * given) == 0
+        fix = (f"set parallelism.micro_batch_size to {gbs // (layout.dp * given)}" if fits else
+               f"use gradient_accumulation_steps: {steps}") + ", or remove gradient_accumulation_steps"
+        out.append(Problem("training.gradient_accumulation_steps", f"disagrees with the layout: global batch ({gbs}) "
+                           f"/ (dp ({layout.dp}) * micro-batch ({layout.micro_batch_size})) = {steps}", given, fix))
+    if layout.pp > 1 and layout.schedule == "interleaved-1f1b" and steps % layout.pp:
+        out.append(Problem("parallelism.micro_batch_size", f"interleaved-1f1b needs the micro-batches per step "
+                           f"({steps}) to be a multiple of pp ({layout.pp})", layout.micro_batch_size,
+                           f"choose global batch and micro-batch so that batch / (dp * micro-batch) is a multiple "
+                           f"of {layout.pp}"))
     return out
 
 

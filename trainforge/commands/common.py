@@ -1,42 +1,70 @@
-"""Helpers shared by CLI commands: one console, and turning user errors into messages with exit codes."""
+"""Helpers shared by CLI commands: one console, and turning user errors into messages with exit codes.
+
+User text (paths, values, messages that quote them) goes through `escape` before rich prints it: a value such as
+`[/x]` would otherwise be read as markup and crash the command with a traceback.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from trainforge.spec import SpecError
+from trainforge.spec import Problem, SpecError
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+if TYPE_CHECKING:
+    from trainforge.plan.cluster import ClusterSpec
+
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
 
+ICONS = {"error": "[red]✗[/]", "not-checked": "[yellow]?[/]", "warning": "[yellow]![/]"}
+
 
 def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}")
+    err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
 
 
+def render_problem(problem: Problem, strict: bool = False) -> str:
+    """One problem as a rich-markup line; not-checked items are marked (as errors under --strict)."""
+    tag = ""
+    if problem.severity == "not-checked":
+        tag = " [red](not checked: an error under --strict)[/]" if strict else " [dim](not checked)[/]"
+    icon = ICONS["error"] if strict and problem.severity == "not-checked" else ICONS[problem.severity]
+    return f"  {icon} {escape(problem.render())}{tag}"
+
+
 def print_spec_error(exc: SpecError) -> NoReturn:
-    err_console.print(f"[bold red]{exc.source}[/]: {len(exc.problems)} problem(s)")
+    err_console.print(f"[bold red]{escape(exc.source)}[/]: {len(exc.problems)} problem(s)")
     for p in exc.problems:
-        err_console.print(f"  [red]✗[/] {p.render()}")
+        err_console.print(render_problem(p))
     raise typer.Exit(EXIT_UNREADABLE if exc.unreadable else EXIT_INVALID)
 
 
-def load_cluster_option(path: Path | None):  # -> ClusterSpec
+def load_cluster_option(path: Path | None) -> ClusterSpec:
+    """The --cluster file, else the configured cluster, else this machine. A cluster file that cannot be used
+    stops the command with exit status 2: the job spec itself was not judged."""
+    try:
+        return resolve_cluster(path)
+    except SpecError as exc:
+        err_console.print(f"[bold red]cluster description {escape(exc.source)}[/]: {len(exc.problems)} problem(s)")
+        for p in exc.problems:
+            err_console.print(render_problem(p))
+        raise typer.Exit(EXIT_UNREADABLE) from None
+
+
+def resolve_cluster(path: Path | None) -> ClusterSpec:
     from trainforge.plan.cluster import default_cluster, load_cluster
 
-    try:
-        return load_cluster(path) if path else default_cluster()
-    except SpecError as exc:
-        print_spec_error(exc)
+    return load_cluster(path) if path else default_cluster()
 
 
 def print_json(data: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from trainforge.cli import app
 from trainforge.commands.common import (
@@ -15,9 +16,10 @@ from trainforge.commands.common import (
     err_console,
     load_cluster_option,
     print_json,
+    render_problem,
+    resolve_cluster,
 )
-
-ICONS = {"error": "[red]✗[/]", "not-checked": "[yellow]?[/]", "warning": "[yellow]![/]"}
+from trainforge.spec import SpecError
 
 
 @app.command()
@@ -25,42 +27,61 @@ def validate(
     spec_file: Path = typer.Argument(..., help="Job spec (YAML or JSON)."),
     cluster: Path | None = typer.Option(None, help="Target cluster description (default: $TRAINFORGE_CLUSTER, "
                                         "else this machine)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
     strict: bool = typer.Option(False, help="Treat checks that could not be run ('not checked') as errors."),
 ) -> None:
-    """Dry-run a job spec: no process started, no GPU taken. Reports every problem at once.
+    """Dry-run a job spec: no process started, no GPU taken. Reports every problem at once, each with the field,
+    the value, why it is wrong and how to fix it.
 
-    Exit status: 0 valid, 1 invalid, 2 unreadable file.
+    Exit status: 0 valid, 1 invalid, 2 unreadable file (spec or cluster description).
 
-    Example: trainforge validate examples/llama-70b-pretrain.yaml --cluster examples/clusters/fleet-10k.yaml
+    Examples:
+
+      trainforge validate examples/tiny-cpu.yaml
+
+      trainforge validate examples/llama-70b-pretrain.yaml --cluster examples/clusters/fleet-10k.yaml --json
     """
-    from trainforge.validate import validate_file
+    from trainforge.validate import ValidationReport, validate_file
 
-    report = validate_file(spec_file, load_cluster_option(cluster))
+    if as_json:
+        try:
+            target = resolve_cluster(cluster)
+        except SpecError as exc:
+            # The same report shape as for a spec, so scripts parse one format; the source names the cluster file.
+            print_json(ValidationReport(exc.source, problems=exc.problems, unreadable=True).to_dict(strict))
+            raise typer.Exit(EXIT_UNREADABLE) from None
+    else:
+        target = load_cluster_option(cluster)
+    report = validate_file(spec_file, target)
     code = EXIT_UNREADABLE if report.unreadable else (EXIT_OK if report.ok(strict) else EXIT_INVALID)
     if as_json:
         print_json(report.to_dict(strict))
         raise typer.Exit(code)
     out = console if code == EXIT_OK else err_console
     for p in report.problems:
-        out.print(f"  {ICONS[p.severity]} {p.render()}" + (" [dim](not checked)[/]" if p.severity == "not-checked"
-                                                            else ""))
+        out.print(render_problem(p, strict))
+    name = escape(str(spec_file))
     if code == EXIT_OK:
         extra = ""
         if report.layout is not None:
             extra = f" layout {report.layout.describe()}"
         if report.memory_per_gpu_bytes is not None:
             extra += f", ~{report.memory_per_gpu_bytes / 2**30:.2f} GiB per GPU"
-        console.print(f"[green]✓[/] {spec_file} is valid.{extra}")
+        console.print(f"[green]✓[/] {name} is valid.{extra}")
+    elif code == EXIT_UNREADABLE:
+        err_console.print(f"[bold red]✗ {name}: cannot be read[/]")
     else:
         n = len(report.errors(strict))
-        err_console.print(f"[bold red]✗ {spec_file}: {n} problem(s)[/]")
+        err_console.print(f"[bold red]✗ {name}: {n} problem(s)[/]")
     raise typer.Exit(code)
 
 
 @app.command()
 def schema() -> None:
-    """Print the JSON Schema of the job spec (every field with its description)."""
+    """Print the JSON Schema of the job spec (every field with its description).
+
+    Example: trainforge schema > jobspec.schema.json
+    """
     from trainforge.spec import json_schema
 
     print_json(json_schema())
