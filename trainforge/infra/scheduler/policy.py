@@ -147,6 +147,27 @@ class Scheduler:
         self._enqueue(job)
         return job
 
+    def adopt(self, job: Job) -> None:
+        """Restore a persisted job as it was (the live scheduler rebuilds the policy in every transaction).
+        Adopt in `seq` order; a preempting job before the jobs waiting on it."""
+        self.jobs[job.job_id] = job
+        self._seq = max(self._seq, job.seq)
+        if job.req.elastic:
+            self._elastic.add(job.job_id)
+        if job.state is JobState.PENDING:
+            self._enqueue(job)
+            if job.planned is not None:
+                for n in job.planned.node_indices():
+                    self._earmarked[n] = job.job_id
+                for v in job.waiting_on:
+                    self._victim_of.setdefault(v, set()).add(job.job_id)
+            return
+        pl, job.placement = job.placement, None
+        self.state.allocate(job.job_id, pl.assignments)
+        self._set_placement(job, pl)
+        if job.state is JobState.PREEMPTING:
+            self._preempting.add(job.job_id)
+
     def finish(self, job_id: str, now: float) -> None:
         """The job ended (completed, failed or cancelled): forget it and free its GPUs."""
         job = self.jobs.pop(job_id, None)

@@ -1,0 +1,345 @@
+"""The live scheduler: the pure policy over state kept in a database (SQLite in $TRAINFORGE_HOME by default,
+PostgreSQL in production), safe under many concurrent requesters.
+
+Every operation is one short write transaction that rebuilds the policy from the tables, applies the event, runs
+a scheduling pass and writes back what changed. Writers are serialized by the database: `BEGIN IMMEDIATE` on
+SQLite, a `SELECT ... FOR UPDATE` on a lock row elsewhere. So two requesters can never both see a GPU free.
+
+The flow's provision task calls `request(GangRequest, timeout_s)`, which blocks (polling with a bounded backoff)
+until the gang is admitted, and `release(job_id)` when the job completes, fails or is preempted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from trainforge.infra.scheduler.model import (
+    Boost,
+    Job,
+    JobRequest,
+    JobState,
+    Placement,
+    SchedulerConfig,
+    TeamPolicy,
+)
+from trainforge.infra.scheduler.placement import compute_quality
+from trainforge.infra.scheduler.policy import Scheduler
+from trainforge.infra.scheduler.state import ClusterState
+from trainforge.plan.cluster import ClusterSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GangRequest:
+    job_id: str
+    team: str
+    priority: str = "normal"
+    gpu_type: str = "any"
+    """A GPU type of the cluster, several joined by `|`, or `any`; the job always gets one type."""
+    num_gpus: int
+    gpus_per_node: int | None = None
+    """None = placement chooses (fewest nodes, a multiple of tp)."""
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    """None = num_gpus / (tp * pp)."""
+    max_runtime_s: float = 86_400.0
+    min_gpus: int | None = None
+    """Elastic jobs: the smallest size they accept (None = not elastic)."""
+    checkpoint_interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.dp is not None and self.dp * self.tp * self.pp != self.num_gpus:
+            raise ValueError(f"job {self.job_id}: dp({self.dp}) * tp({self.tp}) * pp({self.pp}) = "
+                             f"{self.dp * self.tp * self.pp} != num_gpus ({self.num_gpus})")
+        self.to_job_request()  # validates
+
+    def to_job_request(self) -> JobRequest:
+        return JobRequest(job_id=self.job_id, team=self.team, priority=self.priority, gpu_type=self.gpu_type,
+                          num_gpus=self.num_gpus, min_gpus=self.min_gpus, gpus_per_node=self.gpus_per_node,
+                          tp=self.tp, pp=self.pp, max_runtime_s=self.max_runtime_s,
+                          checkpoint_interval_s=self.checkpoint_interval_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    job_id: str
+    gpu_type: str
+    nodes: list[tuple[str, list[int]]]
+    """(node name, GPU indices), in rank order."""
+    quality: dict[str, int] = field(default_factory=dict)
+    """num_nodes, num_racks, tp_groups_spanning_nodes (0), pp_groups_spanning_racks, ..."""
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(len(g) for _, g in self.nodes)
+
+
+class SchedulingTimeout(TimeoutError):
+    """The gang was not admitted within the timeout; the message says why it still waits."""
+
+    def __init__(self, job_id: str, timeout_s: float, reason: str, position: int, queued: int):
+        self.job_id, self.reason, self.position = job_id, reason, position
+        super().__init__(f"job {job_id} not admitted after {timeout_s:g}s: {reason} (position {position} of "
+                         f"{queued} pending); the request was withdrawn, submit again to re-queue")
+
+
+_meta = sa.MetaData()
+JOBS = sa.Table(
+    "sched_jobs", _meta,
+    sa.Column("job_id", sa.String(200), primary_key=True),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("request", sa.Text, nullable=False),
+    sa.Column("state", sa.String(20), nullable=False),
+    sa.Column("team", sa.String(200), nullable=False),
+    sa.Column("priority", sa.String(20), nullable=False),
+    sa.Column("submit_time", sa.Float, nullable=False),
+    sa.Column("runtime", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False, default=""),
+    sa.Column("last_seen", sa.Float, nullable=False),
+)
+NODES = sa.Table(
+    "sched_nodes", _meta,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("healthy", sa.Boolean, nullable=False),
+)
+META = sa.Table(
+    "sched_meta", _meta,
+    sa.Column("key", sa.String(50), primary_key=True),
+    sa.Column("value", sa.Integer, nullable=False),
+)
+
+
+def _engine(url: str) -> sa.Engine:
+    if not url.startswith("sqlite"):
+        return sa.create_engine(url, pool_pre_ping=True)
+    engine = sa.create_engine(url, connect_args={"timeout": 120, "check_same_thread": False})
+
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _rec: Any) -> None:
+        dbapi_conn.isolation_level = None  # let the "begin" hook issue BEGIN IMMEDIATE itself
+        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        dbapi_conn.execute("PRAGMA busy_timeout=120000")
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+class LiveScheduler:
+    def __init__(self, cluster: ClusterSpec, db_url: str | None = None, *,
+                 teams: dict[str, TeamPolicy] | None = None, config: SchedulerConfig | None = None,
+                 stale_after_s: float = 300.0):
+        if db_url is None:
+            from trainforge.home import home
+
+            db_url = f"sqlite:///{home() / 'scheduler.db'}"
+        self.cluster = cluster
+        self.teams = teams
+        self.config = config or SchedulerConfig()
+        self.stale_after_s = stale_after_s
+        self.engine = _engine(db_url)
+        self._sqlite = db_url.startswith("sqlite")
+        with self.engine.begin() as conn:
+            _meta.create_all(conn)
+            if conn.execute(sa.select(META.c.key).where(META.c.key == "lock")).first() is None:
+                conn.execute(META.insert().values(key="lock", value=0))
+
+    # -- transactions -------------------------------------------------------------------------------------
+    @contextmanager
+    def _tx(self) -> Iterator[tuple[sa.Connection, Scheduler, dict[str, dict[str, Any]]]]:
+        with self.engine.begin() as conn:
+            if not self._sqlite:
+                conn.execute(sa.select(META.c.value).where(META.c.key == "lock").with_for_update())
+            sched, rows = self._load(conn)
+            yield conn, sched, rows
+            self._save(conn, sched, rows)
+
+    def _load(self, conn: sa.Connection) -> tuple[Scheduler, dict[str, dict[str, Any]]]:
+        state = ClusterState.from_spec(self.cluster)
+        for name, healthy in conn.execute(sa.select(NODES.c.name, NODES.c.healthy)):
+            if name in state.by_name and not healthy:
+                state.set_healthy(state.by_name[name], False)
+        sched = Scheduler(state, self.teams, self.config)
+        rows = {r.job_id: dict(r._mapping) for r in conn.execute(sa.select(JOBS).order_by(JOBS.c.seq))}
+        jobs = [self._job_from_row(state, r) for r in rows.values()]
+        for job in sorted(jobs, key=lambda j: (j.state is JobState.PENDING, j.seq)):
+            sched.adopt(job)
+        return sched, rows
+
+    def _save(self, conn: sa.Connection, sched: Scheduler, rows: dict[str, dict[str, Any]]) -> None:
+        now = time.time()
+        for job_id in rows.keys() - sched.jobs.keys():
+            conn.execute(JOBS.delete().where(JOBS.c.job_id == job_id))
+        for job_id, job in sched.jobs.items():
+            new = self._row_from_job(sched.state, job)
+            old = rows.get(job_id)
+            if old is None:
+                conn.execute(JOBS.insert().values(**new, last_seen=now))
+            elif any(old[k] != v for k, v in new.items()):
+                conn.execute(JOBS.update().where(JOBS.c.job_id == job_id).values(**new))
+
+    @staticmethod
+    def _placement_json(state: ClusterState, pl: Placement | None) -> Any:
+        if pl is None:
+            return None
+        return {"gpu_type": pl.gpu_type, "nodes": [[state.nodes[n].name, list(g)] for n, g in pl.assignments]}
+
+    @staticmethod
+    def _placement_from(state: ClusterState, data: Any, req: JobRequest) -> Placement | None:
+        if data is None:
+            return None
+        assignments = tuple((state.by_name[name], tuple(g)) for name, g in data["nodes"])
+        return Placement(data["gpu_type"], assignments, compute_quality(state, assignments, req.tp, req.pp))
+
+    def _row_from_job(self, state: ClusterState, job: Job) -> dict[str, Any]:
+        runtime = {
+            "boost": int(job.boost), "placement": self._placement_json(state, job.placement),
+            "planned": self._placement_json(state, job.planned), "waiting_on": sorted(job.waiting_on),
+            "start_time": _num(job.start_time), "last_checkpoint": _num(job.last_checkpoint),
+            "preempt_deadline": _num(job.preempt_deadline), "num_preemptions": job.num_preemptions,
+            "num_requeues": job.num_requeues,
+        }
+        return {"job_id": job.job_id, "seq": job.seq, "request": json.dumps(_request_dict(job.req)),
+                "state": job.state.value, "team": job.req.team, "priority": job.req.priority,
+                "submit_time": job.submit_time, "runtime": json.dumps(runtime, sort_keys=True),
+                "reason": job.reason}
+
+    def _job_from_row(self, state: ClusterState, row: dict[str, Any]) -> Job:
+        req = JobRequest(**json.loads(row["request"]))
+        rt = json.loads(row["runtime"])
+        job = Job(req, row["submit_time"], row["seq"], state=JobState(row["state"]), boost=Boost(rt["boost"]))
+        job.placement = self._placement_from(state, rt["placement"], req)
+        job.planned = self._placement_from(state, rt["planned"], req)
+        job.waiting_on = frozenset(rt["waiting_on"])
+        job.start_time = _nan(rt["start_time"])
+        job.last_checkpoint = _nan(rt["last_checkpoint"])
+        job.preempt_deadline = _nan(rt["preempt_deadline"])
+        job.num_preemptions, job.num_requeues = rt["num_preemptions"], rt["num_requeues"]
+        job.reason = row["reason"]
+        return job
+
+    def _expire_stale(self, conn: sa.Connection, sched: Scheduler, now: float, keep: str | None = None) -> None:
+        stale = conn.execute(sa.select(JOBS.c.job_id).where(JOBS.c.state == JobState.PENDING.value,
+                                                             JOBS.c.last_seen < now - self.stale_after_s))
+        for (job_id,) in stale:
+            if job_id != keep:
+                logger.warning("dropping pending job %s: its requester stopped polling", job_id)
+                sched.finish(job_id, now)
+
+    # -- API ----------------------------------------------------------------------------------------------
+    def request(self, request: GangRequest, timeout_s: float, *, poll_s: float = 0.05,
+                max_poll_s: float = 1.0) -> Allocation:
+        """Queue the gang (or find it queued) and block until it is admitted, at most `timeout_s` seconds.
+        Raises SchedulingTimeout (a TimeoutError) saying why it still waits; the request is then withdrawn."""
+        req = request.to_job_request()
+        deadline = time.monotonic() + timeout_s
+        wait = poll_s
+        first = True
+        while True:
+            timed_out: SchedulingTimeout | None = None
+            with self._tx() as (conn, sched, _):
+                now = time.time()
+                if first:
+                    self._expire_stale(conn, sched, now, keep=req.job_id)
+                    if req.job_id not in sched.jobs:
+                        sched.submit(req, now)
+                    first = False
+                sched.schedule(now)
+                job = sched.jobs[req.job_id]
+                conn.execute(JOBS.update().where(JOBS.c.job_id == req.job_id).values(last_seen=now))
+                if job.state is not JobState.PENDING:
+                    return self._allocation(sched.state, job)
+                if time.monotonic() >= deadline:
+                    same = [j for j in sched.pending() if j.req.gpu_type == req.gpu_type]
+                    same.sort(key=lambda j: (-j.req.rank, int(j.boost), j.submit_time, j.seq))
+                    position = next(i for i, j in enumerate(same, 1) if j is job)
+                    reason = job.reason
+                    sched.finish(req.job_id, now)
+                    timed_out = SchedulingTimeout(req.job_id, timeout_s, reason, position, len(same))
+            if timed_out is not None:
+                raise timed_out
+            time.sleep(max(0.0, min(wait, deadline - time.monotonic())))
+            wait = min(wait * 2, max_poll_s)
+
+    def release(self, job_id: str) -> None:
+        """The job completed, failed, was cancelled or stopped after a preemption notice: free its GPUs."""
+        with self._tx() as (_, sched, _rows):
+            now = time.time()
+            sched.finish(job_id, now)
+            sched.schedule(now)
+
+    def status(self, job_id: str) -> dict[str, Any] | None:
+        """The job's row: state (`preempting` means checkpoint now and release before `preempt_deadline`)."""
+        return next((r for r in self.queue() if r["job_id"] == job_id), None)
+
+    def checkpointed(self, job_id: str) -> None:
+        with self._tx() as (_, sched, _rows):
+            sched.checkpointed(job_id, time.time())
+
+    def node_failed(self, node: str, reason: str = "node failure") -> None:
+        with self._tx() as (conn, sched, _rows):
+            now = time.time()
+            sched.fail_node(node, now, reason)
+            self._set_node(conn, node, False)
+            sched.schedule(now)
+
+    def node_restored(self, node: str) -> None:
+        with self._tx() as (conn, sched, _rows):
+            sched.restore_node(node)
+            self._set_node(conn, node, True)
+            sched.schedule(time.time())
+
+    def _set_node(self, conn: sa.Connection, node: str, healthy: bool) -> None:
+        conn.execute(NODES.delete().where(NODES.c.name == node))
+        conn.execute(NODES.insert().values(name=node, healthy=healthy))
+
+    def queue(self) -> list[dict[str, Any]]:
+        """Running and pending jobs, per team, with why each pending job waits (read-only)."""
+        now = time.time()
+        with self.engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(sa.select(JOBS).order_by(JOBS.c.team, JOBS.c.seq))]
+        out = []
+        for r in rows:
+            req, rt = json.loads(r["request"]), json.loads(r["runtime"])
+            pl = rt["placement"]
+            running = r["state"] != JobState.PENDING.value
+            out.append({
+                "job_id": r["job_id"], "team": r["team"], "priority": r["priority"], "state": r["state"],
+                "gpu_type": pl["gpu_type"] if pl else req["gpu_type"],
+                "gpus": sum(len(g) for _, g in pl["nodes"]) if pl else req["num_gpus"],
+                "nodes": len(pl["nodes"]) if pl else 0,
+                "since_s": round(now - (rt["start_time"] if running and rt["start_time"] else r["submit_time"]), 1),
+                "reason": "" if r["state"] == JobState.RUNNING.value else r["reason"],
+                "preempt_deadline": rt["preempt_deadline"],
+            })
+        return out
+
+    def _allocation(self, state: ClusterState, job: Job) -> Allocation:
+        pl = job.placement
+        return Allocation(job.job_id, pl.gpu_type, [(state.nodes[n].name, list(g)) for n, g in pl.assignments],
+                          pl.quality.to_dict())
+
+
+def _request_dict(req: JobRequest) -> dict[str, Any]:
+    return {k: getattr(req, k) for k in req.__slots__}
+
+
+def _num(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def _nan(x: float | None) -> float:
+    return math.nan if x is None else x
