@@ -1,0 +1,245 @@
+"""The `train-job` flow: validate -> resolve dataset -> plan -> provision gang -> train segments -> promote.
+
+While a segment trains, the flow tails the workers' events: metrics stream to MLflow, and every committed
+checkpoint gets its bookkeeping and evaluation as tasks that run concurrently with training. A failed segment is
+retried by Prefect and resumes from the last committed checkpoint. Orchestration only: the work is in tasks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.futures import PrefectFuture
+
+from trainforge.events import read_events
+from trainforge.registry.jobs import JobRecord, JobStore, new_job_id
+from trainforge.spec import JobSpec
+from trainforge.tasks import prepare, steps
+from trainforge.tasks.provision import provision_gang, release_gang
+from trainforge.tasks.segment import SegmentCancelled, terminate_job
+
+POLL_S = 0.5
+CANCEL_CHECK_S = 2.0
+
+
+@flow(name="train-job", log_prints=False, validate_parameters=False)
+def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".", job_id: str | None = None,
+              resume: bool = False) -> dict[str, Any]:
+    """Train one job end to end. `spec` is the job document (YAML/JSON parsed); `job_id` names the job (new by
+    default); `resume=True` continues an existing job from its last committed checkpoint."""
+    log = get_run_logger()
+    jobspec = steps.validate(spec, source, base_dir)  # a bad spec fails here: nothing created, nothing started
+    dataset = steps.resolve_dataset(jobspec, base_dir)
+    for warning in dataset.get("warnings", []):
+        log.warning(warning)
+    plan = steps.plan(jobspec, dataset)
+    record = _open_record(jobspec, job_id, resume, spec, source)
+    config = prepare.worker_config(jobspec, record.job_id, record.folder, Path(base_dir), dataset, plan,
+                                   prepare.code_commit(prepare.code_dir(jobspec, Path(base_dir)), jobspec.code.commit))
+    config_path = record.folder / "worker-config.json"
+    config_path.write_text(config.to_json())
+    lineage = _lineage(jobspec, dataset, config.code_commit, record.job_id)
+    run_id = record.data.get("mlflow_run_id") or _start_tracking(jobspec, record, plan, dataset, lineage)
+    record.update(dataset=dataset, plan=plan, mlflow_run_id=run_id, code_commit=config.code_commit,
+                  config_hash=jobspec.config_hash(), flow_run_id=_flow_run_id(), state="running")
+    log.info("job %s: dataset %s@%s (%s), layout %s", record.job_id, dataset["name"], dataset["version"][:12],
+             dataset["license"], plan["layout"])
+    allocation = provision_gang(record.job_id, jobspec)
+    pump = _EventPump(jobspec, record, str(config_path), config.__dict__, run_id)
+    try:
+        while True:
+            result = _run_segment(jobspec, record, config_path, config, allocation, pump)
+            if result.last_step is not None and result.last_step >= config.total_steps:
+                break
+            log.info("segment ended at step %s (%s); starting the next one", result.last_step, result.reason)
+        pump.drain()
+        model = _promote(jobspec, record, str(config_path), config.__dict__, run_id, lineage, pump)
+        record.update(state="completed", model=model, completed_at=time.time())
+        _end_tracking(run_id, "FINISHED")
+        return {"job_id": record.job_id, "state": "completed", "mlflow_run_id": run_id, "model": model,
+                "checkpoints": sorted(pump.committed), "flow_run_id": record.data.get("flow_run_id")}
+    except BaseException as exc:
+        cancelled = isinstance(exc, SegmentCancelled | KeyboardInterrupt)
+        terminate_job(record.job_id)
+        pump.drain(raise_errors=False)
+        record.update(state="cancelled" if cancelled else "failed", error=str(exc)[-4000:])
+        _end_tracking(run_id, "KILLED" if cancelled else "FAILED")
+        raise
+    finally:
+        release_gang(record.job_id)
+
+
+def _run_segment(spec: JobSpec, record: JobRecord, config_path: Path, config: Any, allocation: dict[str, Any],
+                 pump: _EventPump) -> Any:
+    retries = spec.fault_tolerance.max_segment_retries
+    segment = steps.train_segment.with_options(retries=retries)
+    future = segment.submit(record, str(config_path), config, allocation["workers"],
+                            spec.fault_tolerance.max_restarts, pump.cancel)
+    while not future.state.is_final():
+        pump.poll()
+        future.wait(POLL_S)
+    pump.poll()
+    return future.result()
+
+
+def _open_record(spec: JobSpec, job_id: str | None, resume: bool, doc: dict[str, Any], source: str) -> JobRecord:
+    store = JobStore()
+    if resume:
+        if not job_id:
+            raise ValueError("resume needs the job id to continue")
+        record = store.get(job_id)
+        if record.data.get("config_hash") and record.data["config_hash"] != spec.config_hash():
+            raise ValueError(f"job {job_id} was started with a different spec (config hash "
+                             f"{record.data['config_hash'][:12]} != {spec.config_hash()[:12]}); resume it with the "
+                             "same spec, or submit a new job")
+        return record
+    return store.create(job_id or new_job_id(spec.name), name=spec.name, team=spec.team, spec=doc, source=source)
+
+
+def _lineage(spec: JobSpec, dataset: dict[str, Any], commit: str, job_id: str) -> dict[str, str]:
+    return {
+        "trainforge.job_id": job_id,
+        "trainforge.team": spec.team,
+        "trainforge.dataset_ref": dataset["ref"],
+        "trainforge.dataset_version": dataset["version"],
+        "trainforge.dataset_license": dataset["license"],
+        "trainforge.code_commit": commit,
+        "trainforge.config_hash": spec.config_hash(),
+    }
+
+
+def _start_tracking(spec: JobSpec, record: JobRecord, plan: dict[str, Any], dataset: dict[str, Any],
+                    lineage: dict[str, str]) -> str:
+    from trainforge.registry.tracking import Tracker
+
+    # Params are the resolved config: the spec (secret *names* only, never values), the layout and the dataset.
+    params = {"spec": spec.model_dump(mode="json", exclude={"secrets"}), "layout": plan["layout"],
+              "model_parameters": plan["parameters"], "dataset": {k: dataset[k] for k in ("ref", "version")}}
+    return Tracker().start_run(spec.team, record.job_id, params, lineage)
+
+
+def _end_tracking(run_id: str, status: str) -> None:
+    from trainforge.registry.tracking import Tracker
+
+    try:
+        Tracker().end_run(run_id, status)
+    except Exception:  # tracking must never mask the job's own outcome
+        get_run_logger().warning("could not close MLflow run %s", run_id)
+
+
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    return flow_run.id
+
+
+def _promote(spec: JobSpec, record: JobRecord, config_path: str, config: dict[str, Any], run_id: str,
+             lineage: dict[str, str], pump: _EventPump) -> dict[str, Any]:
+    from trainforge.tasks.checkpoints import best_step, checkpoint_metrics, job_store
+
+    metrics = checkpoint_metrics(job_store(config), config["storage_prefix"])
+    step = best_step(spec, metrics)
+    model = steps.promote(spec, str(record.folder), config_path, config, run_id, step, lineage, metrics[step])
+    protected = sorted(set(record.data.get("protected_steps", [])) | {step})
+    record.update(protected_steps=protected)
+    return model
+
+
+class _EventPump:
+    """Tails events.jsonl: metrics -> MLflow, checkpoints -> commit + evaluate tasks, cancel requests -> stop."""
+
+    def __init__(self, spec: JobSpec, record: JobRecord, config_path: str, config: dict[str, Any], run_id: str):
+        from trainforge.registry.tracking import Tracker
+
+        self.spec, self.record, self.config_path, self.config, self.run_id = spec, record, config_path, config, run_id
+        self.tracker = Tracker()
+        self.offset = 0
+        self.cancel = threading.Event()
+        self.committed: dict[int, dict[str, Any]] = {}
+        self.futures: list[tuple[int, PrefectFuture[Any], PrefectFuture[Any]]] = []
+        self._last_cancel_check = 0.0
+        self.log = get_run_logger()
+
+    def poll(self) -> None:
+        events, self.offset = read_events(self.record.events_path, self.offset)
+        rows = []
+        for ev in events:
+            kind = ev.get("type")
+            if kind == "metrics":
+                rows.append((ev["step"], {k: ev[k] for k in ("loss", "grad_norm", "lr", "tokens_per_s",
+                                                             "samples_per_s", "step_time_s") if k in ev}))
+            elif kind == "checkpoint" and ev["step"] not in self.committed:
+                self._on_checkpoint(ev["step"])
+            elif kind == "checkpoint_corrupt":
+                self.log.warning("skipped corrupt checkpoint step %s: %s", ev["step"], ev.get("problems"))
+            elif kind == "segment_start" and ev.get("resumed_from") is not None:
+                self.log.info("segment resumed from committed checkpoint step %s", ev["resumed_from"])
+        if rows:
+            self.tracker.log_metrics(self.run_id, rows)
+        self._collect(block=False)
+        self._check_cancel()
+
+    def _on_checkpoint(self, step: int) -> None:
+        self.committed[step] = {"step": step}
+        commit = steps.commit_checkpoint.submit(self.config, step)
+        if self.spec.evaluation.enabled:
+            evaluation = steps.evaluate.submit(self.config_path, self.config, step, self.spec.evaluation.batches,
+                                               wait_for=[commit])
+        else:
+            evaluation = commit
+        self.futures.append((step, commit, evaluation))
+
+    def _collect(self, block: bool, raise_errors: bool = True) -> None:
+        pending = []
+        for step, commit, evaluation in self.futures:
+            if not block and not (commit.state.is_final() and evaluation.state.is_final()):
+                pending.append((step, commit, evaluation))
+                continue
+            try:
+                entry = commit.result()
+                if evaluation is not commit:
+                    result = evaluation.result()
+                    entry.update(result)
+                    self.tracker.log_metrics(self.run_id, [(step, result)])
+            except Exception as exc:
+                if raise_errors:
+                    raise
+                self.log.warning("checkpoint %s bookkeeping failed: %s", step, exc)
+                continue
+            self.committed[step] = entry
+            checkpoints = self.record.data.get("checkpoints", {})
+            checkpoints[str(step)] = entry
+            self.record.update(checkpoints=checkpoints)
+            deleted = steps.apply_retention(self.spec, self.config, self.record.data.get("protected_steps", []))
+            if deleted:
+                for s in deleted:
+                    checkpoints.pop(str(s), None)
+                self.record.update(checkpoints=checkpoints)
+        self.futures = pending
+
+    def drain(self, raise_errors: bool = True) -> None:
+        self.poll() if raise_errors else None
+        self._collect(block=True, raise_errors=raise_errors)
+
+    def _check_cancel(self) -> None:
+        now = time.monotonic()
+        if now - self._last_cancel_check < CANCEL_CHECK_S:
+            return
+        self._last_cancel_check = now
+        flow_run_id = self.record.data.get("flow_run_id")
+        if not flow_run_id:
+            return
+        from prefect.client.orchestration import get_client
+
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(flow_run_id).state
+        except Exception:
+            return
+        if state is not None and state.name in ("Cancelling", "Cancelled"):
+            self.log.warning("cancel requested: stopping every worker of %s", self.record.job_id)
+            self.cancel.set()

@@ -1,0 +1,146 @@
+"""Control-plane work on committed checkpoints: bookkeeping, held-out evaluation, retention, export.
+
+Evaluation and export run the trainer's offline module in a subprocess, so the flow process never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from trainforge.infra.storage import LocalObjectStore, ObjectStore, open_store
+from trainforge.registry.manifest import CheckpointRef, list_committed, read_manifest, step_prefix, verify
+from trainforge.registry.retention import RetentionPolicy, steps_to_keep
+from trainforge.spec import JobSpec
+
+EVAL_FILE = "evaluation.json"
+
+
+class CheckpointCorrupt(RuntimeError):
+    pass
+
+
+def job_store(config: dict[str, Any]) -> ObjectStore:
+    return open_store(config["storage_url"]).scoped(config["storage_prefix"])
+
+
+def committed_ref(store: ObjectStore, job_prefix: str, step: int) -> CheckpointRef:
+    prefix = step_prefix(job_prefix, step)
+    manifest = read_manifest(store, prefix)
+    if manifest is None:
+        raise CheckpointCorrupt(f"checkpoint step {step} has no manifest under {prefix}: not committed")
+    return CheckpointRef(step, prefix, manifest)
+
+
+def commit_bookkeeping(config: dict[str, Any], step: int) -> dict[str, Any]:
+    """Verify every file of a committed checkpoint and return its catalog entry."""
+    store = job_store(config)
+    ref = committed_ref(store, config["storage_prefix"], step)
+    problems = verify(store, ref)
+    if problems:
+        raise CheckpointCorrupt(f"checkpoint step {step} is corrupt: {'; '.join(problems)}")
+    size = sum(f["bytes"] for f in ref.files)
+    return {"step": step, "prefix": ref.prefix, "bytes": size, "files": len(ref.files),
+            "train_loss": ref.metrics.get("train_loss"), "committed_at": ref.manifest.get("committed_at")}
+
+
+def _materialize(store: ObjectStore, ref: CheckpointRef, scratch: Path) -> Path:
+    if isinstance(store, LocalObjectStore):
+        return store.local_path(f"{ref.prefix}/manifest.json").parent
+    for f in ref.files:
+        store.get_file(f"{ref.prefix}/{f['name']}", scratch / f["name"])
+    return scratch
+
+
+def _run_offline(args: list[str], timeout_s: float) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "trainforge.trainer.offline", *args], capture_output=True,
+                          text=True, timeout=timeout_s, env=_single_thread_env())
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.splitlines()[-15:])
+        raise RuntimeError(f"offline {args[0]} failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _single_thread_env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def evaluate(config_path: Path, config: dict[str, Any], step: int, batches: int,
+             timeout_s: float = 600) -> dict[str, float]:
+    store = job_store(config)
+    ref = committed_ref(store, config["storage_prefix"], step)
+    with tempfile.TemporaryDirectory(prefix="tf-eval-") as scratch:
+        folder = _materialize(store, ref, Path(scratch))
+        result = _run_offline(["evaluate", "--config", str(config_path), "--checkpoint", str(folder),
+                               "--batches", str(batches)], timeout_s)
+    # Results live beside the immutable manifest, so retention and promotion can rank checkpoints.
+    store.put_bytes(f"{ref.prefix}/{EVAL_FILE}", json.dumps(result).encode())
+    return result
+
+
+def export_safetensors(config_path: Path, config: dict[str, Any], step: int, out: Path,
+                       timeout_s: float = 600) -> dict[str, Any]:
+    store = job_store(config)
+    ref = committed_ref(store, config["storage_prefix"], step)
+    with tempfile.TemporaryDirectory(prefix="tf-export-") as scratch:
+        folder = _materialize(store, ref, Path(scratch))
+        return _run_offline(["export", "--config", str(config_path), "--checkpoint", str(folder), "--out",
+                             str(out)], timeout_s)
+
+
+def checkpoint_metrics(store: ObjectStore, job_prefix: str) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for ref in list_committed(store, job_prefix):
+        metrics = dict(ref.metrics)
+        try:
+            metrics.update(json.loads(store.get_bytes(f"{ref.prefix}/{EVAL_FILE}")))
+        except (KeyError, ValueError):
+            pass
+        out[ref.step] = metrics
+    return out
+
+
+def policy_of(spec: JobSpec) -> RetentionPolicy:
+    c = spec.checkpoint
+    return RetentionPolicy(
+        keep_last=c.keep_last,
+        keep_best_metric=c.keep_best.metric if c.keep_best else None,
+        keep_best_mode=c.keep_best.mode if c.keep_best else "min",
+        keep_best_count=c.keep_best.count if c.keep_best else 1,
+        keep_every=c.keep_every,
+    )
+
+
+def apply_retention(spec: JobSpec, config: dict[str, Any], protected: list[int]) -> list[int]:
+    """Delete checkpoints the policy does not keep; the manifest goes first so a half-deleted checkpoint is
+    never mistaken for a committed one. Returns the deleted steps."""
+    store = job_store(config)
+    metrics = checkpoint_metrics(store, config["storage_prefix"])
+    keep = steps_to_keep(policy_of(spec), metrics, protected)
+    deleted = []
+    for ref in list_committed(store, config["storage_prefix"]):
+        if ref.step in keep:
+            continue
+        store.delete(f"{ref.prefix}/manifest.json")
+        for key in store.list(ref.prefix + "/"):
+            store.delete(key)
+        deleted.append(ref.step)
+    return deleted
+
+
+def best_step(spec: JobSpec, metrics: dict[int, dict[str, float]]) -> int:
+    """The checkpoint to promote: best by keep_best's metric when configured and measured, else the newest."""
+    if not metrics:
+        raise LookupError("the job has no committed checkpoint")
+    kb = spec.checkpoint.keep_best
+    if kb:
+        scored = [(m[kb.metric], s) for s, m in metrics.items() if isinstance(m.get(kb.metric), int | float)]
+        if scored:
+            return (min(scored) if kb.mode == "min" else max(scored))[1]
+    return max(metrics)

@@ -1,0 +1,95 @@
+"""The Prefect tasks of a training job. Each is thin: it calls one capability and records what happened.
+
+Retries live here: a training segment is retried (from the last committed checkpoint) for infrastructure faults
+only; a user error or a cancellation ends it at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from trainforge.jobconfig import WorkerConfig
+from trainforge.plan.cluster import ClusterSpec
+from trainforge.registry.jobs import JobRecord
+from trainforge.spec import JobSpec
+from trainforge.tasks import checkpoints as ckpt
+from trainforge.tasks import prepare
+from trainforge.tasks.segment import SegmentCancelled, SegmentFailed, SegmentResult, run_segment
+
+
+@task(name="validate", cache_policy=NO_CACHE)
+def validate(doc: dict[str, Any], source: str, base_dir: str, cluster: ClusterSpec | None = None) -> JobSpec:
+    return prepare.validate_spec(doc, source, Path(base_dir), cluster)
+
+
+@task(name="resolve-dataset", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def resolve_dataset(spec: JobSpec, base_dir: str) -> dict[str, Any]:
+    return prepare.resolve_dataset(spec, Path(base_dir))
+
+
+@task(name="plan", cache_policy=NO_CACHE)
+def plan(spec: JobSpec, dataset: dict[str, Any], cluster: ClusterSpec | None = None) -> dict[str, Any]:
+    result = prepare.make_plan(spec, cluster)
+    prepare.check_dataset_fits(spec, dataset, result)
+    return result
+
+
+def _retry_infra_only(task_: Any, task_run: Any, state: Any) -> bool:
+    try:
+        state.result(raise_on_failure=True)
+    except SegmentFailed as exc:
+        return exc.kind != "user"
+    except SegmentCancelled:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+@task(name="train-segment", cache_policy=NO_CACHE, retry_condition_fn=_retry_infra_only, retry_delay_seconds=1)
+def train_segment(record: JobRecord, config_path: str, config: WorkerConfig, nproc: int, max_restarts: int,
+                  cancel: threading.Event) -> SegmentResult:
+    # Re-read the record: a retry must see the segments the failed attempt appended.
+    from trainforge.registry.jobs import JobStore
+
+    fresh = JobStore(record.folder.parent).get(record.job_id)
+    return run_segment(fresh, Path(config_path), config, nproc=nproc, max_restarts=max_restarts, cancel=cancel)
+
+
+@task(name="commit-checkpoint", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def commit_checkpoint(config: dict[str, Any], step: int) -> dict[str, Any]:
+    return ckpt.commit_bookkeeping(config, step)
+
+
+@task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
+def evaluate(config_path: str, config: dict[str, Any], step: int, batches: int) -> dict[str, float]:
+    return ckpt.evaluate(Path(config_path), config, step, batches)
+
+
+@task(name="apply-retention", cache_policy=NO_CACHE)
+def apply_retention(spec: JobSpec, config: dict[str, Any], protected: list[int]) -> list[int]:
+    return ckpt.apply_retention(spec, config, protected)
+
+
+@task(name="promote", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def promote(spec: JobSpec, record_folder: str, config_path: str, config: dict[str, Any], run_id: str,
+            step: int, lineage: dict[str, str], metrics: dict[str, float]) -> dict[str, Any]:
+    from trainforge.registry.tracking import Tracker
+
+    out = Path(record_folder) / "export" / f"step-{step}"
+    exported = ckpt.export_safetensors(Path(config_path), config, step, out)
+    tracker = Tracker()
+    tracker.log_artifact(run_id, out / "model.safetensors", "model")
+    tracker.log_artifact(run_id, out / "config.json", "model")
+    name = f"{spec.team}.{spec.name}"
+    tags = {**lineage, "trainforge.step": str(step), **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()
+                                                          if isinstance(v, int | float)}}
+    version = tracker.register_model(name, tracker.artifact_uri(run_id, "model"), run_id, tags)
+    return {"model_name": name, "version": version, "step": step, "path": str(out / "model.safetensors"),
+            "parameters": exported["parameters"], "promoted_at": time.time()}
