@@ -730,16 +730,23 @@ def _readable(err: Mapping[str, Any], loc: tuple[Any, ...], root: type[BaseModel
             written = "the digits"
         return "must be a whole number", f"write it out in full, e.g. {written} (YAML reads {value.strip()} as text)"
     if kind in ("int_parsing", "int_from_float", "int_type"):
-        return "must be a whole number", ""
+        return "must be a whole number", "write digits only, e.g. 8" + (f" ({description})" if description else "")
     if kind in ("float_parsing", "float_type"):
-        return "must be a number", ""
+        return "must be a number", "write a number such as 0.5" + (f" ({description})" if description else "")
     if kind in ("dict_type", "model_type", "model_attributes_type"):
         return "must be a mapping of fields (`key: value` lines indented below it)", description
     if kind in ("list_type", "tuple_type"):
         return "must be a list", description
     if msg.startswith("Input should be "):
         msg = "must be " + msg[len("Input should be ") :]
-    return msg, ""
+    ctx = err.get("ctx") or {}
+    bounds = [f"{sign} {ctx[key]}" for key, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+              if key in ctx]
+    if bounds:
+        return msg, f"use a number {' and '.join(bounds)}" + (f" ({description})" if description else "")
+    if kind == "finite_number":
+        return msg, "use a finite number (not .nan or .inf)"
+    return msg, description or "see `trainforge schema` for this field"
 
 
 def _problems_from_validation(exc: ValidationError, root: type[BaseModel] | None = None) -> list[Problem]:

@@ -371,8 +371,7 @@ def _layout_and_memory_problems(
 
 
 def _accumulation_problems(spec: JobSpec, layout: Layout) -> list[Problem]:
-    """An explicit gradient_accumulation_steps must agree with batch / (dp * micro-batch); interleaved 1F1B also
-    needs the micro-batches to fill whole rounds of pp stages."""
+    """An explicit gradient_accumulation_steps must agree with batch / (dp * micro-batch)."""
     out: list[Problem] = []
     gbs, per_step = spec.training.global_batch_size, layout.dp * layout.micro_batch_size
     steps = gbs // per_step
@@ -383,11 +382,6 @@ def _accumulation_problems(spec: JobSpec, layout: Layout) -> list[Problem]:
                f"use gradient_accumulation_steps: {steps}") + ", or remove gradient_accumulation_steps"
         out.append(Problem("training.gradient_accumulation_steps", f"disagrees with the layout: global batch ({gbs}) "
                            f"/ (dp ({layout.dp}) * micro-batch ({layout.micro_batch_size})) = {steps}", given, fix))
-    if layout.pp > 1 and layout.schedule == "interleaved-1f1b" and steps % layout.pp:
-        out.append(Problem("parallelism.micro_batch_size", f"interleaved-1f1b needs the micro-batches per step "
-                           f"({steps}) to be a multiple of pp ({layout.pp})", layout.micro_batch_size,
-                           f"choose global batch and micro-batch so that batch / (dp * micro-batch) is a multiple "
-                           f"of {layout.pp}"))
     return out
 
 

@@ -1,0 +1,1 @@
+"""Job specs used by the tests: `broken/` holds specs that must fail with a given field path and message."""
