@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from trainforge.infra.scheduler.model import (
     ANY_GPU,
@@ -81,6 +81,8 @@ class Scheduler:
         self._elastic: set[str] = set()
         self._running_on: dict[str, set[str]] = {t: set() for t in state.gpu_types}
         self._epoch = 0  # bumped whenever GPUs are taken or given back
+        self.checkpoint_clock: Callable[[Job, float], float] | None = None
+        """Optional: when a job last checkpointed (the simulator computes it instead of sending events)."""
         self.stats = {"preemptions": 0, "kills": 0, "shrinks": 0, "grows": 0, "requeues": 0, "replacements": 0}
 
     # -- helpers ------------------------------------------------------------------------------------------
@@ -398,8 +400,9 @@ class Scheduler:
             job.room_epoch = self._epoch
             return
         owner_pool = req.team in self.state.pools
+        clock = self.checkpoint_clock
         victims.sort(key=lambda v: (0 if owner_pool and req.team in v.borrowed_from else 1, v.req.rank,
-                                    v.gpus * (now - v.last_checkpoint), -v.seq))
+                                    v.gpus * (now - (clock(v, now) if clock else v.last_checkpoint)), -v.seq))
         victims = victims[: self.config.max_victims]
 
         def fits() -> Placement | None:

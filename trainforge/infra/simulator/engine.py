@@ -1,0 +1,267 @@
+"""Discrete-event cluster simulator driving the same policy code as the live scheduler.
+
+Jobs carry work in GPU-seconds (duration x GPUs), done at a rate of the GPUs they hold, so elastic resizing
+stretches or shortens them. Jobs checkpoint every `checkpoint_interval_s` of a segment: a node failure or spot
+reclamation loses the work since the last checkpoint; a preemption victim checkpoints on notice
+(`checkpoint_write_s`) and stops inside its grace period, losing nothing, unless the write does not fit the grace.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainforge.infra.scheduler.model import (
+    Decision,
+    Job,
+    JobRequest,
+    JobState,
+    Kill,
+    Preempt,
+    Requeue,
+    Resize,
+    SchedulerConfig,
+    Start,
+    TeamPolicy,
+)
+from trainforge.infra.scheduler.policy import Scheduler
+from trainforge.infra.scheduler.state import ClusterState, NodeInfo
+from trainforge.infra.simulator.traces import ESTIMATE_FACTOR, Trace, TraceJob
+
+# event kinds, in processing order at equal times
+_FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT = range(7)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    policy: str = "ours"
+    grace_s: float = 120.0
+    checkpoint_write_s: float = 30.0
+    node_mtbf_hours: float | None = None
+    """None = no random node failures."""
+    repair_s: float = 4 * 3600.0
+    spot_every_s: float | None = None
+    """A spot reclamation wave every this many seconds (None = none)."""
+    spot_fraction: float = 0.5
+    spot_duration_s: float = 3600.0
+    speedup: float = 1.0
+    """Divide submit times by this (compress arrivals to raise the load)."""
+    seed: int = 0
+    teams: dict[str, TeamPolicy] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    tj: TraceJob
+    submit: float
+    work_left: float
+    held: int = 0
+    rate: int = 0
+    mark: float = 0.0
+    seg_start: float = 0.0
+    version: int = 0
+    first_start: float = math.nan
+    signal: float = math.nan
+    end: float = math.nan
+
+    def last_checkpoint(self, now: float) -> float:
+        i = self.tj.checkpoint_interval_s
+        return self.seg_start + math.floor((now - self.seg_start) / i) * i if i > 0 else self.seg_start
+
+    def settle(self, now: float) -> None:
+        self.work_left -= (now - self.mark) * self.rate
+        self.mark = now
+
+
+class Simulation:
+    def __init__(self, nodes: list[NodeInfo], trace: Trace, config: SimConfig, cluster_name: str = "cluster"):
+        self.config = config
+        self.trace = trace
+        self.cluster_name = cluster_name
+        self.state = ClusterState(nodes)
+        self.sched = Scheduler(self.state, config.teams, SchedulerConfig(policy=config.policy, grace_s=config.grace_s))
+        self.sched.checkpoint_clock = self._ckpt_clock
+        self.rng = random.Random(config.seed)
+        self.runs: dict[str, _Run] = {}
+        self.events: list[tuple[float, int, int, Any]] = []
+        self._n = 0
+        self.busy = 0
+        self.busy_integral = 0.0
+        self.now = 0.0
+        self.latencies: list[float] = []
+        self.lost = {"failure": 0.0, "preemption": 0.0}
+        self.counts = {"node_failures": 0, "spot_reclaims": 0, "rejected": 0}
+        self.rejected: list[str] = []
+
+    def _ckpt_clock(self, job: Job, now: float) -> float:
+        return self.runs[job.job_id].last_checkpoint(now)
+
+    def _push(self, t: float, kind: int, payload: Any) -> None:
+        self._n += 1
+        heapq.heappush(self.events, (t, kind, self._n, payload))
+
+    # -- run ----------------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        wall = time.perf_counter()
+        cfg = self.config
+        for tj in self.trace.jobs:
+            self._push(tj.submit_s / cfg.speedup, _SUBMIT, tj)
+        self.last_submit = max((tj.submit_s / cfg.speedup for tj in self.trace.jobs), default=0.0)
+        self.t0 = min((tj.submit_s / cfg.speedup for tj in self.trace.jobs), default=0.0)
+        self.now = self.t0
+        if cfg.node_mtbf_hours:
+            self._push(self.t0 + self._next_failure(), _FAIL, None)
+        if cfg.spot_every_s and any(n.spot for n in self.state.nodes):
+            self._push(self.t0 + cfg.spot_every_s, _SPOT, None)
+        handlers: dict[int, Callable[[Any], None]] = {
+            _FINISH: self._on_finish, _STOP: self._on_stop, _FAIL: self._on_fail, _REPAIR: self._on_repair,
+            _SPOT: self._on_spot, _SPOT_BACK: self._on_spot_back, _SUBMIT: self._on_submit}
+        events = self.events
+        while events:
+            t = events[0][0]
+            self.busy_integral += self.busy * (t - self.now)
+            self.now = t
+            while events and events[0][0] == t:
+                _, kind, _, payload = heapq.heappop(events)
+                handlers[kind](payload)
+            if not self._active():
+                continue
+            t1 = time.perf_counter()
+            decisions = self.sched.schedule(t)
+            self.latencies.append(time.perf_counter() - t1)
+            self._apply(decisions)
+        from trainforge.infra.simulator.report import summarize
+
+        return summarize(self, time.perf_counter() - wall)
+
+    def _active(self) -> bool:
+        return bool(self.sched.jobs)
+
+    def _next_failure(self) -> float:
+        healthy = sum(n.healthy for n in self.state.nodes) or 1
+        return self.rng.expovariate(healthy / (self.config.node_mtbf_hours * 3600))
+
+    # -- events -------------------------------------------------------------------------------------------
+    def _on_submit(self, tj: TraceJob) -> None:
+        req = JobRequest(job_id=tj.job_id, team=tj.team, priority=tj.priority, gpu_type=tj.gpu_type,
+                         num_gpus=tj.num_gpus, min_gpus=tj.min_gpus, tp=tj.tp, pp=tj.pp,
+                         max_runtime_s=tj.duration_s * ESTIMATE_FACTOR, checkpoint_interval_s=tj.checkpoint_interval_s)
+        try:
+            self.sched.submit(req, self.now)
+        except ValueError as exc:
+            self.counts["rejected"] += 1
+            self.rejected.append(str(exc))
+            return
+        self.runs[tj.job_id] = _Run(tj, self.now, tj.duration_s * tj.num_gpus)
+
+    def _on_finish(self, payload: tuple[str, int]) -> None:
+        job_id, version = payload
+        r = self.runs[job_id]
+        job = self.sched.jobs.get(job_id)
+        if r.version != version or job is None or job.state is not JobState.RUNNING:
+            return
+        r.settle(self.now)
+        self.busy -= r.held
+        r.held = r.rate = 0
+        r.end = self.now
+        self.sched.finish(job_id, self.now)
+
+    def _on_stop(self, payload: tuple[str, int]) -> None:
+        job_id, version = payload
+        r = self.runs[job_id]
+        job = self.sched.jobs.get(job_id)
+        if r.version != version or job is None or job.state is not JobState.PREEMPTING:
+            return
+        self.busy -= r.held
+        r.held = 0
+        self.sched.stopped(job_id, self.now)
+
+    def _on_fail(self, _: Any) -> None:
+        healthy = [n for n in self.state.nodes if n.healthy]
+        if healthy:
+            node = self.rng.choice(healthy)
+            self.counts["node_failures"] += 1
+            self._fail(node.name, "node failure")
+            self._push(self.now + self.config.repair_s, _REPAIR, node.name)
+        if self._active() or self.now < self.last_submit:
+            self._push(self.now + self._next_failure(), _FAIL, None)
+
+    def _fail(self, name: str, reason: str) -> None:
+        t1 = time.perf_counter()
+        decisions = self.sched.fail_node(name, self.now, reason)
+        self.latencies.append(time.perf_counter() - t1)
+        self._apply(decisions)
+
+    def _on_repair(self, name: str) -> None:
+        self.sched.restore_node(name)
+
+    def _on_spot(self, _: Any) -> None:
+        spot = [n for n in self.state.nodes if n.spot and n.healthy]
+        k = int(len(spot) * self.config.spot_fraction)
+        names = [n.name for n in self.rng.sample(spot, k)]
+        for name in names:
+            self.counts["spot_reclaims"] += 1
+            self._fail(name, "spot reclamation")
+        self._push(self.now + self.config.spot_duration_s, _SPOT_BACK, names)
+        if self._active() or self.now < self.last_submit:
+            self._push(self.now + self.config.spot_every_s, _SPOT, None)
+
+    def _on_spot_back(self, names: list[str]) -> None:
+        for name in names:
+            self.sched.restore_node(name)
+
+    # -- decisions ----------------------------------------------------------------------------------------
+    def _apply(self, decisions: list[Decision]) -> None:
+        now = self.now
+        for d in decisions:
+            r = self.runs[d.job_id]
+            if isinstance(d, Start):
+                g = d.placement.num_gpus
+                self.busy += g
+                r.held = r.rate = g
+                r.mark = r.seg_start = now
+                r.version += 1
+                if math.isnan(r.first_start):
+                    r.first_start = now
+                self._push(now + max(r.work_left, 0.0) / g, _FINISH, (d.job_id, r.version))
+            elif isinstance(d, Preempt):
+                r.settle(now)
+                r.signal = now
+                r.rate = 0  # checkpointing: no more progress, nothing lost if the write fits the grace period
+                r.version += 1
+                write = self.config.checkpoint_write_s
+                if write <= d.deadline - now:
+                    self._push(now + write, _STOP, (d.job_id, r.version))
+            elif isinstance(d, Kill):  # the grace period ended before the checkpoint was written
+                lost = (r.signal - r.last_checkpoint(r.signal)) * r.held
+                r.work_left += lost
+                self.lost["preemption"] += lost
+                self.busy -= r.held
+                r.held = 0
+                r.version += 1
+            elif isinstance(d, Resize):
+                r.settle(now)
+                if "failure" in d.reason or "spot" in d.reason:
+                    self._lose(r, now, "failure")
+                g = d.placement.num_gpus
+                self.busy += g - r.held
+                r.held = r.rate = g
+                r.seg_start = now
+                r.version += 1
+                self._push(now + max(r.work_left, 0.0) / g, _FINISH, (d.job_id, r.version))
+            elif isinstance(d, Requeue):
+                r.settle(now)
+                self._lose(r, now, "failure")
+                self.busy -= r.held
+                r.held = r.rate = 0
+                r.version += 1
+
+    def _lose(self, r: _Run, now: float, cause: str) -> None:
+        lost = (now - r.last_checkpoint(now)) * r.rate if r.rate else 0.0
+        r.work_left += lost
+        self.lost[cause] += lost

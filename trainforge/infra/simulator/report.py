@@ -1,0 +1,142 @@
+"""Simulation metrics: utilization, goodput, JCT and queue wait percentiles per priority and team, Jain's fairness,
+preemptions, work lost, decision latency; as a dict (JSON) and as rich tables."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainforge.infra.simulator.engine import Simulation
+
+PRIORITY_ORDER = ["critical", "high", "normal", "low", "preemptible"]
+
+
+def percentiles(values: list[float]) -> dict[str, float | int]:
+    if not values:
+        return {"n": 0}
+    v = sorted(values)
+
+    def p(q: float) -> float:
+        return v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
+
+    return {"n": len(v), "p50": round(p(0.50), 1), "p95": round(p(0.95), 1), "p99": round(p(0.99), 1),
+            "mean": round(sum(v) / len(v), 1)}
+
+
+def jain(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0]
+    return (sum(xs) ** 2) / (len(xs) * sum(x * x for x in xs)) if xs else 1.0
+
+
+def summarize(sim: Simulation, wall_s: float) -> dict[str, Any]:
+    done = [r for r in sim.runs.values() if not math.isnan(r.end)]
+    end = max((r.end for r in done), default=sim.now)
+    span = max(end - sim.t0, 1e-9)
+    installed = sum(n.num_gpus for n in sim.state.nodes)
+    useful = sum(r.tj.duration_s * r.tj.num_gpus for r in done)
+    groups: dict[str, dict[str, list[tuple[float, float]]]] = {"priority": defaultdict(list), "team": defaultdict(list)}
+    for r in done:
+        jct, wait = r.end - r.submit, r.first_start - r.submit
+        groups["priority"][r.tj.priority].append((jct, wait))
+        groups["team"][r.tj.team].append((jct, wait))
+    slowdown = {t: sum(min(1.0, r.tj.duration_s / max(r.end - r.submit, 1e-9)) for r in rs) / len(rs)
+                for t, rs in _by_team(done).items()}
+    lat = [x * 1000 for x in sim.latencies]
+
+    def table(key: str) -> dict[str, Any]:
+        names = groups[key]
+        order = [p for p in PRIORITY_ORDER if p in names] if key == "priority" else sorted(names)
+        return {n: {"jct_s": percentiles([j for j, _ in names[n]]), "wait_s": percentiles([w for _, w in names[n]])}
+                for n in order}
+
+    tail = [r for r in sim.runs.values() if r.tj.generated]
+    stats = sim.sched.stats
+    return {
+        "cluster": sim.cluster_name, "gpus": installed, "policy": sim.config.policy, "trace": sim.trace.source,
+        "notes": sim.trace.notes + ([f"arrivals compressed {sim.config.speedup:g}x"] if sim.config.speedup != 1
+                                    else []),
+        "jobs": len(sim.trace.jobs), "completed": len(done), "unfinished": len(sim.runs) - len(done),
+        "rejected": sim.counts["rejected"], "generated_tail_jobs": len(tail),
+        "makespan_h": round(span / 3600, 2),
+        "utilization": round(sim.busy_integral / (installed * span), 4),
+        "goodput": round(useful / (installed * span), 4),
+        "useful_gpu_h": round(useful / 3600, 1),
+        "lost_gpu_h": {k: round(v / 3600, 1) for k, v in sim.lost.items()},
+        "preemptions": stats["preemptions"], "kills_after_grace": stats["kills"], "requeues": stats["requeues"],
+        "replacements": stats["replacements"], "shrinks": stats["shrinks"], "grows": stats["grows"],
+        "node_failures": sim.counts["node_failures"], "spot_reclaims": sim.counts["spot_reclaims"],
+        "jct_s": percentiles([r.end - r.submit for r in done]),
+        "wait_s": percentiles([r.first_start - r.submit for r in done]),
+        "by_priority": table("priority"), "by_team": table("team"),
+        "fairness_jain": round(jain(list(slowdown.values())), 4),
+        "fairness_definition": "Jain's index over teams of mean(duration / JCT) of their jobs",
+        "decision_latency_ms": {"n": len(lat), **{k: round(v, 3) for k, v in percentiles(lat).items() if k != "n"},
+                                "max": round(max(lat), 3) if lat else 0.0},
+        "wall_s": round(wall_s, 2),
+    }
+
+
+def _by_team(runs: list[Any]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = defaultdict(list)
+    for r in runs:
+        out[r.tj.team].append(r)
+    return out
+
+
+def render(reports: list[dict[str, Any]], console: Any, *, max_teams: int = 12) -> None:
+    """Side-by-side summary (one column per policy), then per-priority and per-team tables for each report."""
+    from rich.table import Table
+
+    first = reports[0]
+    console.print(f"[bold]{first['trace']}[/] on [bold]{first['cluster']}[/] ({first['gpus']:,} GPUs)")
+    for note in first["notes"]:
+        console.print(f"  [dim]- {note}[/]")
+    t = Table(title="summary")
+    t.add_column("metric")
+    for r in reports:
+        t.add_column(r["policy"], justify="right")
+    rows = [
+        ("jobs completed / unfinished", lambda r: f"{r['completed']:,} / {r['unfinished']:,}"),
+        ("utilization", lambda r: f"{100 * r['utilization']:.1f}%"),
+        ("goodput", lambda r: f"{100 * r['goodput']:.1f}%"),
+        ("makespan (h)", lambda r: f"{r['makespan_h']:,.1f}"),
+        ("JCT p50 / p95 / p99 (h)", lambda r: _pct_h(r["jct_s"])),
+        ("wait p50 / p95 / p99 (h)", lambda r: _pct_h(r["wait_s"])),
+        ("Jain fairness (teams)", lambda r: f"{r['fairness_jain']:.3f}"),
+        ("preemptions (killed after grace)", lambda r: f"{r['preemptions']} ({r['kills_after_grace']})"),
+        ("GPU-h lost: failures / preemption", lambda r: f"{r['lost_gpu_h']['failure']:,.0f} / "
+                                                        f"{r['lost_gpu_h']['preemption']:,.0f}"),
+        ("node failures / spot reclaims", lambda r: f"{r['node_failures']} / {r['spot_reclaims']}"),
+        ("requeues / replacements", lambda r: f"{r['requeues']} / {r['replacements']}"),
+        ("elastic shrinks / grows", lambda r: f"{r['shrinks']} / {r['grows']}"),
+        ("decision latency p50 / p99 / max (ms)", lambda r: "{p50:.2f} / {p99:.2f} / {max:.1f}".format(
+            **{"p50": 0, "p99": 0, **r["decision_latency_ms"]})),
+        ("simulation wall time (s)", lambda r: f"{r['wall_s']:.1f}"),
+    ]
+    for name, fmt in rows:
+        t.add_row(name, *(fmt(r) for r in reports))
+    console.print(t)
+    for key, title in (("by_priority", "priority class"), ("by_team", "team")):
+        t = Table(title=f"JCT / queue wait p50 / p95 / p99 (h) per {title}")
+        t.add_column(title)
+        for r in reports:
+            t.add_column(f"{r['policy']} JCT", justify="right")
+            t.add_column(f"{r['policy']} wait", justify="right")
+        names = list(first[key])[:max_teams]
+        for n in names:
+            cells = []
+            for r in reports:
+                g = r[key].get(n)
+                cells += [_pct_h(g["jct_s"]), _pct_h(g["wait_s"])] if g else ["-", "-"]
+            t.add_row(f"{n} ({first[key][n]['jct_s']['n']})", *cells)
+        if len(first[key]) > max_teams:
+            t.caption = f"{len(first[key]) - max_teams} more in --json"
+        console.print(t)
+
+
+def _pct_h(p: dict[str, Any]) -> str:
+    if not p.get("n"):
+        return "-"
+    return f"{p['p50'] / 3600:.2f} / {p['p95'] / 3600:.2f} / {p['p99'] / 3600:.2f}"
