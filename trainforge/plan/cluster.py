@@ -37,6 +37,11 @@ class NodeGroup(BaseModel):
     """Link between GPUs of one node."""
     inter_node_link: Link = "infiniband"
     """Link between nodes (within and across racks)."""
+    intra_node_gb_per_s: float | None = Field(default=None, gt=0)
+    """Measured GPU-to-GPU bandwidth within a node, GB/s per GPU per direction; None = the catalog value for the
+    link and GPU generation (trainforge/plan/hardware.py)."""
+    inter_node_gb_per_s: float | None = Field(default=None, gt=0)
+    """Measured network bandwidth between nodes, GB/s per GPU per direction; None = the catalog value."""
     spot: bool = False
     """Spot / preemptible cloud capacity."""
     pool: str = "shared"

@@ -6,6 +6,7 @@ of them at once and the advisor can reject a candidate without raising.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trainforge.plan.model import ModelShape
@@ -60,8 +61,10 @@ def layout_problems(
     global_batch_size: int,
     world_size: int,
     gpus_per_node: int,
+    uneven_stages: bool = False,
 ) -> list[LayoutProblem]:
-    """Every divisibility / topology rule the layout breaks, with the numbers."""
+    """Every divisibility / topology rule the layout breaks, with the numbers. `uneven_stages` accepts pipeline
+    stages that hold different numbers of blocks (Llama 3 405B: 126 layers on 16 stages, sec. 3.3.2)."""
     out: list[LayoutProblem] = []
     if layout.world_size != world_size:
         out.append(LayoutProblem(
@@ -84,7 +87,10 @@ def layout_problems(
         out.append(LayoutProblem("parallelism.tp", f"tp ({layout.tp}) does not divide GPUs per node ({gpus_per_node})",
                                  "use a tp that divides the node size so TP groups never straddle nodes"))
     chunks = layout.pp * layout.vpp
-    if model.layers % chunks:
+    if uneven_stages and chunks > model.layers:
+        out.append(LayoutProblem("parallelism.pp", f"{chunks} pipeline chunks exceed layers ({model.layers})",
+                                 f"use at most {model.layers} stages x virtual stages"))
+    elif not uneven_stages and model.layers % chunks:
         what = f"pp ({layout.pp})" + (f" * virtual stages ({layout.vpp})" if layout.vpp > 1 else "")
         out.append(LayoutProblem("parallelism.pp", f"{what} = {chunks} does not divide layers ({model.layers})",
                                  f"use a stage count that divides {model.layers}"))
@@ -114,6 +120,25 @@ def layout_problems(
             f"raise the global batch or lower the micro-batch so there are at least {layout.pp} (ideally "
             f">= {4 * layout.pp})",
         ))
-    if layout.sharding == "hybrid-shard" and layout.dp < 2:
-        out.append(LayoutProblem("parallelism.sharding", "hybrid-shard needs dp >= 2", "use full-shard or none"))
+    elif (layout.pp > 1 and layout.vpp > 1
+          and gradient_accumulation_steps(layout, global_batch_size) % layout.pp):
+        n = gradient_accumulation_steps(layout, global_batch_size)
+        out.append(LayoutProblem(
+            "parallelism.virtual_stages",
+            f"interleaved 1F1B needs the micro-batches per step ({n}) to be a multiple of pp ({layout.pp})",
+            f"pick a global batch / micro-batch giving a multiple of {layout.pp} micro-batches, or virtual_stages: 1",
+        ))
+    if layout.vpp > 1 and layout.schedule != "interleaved-1f1b":
+        out.append(LayoutProblem("parallelism.virtual_stages", f"virtual stages ({layout.vpp}) need the "
+                                 f"interleaved-1f1b schedule, not {layout.schedule}", "set virtual_stages: 1"))
+    if layout.sharding == "hybrid-shard":
+        group = math.gcd(layout.dp, max(1, gpus_per_node // (layout.tp * layout.pp)))
+        if not 1 < group < layout.dp:
+            out.append(LayoutProblem(
+                "parallelism.sharding",
+                f"hybrid-shard shards over the data-parallel ranks of one node ({group}) and replicates across "
+                f"nodes; with dp ({layout.dp}), tp ({layout.tp}), pp ({layout.pp}) that is "
+                + ("no sharding" if group <= 1 else "the same as full-shard"),
+                "use full-shard (or shard-grad-op)",
+            ))
     return out

@@ -1,21 +1,40 @@
-"""Per-GPU memory estimate, itemised, with the arithmetic shown.
+"""Per-GPU memory estimate, itemised, with the arithmetic shown (`trainforge plan --explain`).
 
-Model states follow ZeRO (Rajbhandari et al. 2020, sec. 3): with mixed precision and Adam, 2 bytes of bf16
-parameters + 2 bytes of gradients + 12 bytes of fp32 master weights, momentum and variance per parameter; in
-fp32, 4 + 4 + 8. Sharding divides the states it shards by the data-parallel degree. Activations per layer follow
-Korthikanti et al. 2022 ("Reducing Activation Recomputation", eq. 1-2): s*b*h*(34 + 5*a*s/h) bytes without
-recomputation, divided by t with tensor+sequence parallelism; full recomputation keeps only the 2*s*b*h layer
-input; selective recomputation drops the 5*a*s/h attention term.
+Model states. Mixed precision (bf16/fp16) with AdamW keeps, per parameter, 2 B of 16-bit weights, 2 B of 16-bit
+gradients and 16 B of optimizer-side fp32 state: fp32 gradient copy, fp32 master weights, Adam momentum and variance
+(4 B each). This is DeepSpeed's accounting (`estimate_zero2_model_states_mem_needs`: "2 = params_16bit, 18 =
+2_grads_16bit + 4_grads_32bit + 4_params_32bit + 8_optimizer_states_32bit"), and within 2 B of ZeRO's 16 B/param
+(Rajbhandari et al. 2020, sec. 3) and Megatron's 18 B. fp32 training keeps 4 + 4 + 8 B. Sharding, per ZeRO stage:
+`none` (DDP, ZeRO-0) shards nothing; `shard-grad-op` (ZeRO-2) shards gradients and optimizer state; `full-shard`
+(ZeRO-3 / FSDP) shards everything and gathers one unit (a block, or the embedding if larger) at a time -- its
+16-bit gradients are reduce-scattered per unit into the fp32 shard, so only the gathered unit's weights + gradients
+(4 B x unit params) are extra, which is DeepSpeed's `4 * largest_layer_params`; `hybrid-shard` shards like
+full-shard within a node and replicates across nodes.
+
+Activations per block follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", sec. 4): GPT blocks (GELU, dropout) store s*b*h*34 bytes plus 5*a*s^2*b without flash attention; with
+tensor + sequence parallelism everything divides by t. Llama blocks (RMSNorm, SwiGLU, GQA, flash attention, no
+dropout) store, in 16-bit: two norm inputs (4sbh), QKV input (2sbh), Q/K/V (2sbh + 4sb*kv*d), attention output
+(2sbh), MLP input (2sbh), gate/up outputs and silu(gate) (6sbf) = sbh*10 + 4*sb*kv*d + 6*sbf. Selective
+recomputation drops the attention-core term (and silu(gate)); full recomputation keeps only each block's input
+(2sbh/t) plus one block's full activations while it is recomputed. A pipeline stage keeps several micro-batches in
+flight (Narayanan et al. 2021, sec. 2.2): GPipe all m, 1F1B min(p, m), interleaved 1F1B p + (p-1)/v.
+No KV cache: training processes each sequence in one forward pass with a causal mask, so keys/values are activations
+freed after backward, never a cache that grows token by token (that is inference).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from trainforge.plan.layout import Layout, gradient_accumulation_steps
 from trainforge.plan.model import ModelShape
 
-FRAGMENTATION_RESERVE = 0.08  # caching-allocator fragmentation, measured at 5-10% on large runs
+GiB = 2**30
+FRAGMENTATION_RESERVE = 0.08  # caching-allocator fragmentation + temporaries, measured at 5-10% on large runs
+DEFAULT_RUNTIME_OVERHEAD = 1 * GiB  # CUDA context + cuBLAS workspace + NCCL buffers
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,24 +58,128 @@ class MemoryEstimate:
     def fits(self) -> bool:
         return self.total_bytes <= self.capacity_bytes
 
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.total_bytes
+
     def by_name(self) -> dict[str, int]:
         return {i.name: i.bytes for i in self.items}
 
+    def explain(self) -> str:
+        lines = [f"  {i.name:<16} {i.bytes / GiB:10.2f} GiB  = {i.formula}" for i in self.items]
+        lines.append(f"  {'total':<16} {self.total_bytes / GiB:10.2f} GiB  of {self.capacity_bytes / GiB:.2f} GiB "
+                     f"({'fits' if self.fits else 'DOES NOT FIT'}, headroom {self.headroom_bytes / GiB:+.2f} GiB)")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
 
-def _state_bytes_per_param(precision: str) -> tuple[int, int, int]:
-    """(params, grads, optimizer) bytes per parameter with AdamW."""
+
+def state_bytes_per_param(precision: str) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer state) bytes per parameter with AdamW (DeepSpeed's accounting)."""
     if precision == "fp32":
         return 4, 4, 8
-    return 2, 2, 12  # bf16/fp16 weights and grads + fp32 master, exp_avg, exp_avg_sq
+    return 2, 2, 16
+
+
+def shard_degrees(sharding: str, group: int) -> tuple[int, int, int]:
+    """Divisors of (weights, gradients, optimizer state) for a sharding strategy over `group` ranks."""
+    if sharding == "shard-grad-op":
+        return 1, group, group
+    if sharding in ("full-shard", "hybrid-shard"):
+        return group, group, group
+    return 1, 1, 1
+
+
+def hsdp_shard_group(layout: Layout, gpus_per_node: int) -> int:
+    """Hybrid sharding shards within a node: the data-parallel ranks of one node."""
+    return math.gcd(layout.dp, max(1, gpus_per_node // (layout.tp * layout.pp)))
+
+
+def model_states_bytes(params: int, *, num_gpus: int, sharding: str, precision: str = "bf16",
+                       largest_layer_params: int = 0) -> dict[str, int]:
+    """Weights, gradients, optimizer state and gather buffer per GPU for `params` parameters sharded over
+    `num_gpus` ranks. Equals DeepSpeed's estimators: ZeRO-2 = 2N + 18N/G, ZeRO-3 = 18N/G + 4*largest_layer."""
+    p_b, g_b, o_b = state_bytes_per_param(precision)
+    sp, sg, so = shard_degrees(sharding, num_gpus)
+    full = sharding in ("full-shard", "hybrid-shard")
+    # Under full sharding with mixed precision the 16-bit gradients exist only per gathered unit.
+    grads = 0 if full and precision != "fp32" else params * g_b // sg
+    gather = 0
+    if full:
+        # One gathered unit (weights + gradients); never more than keeping the weights whole would cost
+        # (ZeRO-2's footprint), which only binds when one unit is most of the stage.
+        unsharded = params * p_b + params * g_b // num_gpus - params * p_b // sp - grads
+        gather = min((p_b + g_b) * largest_layer_params, max(0, unsharded))
+    return {
+        "parameters": params * p_b // sp,
+        "gradients": grads,
+        "optimizer": params * o_b // so,
+        "gather buffer": gather,
+    }
+
+
+def stage_layers(model: ModelShape, layout: Layout) -> int:
+    """Blocks on the busiest pipeline rank (all its virtual chunks together); uneven splits round up."""
+    chunks = layout.pp * layout.vpp
+    return math.ceil(model.layers / chunks) * layout.vpp
+
+
+def first_stage_layers(model: ModelShape, layout: Layout) -> int:
+    """Blocks on the first pipeline rank, which keeps the most micro-batches in flight. When the layers do not
+    divide evenly the first stage takes the fewer (Llama 3 removed a layer from its first stage for this reason)."""
+    if model.layers % (layout.pp * layout.vpp) == 0:
+        return model.layers // layout.pp
+    return max(1, model.layers // layout.pp)
 
 
 def stage_params(model: ModelShape, layout: Layout) -> int:
-    """Parameters held by the busiest pipeline stage before TP/EP/FSDP division (first stage: embedding)."""
-    layers_per_stage = model.layers // layout.pp
-    stage = layers_per_stage * model.params_per_layer
+    """Parameters held by the busiest pipeline stage before TP/EP/FSDP division (embedding or head included)."""
     if layout.pp == 1:
         return model.total_params
-    return stage + model.embedding_params  # stage 0 holds the embedding, the last holds the head
+    return stage_layers(model, layout) * model.params_per_layer + model.embedding_params + model.hidden
+
+
+def local_params(model: ModelShape, layout: Layout) -> tuple[int, int]:
+    """(dense, expert) parameters on one GPU after pipeline, tensor and expert division, before sharding."""
+    params = stage_params(model, layout)
+    expert = stage_layers(model, layout) * model.mlp_params * model.experts if model.experts else 0
+    dense = params - expert
+    return dense // layout.tp, expert // max(1, layout.ep)
+
+
+def activation_bytes_per_layer(model: ModelShape, layout: Layout, seq_len: int, precision: str,
+                               flash_attention: bool = True) -> tuple[float, str]:
+    """Stored activation bytes of one block for one micro-batch, and the formula."""
+    s, b, h, a, t = seq_len, layout.micro_batch_size, model.hidden, model.heads, layout.tp
+    ac = layout.activation_checkpointing
+    width = 2 if precision == "fp32" else 1  # the formulas count 16-bit activations
+    core = 0.0 if flash_attention else 5 * a * s * s * b
+    k = max(1, model.top_k) if model.experts else 1
+    if model.mlp == "gelu":
+        terms, text = 34.0, "34"
+        if k > 1:
+            terms += 19.0 * (k - 1)
+            text = f"(15 + 19*{k})"
+    else:
+        kv_frac = model.kv_heads * model.head_dim / h
+        f_frac = model.ffn_hidden / h * k
+        drop = 2 * f_frac if ac == "selective" else 0.0
+        terms = 10 + 4 * kv_frac + 6 * f_frac - drop
+        text = f"(10 + 4*{kv_frac:.3g} + {6 if ac != 'selective' else 4}*{f_frac:.3g})"
+    if ac == "full":
+        return 2.0 * s * b * h / t * width, f"2*s*b*h/t = 2*{s}*{b}*{h}/{t}" + (" x2 (fp32)" if width == 2 else "")
+    per = (s * b * h * terms + (core if ac == "none" else 0.0)) / t * width
+    formula = f"s*b*h*{text}{' + 5*a*s^2*b' if core and ac == 'none' else ''}/t with s={s} b={b} h={h} t={t}"
+    return per, formula + (" x2 (fp32)" if width == 2 else "")
+
+
+def micro_batches_in_flight(layout: Layout, micro_batches: int) -> float:
+    if layout.pp == 1:
+        return 1.0
+    if layout.schedule == "gpipe":
+        return float(micro_batches)
+    if layout.schedule == "interleaved-1f1b" and layout.vpp > 1:
+        return min(float(micro_batches), layout.pp + (layout.pp - 1) / layout.vpp)
+    return float(min(layout.pp, micro_batches))
 
 
 def estimate_memory(
@@ -67,52 +190,60 @@ def estimate_memory(
     global_batch_size: int,
     precision: str,
     capacity_bytes: int,
+    gpus_per_node: int = 8,
+    flash_attention: bool = True,
+    runtime_overhead_bytes: int = DEFAULT_RUNTIME_OVERHEAD,
 ) -> MemoryEstimate:
-    p_b, g_b, o_b = _state_bytes_per_param(precision)
-    params = stage_params(model, layout)
-    # Expert weights are split over ep ranks; dense weights over tp.
-    if model.experts and layout.ep > 1:
-        expert = model.layers // layout.pp * model.mlp_params * model.experts
-        params = params - expert + expert // layout.ep
-    params_local = params // layout.tp
-    dp = layout.dp
-    shard_p = dp if layout.sharding in ("full-shard", "hybrid-shard") else 1
-    shard_g = dp if layout.sharding in ("shard-grad-op", "full-shard", "hybrid-shard") else 1
-    shard_o = shard_g
+    """Peak memory of the busiest GPU (first pipeline stage), itemised with the arithmetic."""
+    dense, expert = local_params(model, layout)
+    group = hsdp_shard_group(layout, gpus_per_node) if layout.sharding == "hybrid-shard" else layout.dp
+    expert_group = max(1, group // max(1, layout.ep)) if expert else 1
+    unit = model.largest_unit_params // layout.tp
+    states = model_states_bytes(dense, num_gpus=group, sharding=layout.sharding, precision=precision,
+                                largest_layer_params=unit)
+    ex_states = model_states_bytes(expert, num_gpus=expert_group, sharding=layout.sharding, precision=precision)
+    p_b, g_b, o_b = state_bytes_per_param(precision)
+    sp, sg, so = shard_degrees(layout.sharding, group)
+    where = f"{dense:,} params/GPU" + (f" + {expert:,} expert params (1/{layout.ep} of the experts)" if expert else "")
     items = [
-        MemoryItem("parameters", params_local * p_b // shard_p,
-                   f"{params_local:,} params/GPU x {p_b} B / {shard_p} (sharding)"),
-        MemoryItem("gradients", params_local * g_b // shard_g,
-                   f"{params_local:,} x {g_b} B / {shard_g}"),
-        MemoryItem("optimizer", params_local * o_b // shard_o,
-                   f"{params_local:,} x {o_b} B (AdamW states) / {shard_o}"),
+        MemoryItem("parameters", states["parameters"] + ex_states["parameters"], f"{where} x {p_b} B / {sp}"),
+        MemoryItem("gradients", states["gradients"] + ex_states["gradients"],
+                   f"{where} x {g_b} B / {sg}" if states["gradients"] or not dense else
+                   "16-bit gradients exist per gathered unit only (see gather buffer)"),
+        MemoryItem("optimizer", states["optimizer"] + ex_states["optimizer"],
+                   f"{where} x {o_b} B ({'Adam m+v' if precision == 'fp32' else 'fp32 grad+master+Adam m+v'}) "
+                   f"/ {so}"),
     ]
-    s, b, h, a, t = seq_len, layout.micro_batch_size, model.hidden, model.heads, layout.tp
-    act_bytes_factor = 2 if precision == "fp32" else 1  # the formula counts 16-bit activations; fp32 doubles
-    ac = layout.activation_checkpointing
-    if ac == "full":
-        per_layer = 2 * s * b * h
-        formula = "2*s*b*h (layer inputs only)"
-    elif ac == "selective":
-        per_layer = s * b * h * 34 / t
-        formula = "s*b*h*34/t"
-    else:
-        per_layer = s * b * h * (34 + 5 * a * s / h) / t
-        formula = "s*b*h*(34 + 5*a*s/h)/t"
-    per_layer *= act_bytes_factor
-    layers_local = model.layers // layout.pp
-    micro = gradient_accumulation_steps(layout, global_batch_size) if layout.dp * layout.micro_batch_size else 1
-    in_flight = 1
-    if layout.pp > 1:
-        in_flight = max(1, micro) if layout.schedule == "gpipe" else layout.pp
-        if layout.schedule == "interleaved-1f1b":
-            in_flight = int(layout.pp * (1 + (layout.pp - 1) / (layout.pp * layout.vpp)))
-    activations = int(per_layer * layers_local * in_flight)
-    items.append(MemoryItem("activations", activations,
-                            f"{formula} = {int(per_layer):,} B/layer x {layers_local} layers x {in_flight} in flight"))
-    logits = int(s * b * model.vocab / t * 4 * 2)
-    items.append(MemoryItem("logits", logits, "s*b*V/t x 4 B (fp32 logits) x 2 (softmax grad)"))
+    if states["gather buffer"]:
+        items.append(MemoryItem("gather buffer", states["gather buffer"],
+                                f"largest unit {unit:,} params x ({p_b}+{g_b}) B (weights + grads gathered)"))
+    elif layout.sharding == "none" and layout.dp > 1:
+        grads = (dense + expert) * g_b
+        items.append(MemoryItem("comm buffers", grads,
+                                f"DDP bucket copy of the gradients: {dense + expert:,} x {g_b} B"))
+    elif layout.sharding == "shard-grad-op" and layout.dp > 1:
+        items.append(MemoryItem("comm buffers", min(2 * DDP_BUCKET_BYTES, (dense + expert) * g_b),
+                                "2 reduce-scatter buckets of 25 MiB"))
+    per_layer, formula = activation_bytes_per_layer(model, layout, seq_len, precision, flash_attention)
+    micro = max(1, gradient_accumulation_steps(layout, global_batch_size))
+    in_flight = micro_batches_in_flight(layout, micro)
+    layers = first_stage_layers(model, layout)
+    items.append(MemoryItem("activations", int(per_layer * layers * in_flight),
+                            f"{formula} = {per_layer / 2**20:,.1f} MiB/layer x {layers} layers x {in_flight:g} "
+                            f"micro-batch(es) in flight ({layout.schedule if layout.pp > 1 else 'no pipeline'})"))
+    if layout.activation_checkpointing == "full":
+        full = activation_bytes_per_layer(model, Layout(dp=1, tp=layout.tp, micro_batch_size=layout.micro_batch_size),
+                                          seq_len, precision, flash_attention)[0]
+        items.append(MemoryItem("recompute", int(full), "one block's full activations while it is recomputed"))
+    s, b, t = seq_len, layout.micro_batch_size, layout.tp
+    logit_b = 12 if precision == "fp32" else 10
+    items.append(MemoryItem("logits", s * b * model.vocab * logit_b // t,
+                            f"s*b*V/t x {logit_b} B (logits, fp32 softmax, fp32 grad) = {s}*{b}*{model.vocab}/{t}"
+                            f" x {logit_b}"))
     subtotal = sum(i.bytes for i in items)
     items.append(MemoryItem("reserve", int(subtotal * FRAGMENTATION_RESERVE),
-                            f"{FRAGMENTATION_RESERVE:.0%} fragmentation / temporary buffers"))
-    return MemoryEstimate(tuple(items), capacity_bytes)
+                            f"{FRAGMENTATION_RESERVE:.0%} of the above (allocator fragmentation, temporaries)"))
+    items.append(MemoryItem("runtime", runtime_overhead_bytes, "CUDA context, cuBLAS workspace, NCCL buffers"
+                            if runtime_overhead_bytes == DEFAULT_RUNTIME_OVERHEAD else "process baseline"))
+    notes = ("no KV cache: training runs each sequence in one causal forward pass; keys/values are activations",)
+    return MemoryEstimate(tuple(items), capacity_bytes, notes)

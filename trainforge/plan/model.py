@@ -8,7 +8,10 @@ final norm (h). MoE blocks hold `experts` copies of the MLP plus a router (h*exp
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
 
 from trainforge.spec import ModelSpec
 
@@ -31,6 +34,12 @@ class ModelShape:
     mlp: Literal["swiglu", "gelu"] = "swiglu"
     experts: int = 0
     top_k: int = 0
+    tied_embeddings: bool = False
+    """Input embedding and output head share one matrix (GPT-2/Megatron GPT, BLOOM)."""
+    measured_layer_params: int = 0
+    """Parameters per block counted on a real module (shape_from_module); 0 = computed from the numbers."""
+    measured_total_params: int = 0
+    """Total parameters counted on a real module; 0 = computed from the numbers."""
 
     @property
     def head_dim(self) -> int:
@@ -47,6 +56,8 @@ class ModelShape:
 
     @property
     def params_per_layer(self) -> int:
+        if self.measured_layer_params:
+            return self.measured_layer_params
         mlp = self.mlp_params * max(1, self.experts) + (self.hidden * self.experts if self.experts else 0)
         return self.attention_params + mlp + 2 * self.hidden
 
@@ -55,21 +66,53 @@ class ModelShape:
         return self.vocab * self.hidden
 
     @property
+    def head_params(self) -> int:
+        """Output projection parameters (shared with the embedding when tied, but still a matmul)."""
+        return self.vocab * self.hidden
+
+    @property
     def total_params(self) -> int:
-        return self.layers * self.params_per_layer + 2 * self.embedding_params + self.hidden
+        if self.measured_total_params:
+            return self.measured_total_params
+        head = 0 if self.tied_embeddings else self.head_params
+        return self.layers * self.params_per_layer + self.embedding_params + head + self.hidden
+
+    @property
+    def largest_unit_params(self) -> int:
+        """The biggest block gathered at once under full sharding (a transformer block or the embedding)."""
+        return max(self.params_per_layer, self.embedding_params)
+
+    def model_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token, forward + backward, no recomputation: 6 x (matmul parameters used per token)
+        + 12 x layers x hidden x seq (attention scores and values, counted without the causal half, as in
+        PaLM appendix B and Megatron's 96*B*s*l*h^2*(1 + s/6h + V/16lh) with the recompute pass removed)."""
+        matmul_params = self.active_params - self.embedding_params  # the embedding is a lookup, not a matmul
+        if self.tied_embeddings:
+            matmul_params += self.head_params
+        return 6.0 * matmul_params + 12.0 * self.layers * self.hidden * seq_len
+
+    def layer_flops_per_token(self, seq_len: int) -> float:
+        """Forward + backward FLOPs per token of one block (active experts only)."""
+        return 6.0 * self.active_layer_params + 12.0 * self.hidden * seq_len
+
+    @property
+    def active_layer_params(self) -> int:
+        if not self.experts:
+            return self.params_per_layer
+        return self.attention_params + self.mlp_params * self.top_k + self.hidden * self.experts + 2 * self.hidden
 
     @property
     def active_params(self) -> int:
         """Parameters used per token (MoE: only top_k experts' MLPs)."""
         if not self.experts:
             return self.total_params
-        per_layer = self.attention_params + self.mlp_params * self.top_k + self.hidden * self.experts + 2 * self.hidden
-        return self.layers * per_layer + 2 * self.embedding_params + self.hidden
+        head = 0 if self.tied_embeddings else self.head_params
+        return self.layers * self.active_layer_params + self.embedding_params + head + self.hidden
 
 
 PRESETS: dict[str, ModelShape] = {
-    # Llama 3.2 1B: 16 layers, 2048 hidden, 32 heads / 8 kv, ffn 8192, vocab 128256.
-    "llama-1b": ModelShape("llama-1b", 16, 2048, 32, 8, 8192, 128256),
+    # Llama 3.2 1B: 16 layers, 2048 hidden, 32 heads / 8 kv, ffn 8192, vocab 128256, tied embeddings (1.24B).
+    "llama-1b": ModelShape("llama-1b", 16, 2048, 32, 8, 8192, 128256, tied_embeddings=True),
     # Llama 2 7B: 32 layers, 4096 hidden, 32 heads, ffn 11008, vocab 32000.
     "llama-7b": ModelShape("llama-7b", 32, 4096, 32, 32, 11008, 32000),
     # Llama 3 8B: 32 layers, 4096 hidden, 32 heads / 8 kv, ffn 14336, vocab 128256.
@@ -110,3 +153,97 @@ def shape_from_spec(spec: ModelSpec, name: str = "model") -> ModelShape:
     if spec.experts:
         overrides.update(experts=spec.experts, top_k=spec.top_k)
     return replace(base, name=spec.preset or name, **overrides)
+
+
+MODEL_FILE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "mlp", "vocab", "seq_len", "experts",
+                     "top_k", "tied_embeddings", "name")
+
+
+def shape_from_mapping(doc: dict[str, Any], name: str = "model") -> tuple[ModelShape, int | None]:
+    """A shape from architecture numbers (the `--model FILE` format); returns (shape, seq_len or None)."""
+    unknown = sorted(set(doc) - set(MODEL_FILE_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown model field(s) {', '.join(unknown)}; known: {', '.join(MODEL_FILE_FIELDS)}")
+    missing = [f for f in ("layers", "hidden", "heads", "vocab") if f not in doc]
+    if missing:
+        raise ValueError(f"model description needs {', '.join(missing)}")
+    hidden, heads = int(doc["hidden"]), int(doc["heads"])
+    mlp = doc.get("mlp", "swiglu")
+    if mlp not in ("swiglu", "gelu"):
+        raise ValueError(f"mlp must be swiglu or gelu, not {mlp!r}")
+    ffn = doc.get("ffn_hidden") or (swiglu_ffn(hidden) if mlp == "swiglu" else 4 * hidden)
+    shape = ModelShape(
+        name=str(doc.get("name", name)), layers=int(doc["layers"]), hidden=hidden, heads=heads,
+        kv_heads=int(doc.get("kv_heads") or heads), ffn_hidden=int(ffn), vocab=int(doc["vocab"]), mlp=mlp,
+        experts=int(doc.get("experts", 0)), top_k=int(doc.get("top_k", 0)),
+        tied_embeddings=bool(doc.get("tied_embeddings", False)),
+    )
+    if shape.experts and not 1 <= shape.top_k <= shape.experts:
+        raise ValueError(f"top_k ({shape.top_k}) must be between 1 and experts ({shape.experts})")
+    if hidden % heads or heads % shape.kv_heads:
+        raise ValueError(f"hidden ({hidden}) must divide by heads ({heads}) and heads by kv_heads ({shape.kv_heads})")
+    seq = doc.get("seq_len")
+    return shape, (int(seq) if seq else None)
+
+
+def resolve_model(arg: str) -> tuple[ModelShape, int | None]:
+    """`--model` argument: a preset name, or a YAML/JSON file of architecture numbers."""
+    if arg in PRESETS:
+        return PRESETS[arg], None
+    path = Path(arg)
+    if not path.is_file():
+        raise ValueError(f"--model {arg!r} is neither a preset ({', '.join(PRESETS)}) nor a file")
+    doc = yaml.safe_load(path.read_text())
+    if not isinstance(doc, dict):
+        raise ValueError(f"{arg}: a model description must be a mapping of architecture numbers")
+    return shape_from_mapping(doc, path.stem)
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleSummary:
+    """Parameter counts of a real `nn.Module`, read without allocating memory (meta device works)."""
+
+    total_params: int
+    largest_module_params: int
+    """Largest number of parameters held directly by one submodule (DeepSpeed's `largest_layer_params`)."""
+    block_params: tuple[int, ...]
+    """Parameters of each repeated block (the longest `nn.ModuleList`)."""
+    vocab: int
+    hidden: int
+
+
+def summarize_module(module: Any) -> ModuleSummary:
+    """Count parameters per block of an `nn.Module` (built on the meta device: nothing is allocated). Shared
+    parameters count once. torch is imported lazily here and only here."""
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    for p in module.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in module.modules()), default=0)
+    lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList)]
+    blocks = max(lists, key=len) if lists else []
+    block_params = tuple(sum(p.numel() for p in b.parameters()) for b in blocks)
+    emb = next((m for m in module.modules() if isinstance(m, torch.nn.Embedding)), None)
+    vocab, hidden = (emb.num_embeddings, emb.embedding_dim) if emb is not None else (0, 0)
+    return ModuleSummary(total, largest, block_params, vocab, hidden)
+
+
+def shape_from_module(module: Any, *, heads: int, kv_heads: int | None = None, name: str = "module",
+                      mlp: Literal["swiglu", "gelu"] = "swiglu") -> ModelShape:
+    """A ModelShape whose parameter counts are those of the real module (per block and total); the width and
+    vocabulary come from its embedding, the layer count from its longest ModuleList. `heads` cannot be read from
+    weights and must be given."""
+    summary = summarize_module(module)
+    if not summary.block_params or not summary.hidden:
+        raise ValueError("shape_from_module needs an nn.Embedding and an nn.ModuleList of blocks")
+    per_layer = max(summary.block_params)
+    h = summary.hidden
+    kv = kv_heads or heads
+    attention = 2 * h * h + 2 * h * (h // heads) * kv
+    ffn = max(1, (per_layer - attention - 2 * h) // ((3 if mlp == "swiglu" else 2) * h))
+    return ModelShape(name, len(summary.block_params), h, heads, kv, ffn, summary.vocab, mlp,
+                      measured_layer_params=per_layer, measured_total_params=summary.total_params)

@@ -1,0 +1,129 @@
+"""Communication per training iteration: bytes each GPU sends per mesh axis, on the link that axis lands on, and how
+much of it can hide behind compute.
+
+Ring collectives over n ranks move, per GPU, 2(n-1)/n x size (all-reduce) or (n-1)/n x size (all-gather,
+reduce-scatter); all-to-all moves (n-1)/n x size (Thakur et al. 2005; NCCL's bus-bandwidth convention).
+Time = bytes / (link rate x LINK_EFFICIENCY) + steps x latency.
+
+- TP (Megatron sequence parallelism, Korthikanti et al. 2022): per block and micro-batch, 2 all-gathers + 2
+  reduce-scatters of s*b*h activations in forward and the same in backward (+2 + 2 more when full recomputation
+  repeats the forward). Same volume as the 4 all-reduces without SP.
+- PP: each stage boundary sends s*b*h/t activations forward and gradients back per micro-batch (scatter-gather
+  over the TP ranks, Narayanan et al. 2021 sec. 4.1).
+- DP: `none` all-reduces gradients once per step; `shard-grad-op` reduce-scatters gradients and all-gathers updated
+  weights once per step; `full-shard` all-gathers weights for forward and again for backward and reduce-scatters
+  gradients every micro-batch (torch FSDP reshard_after_forward=True); `hybrid-shard` does full-shard traffic within
+  the node plus an all-reduce of the shard across nodes.
+- EP: per MoE block and micro-batch, 2 all-to-alls forward (dispatch, combine) and 2 backward of s*b*k*h tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainforge.plan.hardware import LINK_EFFICIENCY, LinkSpec
+from trainforge.plan.layout import Layout, gradient_accumulation_steps
+from trainforge.plan.memory import hsdp_shard_group, local_params, stage_layers
+from trainforge.plan.model import ModelShape
+from trainforge.plan.topology import Topology
+
+
+@dataclass(frozen=True, slots=True)
+class CommItem:
+    kind: str
+    """`tp`, `pp`, `dp` or `ep` (the mesh axis) plus the collective, e.g. `dp reduce-scatter`."""
+    axis: str
+    link: str
+    scope: str
+    """Where the group lives: node, rack or cluster."""
+    bytes_per_gpu: float
+    """Bytes each GPU sends per iteration."""
+    time_s: float
+    overlappable_s: float
+    """The part that can run concurrently with compute (the rest is on the critical path)."""
+    formula: str
+
+
+def ring_time(bytes_per_gpu: float, link: LinkSpec, steps: int) -> float:
+    return bytes_per_gpu / (link.bytes_per_s * LINK_EFFICIENCY) + steps * link.latency_s
+
+
+def _factor(n: int, all_reduce: bool = False) -> float:
+    return (2.0 if all_reduce else 1.0) * (n - 1) / n
+
+
+def estimate_comm(model: ModelShape, layout: Layout, topo: Topology, *, seq_len: int, global_batch_size: int,
+                  precision: str) -> list[CommItem]:
+    width = 4 if precision == "fp32" else 2
+    m = max(1, gradient_accumulation_steps(layout, global_batch_size))
+    s, b, h = seq_len, layout.micro_batch_size, model.hidden
+    tp, pp, dp = layout.tp, layout.pp, layout.dp
+    layers = stage_layers(model, layout)
+    out: list[CommItem] = []
+    if tp > 1:
+        link, scope = topo.link_for(1, tp), topo.scope(1, tp)
+        colls = 8 + (4 if layout.activation_checkpointing == "full" else 0)
+        size = s * b * h * width
+        per = colls * _factor(tp) * size * layers * m
+        out.append(CommItem("tp all-gather/reduce-scatter", "tp", link.name, scope, per,
+                            ring_time(per, link, colls * layers * m * (tp - 1)), 0.0,
+                            f"{colls} x (t-1)/t x s*b*h*{width} B x {layers} layers x {m} micro-batches"))
+    if pp > 1:
+        link, scope = topo.link_for(tp, pp), topo.scope(tp, pp)
+        size = s * b * h * width / tp
+        per = 2 * size * m * layout.vpp
+        out.append(CommItem("pp send/recv", "pp", link.name, scope, per,
+                            ring_time(per, link, 2 * m * layout.vpp), 0.0,
+                            f"2 (act + grad) x s*b*h/t*{width} B x {m} micro-batches x {layout.vpp} chunks"))
+    if layout.ep > 1 and model.experts:
+        # EP groups are carved from the DP ranks nearest each other.
+        ep = layout.ep
+        link, scope = topo.link_for(tp * pp, ep), topo.scope(tp * pp, ep)
+        size = s * b * max(1, model.top_k) * h * width / tp
+        per = 4 * _factor(ep) * size * layers * m
+        out.append(CommItem("ep all-to-all", "ep", link.name, scope, per, ring_time(per, link, 4 * layers * m), 0.0,
+                            f"4 x (e-1)/e x s*b*k*h/t*{width} B x {layers} layers x {m} micro-batches"))
+    if dp > 1:
+        out += _dp_items(model, layout, topo, m, precision)
+    return out
+
+
+def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precision: str) -> list[CommItem]:
+    dense, expert = local_params(model, layout)
+    params = dense + expert
+    w = 4 if precision == "fp32" else 2
+    dp, stride = layout.dp, layout.tp * layout.pp
+    link, scope = topo.link_for(stride, dp), topo.scope(stride, dp)
+    grad = params * w
+    sharding = layout.sharding
+    if sharding == "none":
+        per = _factor(dp, True) * grad
+        return [CommItem("dp all-reduce", "dp", link.name, scope, per, ring_time(per, link, 2 * (dp - 1)), per,
+                         f"2(d-1)/d x {params:,} params x {w} B, once per step")]
+    if sharding == "shard-grad-op":
+        per = _factor(dp) * grad
+        t = ring_time(per, link, dp - 1)
+        return [CommItem("dp reduce-scatter", "dp", link.name, scope, per, t, t,
+                         f"(d-1)/d x {params:,} x {w} B gradients, once per step"),
+                CommItem("dp all-gather", "dp", link.name, scope, per, t, t,
+                         f"(d-1)/d x {params:,} x {w} B updated weights, once per step")]
+    group = hsdp_shard_group(layout, topo.gpus_per_node) if sharding == "hybrid-shard" else dp
+    glink = topo.link_for(stride, group) if sharding == "hybrid-shard" else link
+    gscope = topo.scope(stride, group) if sharding == "hybrid-shard" else scope
+    items = []
+    if group > 1:
+        ag = 2 * _factor(group) * grad * m
+        rs = _factor(group) * grad * m
+        items += [CommItem("dp all-gather (fsdp)", "dp", glink.name, gscope, ag, ring_time(ag, glink, 2 * m * group),
+                           ring_time(ag, glink, 2 * m * group),
+                           f"2 (fwd + bwd) x (d-1)/d x {params:,} x {w} B x {m} micro-batches"),
+                  CommItem("dp reduce-scatter (fsdp)", "dp", glink.name, gscope, rs, ring_time(rs, glink, m * group),
+                           ring_time(rs, glink, m * group),
+                           f"(d-1)/d x {params:,} x {w} B x {m} micro-batches")]
+    replicas = dp // group
+    if replicas > 1:
+        per = _factor(replicas, True) * grad / group
+        items.append(CommItem("dp all-reduce (hsdp replicas)", "dp", link.name, topo.scope(stride * group, replicas),
+                              per, ring_time(per, link, 2 * replicas), ring_time(per, link, 2 * replicas),
+                              f"2(r-1)/r x {params:,}/{group} x {w} B across {replicas} replicas, once per step"))
+    return items

@@ -1,0 +1,135 @@
+"""Step time, MFU and pipeline bubble of one layout.
+
+Compute: the busiest pipeline rank's FLOPs per micro-batch (forward + backward, plus the recomputed forward under
+activation checkpointing) over a sustained fraction of the GPU's dense peak. The sustained fraction falls when the
+per-GPU matmuls get thin (h/t small) or short (few tokens per micro-batch): `matmul_efficiency`.
+Pipeline: m micro-batches over p stages take (m + (p-1)/v) micro-batch slots (Narayanan et al. 2021, sec. 2.2:
+bubble fraction (p-1)/(v*m) of the ideal time). Each slot also carries the exposed part of its TP / EP collectives
+and PP send/recv. Data-parallel collectives overlap with the backward pass (bucketed all-reduce / reduce-scatter)
+and with the next forward (weight all-gather); only what exceeds those windows is exposed.
+MFU = model FLOPs (6N + attention, no recomputation; PaLM appendix B) per second / (GPUs x peak).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainforge.plan.comm import CommItem, estimate_comm
+from trainforge.plan.hardware import GpuSpec
+from trainforge.plan.layout import Layout, gradient_accumulation_steps
+from trainforge.plan.memory import local_params, shard_degrees, stage_layers, state_bytes_per_param
+from trainforge.plan.model import ModelShape
+from trainforge.plan.topology import Topology
+
+# Sustained fraction of dense peak for large bf16 GEMMs inside a full training step (kernels, norms, softmax,
+# launch gaps included). Calibrated once against the published runs in tests/unit/plan/published.py.
+SUSTAINED_FRACTION = {"ampere": 0.72, "hopper": 0.70, "cpu": 0.5}
+THIN_MATMUL_H = 256  # per-GPU width h/t at which efficiency is halved
+SHORT_MATMUL_TOKENS = 256  # tokens per micro-batch at which efficiency is halved
+TP_EXPOSED = 0.6  # share of TP collective time on the critical path (partial overlap with GEMMs)
+EP_EXPOSED = 0.8
+FSDP_OVERLAP = 0.9  # share of a micro-batch's compute that can hide its FSDP all-gathers / reduce-scatters
+
+
+@dataclass(frozen=True, slots=True)
+class StepEstimate:
+    step_time_s: float
+    compute_s: float
+    """Compute of the busiest rank over all its micro-batches (no bubble, no comm)."""
+    bubble_s: float
+    bubble_fraction: float
+    exposed_comm_s: float
+    optimizer_s: float
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    """Hardware FLOPs utilisation: recomputation counted."""
+    matmul_efficiency: float
+    comm: tuple[CommItem, ...]
+    exposed_by_axis: dict[str, float]
+
+
+def matmul_efficiency(model: ModelShape, layout: Layout, seq_len: int, gpu: GpuSpec) -> float:
+    width = model.hidden / layout.tp
+    tokens = seq_len * layout.micro_batch_size
+    base = SUSTAINED_FRACTION.get(gpu.generation, 0.5)
+    return base * (width / (width + THIN_MATMUL_H) / (1 + THIN_MATMUL_H / 8192) *
+                   tokens / (tokens + SHORT_MATMUL_TOKENS) / (1 + SHORT_MATMUL_TOKENS / 8192))
+
+
+def hardware_layer_flops_per_token(model: ModelShape, layout: Layout, seq_len: int) -> float:
+    flops = model.layer_flops_per_token(seq_len)
+    if layout.activation_checkpointing == "full":
+        flops += 2.0 * model.active_layer_params + 4.0 * model.hidden * seq_len  # the forward again
+    elif layout.activation_checkpointing == "selective":
+        flops += 4.0 * model.hidden * seq_len  # attention core forward again
+    return flops
+
+
+def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topology, *, seq_len: int,
+                  global_batch_size: int, precision: str) -> StepEstimate:
+    m = max(1, gradient_accumulation_steps(layout, global_batch_size))
+    tokens_mb = seq_len * layout.micro_batch_size
+    layer_hw = hardware_layer_flops_per_token(model, layout, seq_len)
+    head = 6.0 * model.head_params
+    layers = stage_layers(model, layout)
+    stage_flops = max(layers * layer_hw, (model.layers * layer_hw + head) / layout.pp)
+    if layout.pp == 1:
+        stage_flops = model.layers * layer_hw + head
+    eff = matmul_efficiency(model, layout, seq_len, gpu)
+    rate = gpu.peak_flops(precision) * eff
+    t_mb = stage_flops * tokens_mb / layout.tp / rate
+    comm = estimate_comm(model, layout, topo, seq_len=seq_len, global_batch_size=global_batch_size,
+                         precision=precision)
+    by_axis: dict[str, float] = {"tp": 0.0, "pp": 0.0, "ep": 0.0, "dp": 0.0}
+    per_slot = 0.0
+    for c in comm:
+        if c.axis == "tp":
+            by_axis["tp"] += c.time_s * TP_EXPOSED
+        elif c.axis == "ep":
+            by_axis["ep"] += c.time_s * EP_EXPOSED
+        elif c.axis == "pp":
+            by_axis["pp"] += c.time_s
+    per_slot = (by_axis["tp"] + by_axis["ep"] + by_axis["pp"]) / m
+    slots = m + (layout.pp - 1) / layout.vpp
+    compute = t_mb * m
+    bubble = (t_mb + per_slot) * (layout.pp - 1) / layout.vpp
+    by_axis["dp"] = _dp_exposed(comm, layout, t_mb, m)
+    optimizer = _optimizer_time(model, layout, gpu, precision)
+    step = (t_mb + per_slot) * slots + by_axis["dp"] + optimizer
+    tokens = global_batch_size * seq_len
+    world = layout.world_size
+    peak = gpu.peak_flops(precision) * world
+    mfu = model.model_flops_per_token(seq_len) * tokens / step / peak
+    hw_total = (model.layers * layer_hw + head) * tokens
+    return StepEstimate(
+        step_time_s=step, compute_s=compute, bubble_s=bubble,
+        bubble_fraction=((layout.pp - 1) / layout.vpp) / slots, exposed_comm_s=sum(by_axis.values()),
+        optimizer_s=optimizer, tokens_per_s=tokens / step, mfu=mfu, hfu=hw_total / step / peak,
+        matmul_efficiency=eff, comm=tuple(comm), exposed_by_axis=by_axis,
+    )
+
+
+def _dp_exposed(comm: list[CommItem], layout: Layout, t_mb: float, m: int) -> float:
+    """Once-per-step collectives hide behind the last micro-batch's backward (2/3 of it) or the next forward
+    (1/3); FSDP's per-micro-batch traffic hides behind each micro-batch's compute."""
+    exposed = 0.0
+    fsdp = sum(c.time_s for c in comm if c.axis == "dp" and "fsdp" in c.kind)
+    if fsdp:
+        exposed += max(0.0, fsdp - FSDP_OVERLAP * t_mb * m)
+    for c in comm:
+        if c.axis != "dp" or "fsdp" in c.kind:
+            continue
+        if "all-gather" in c.kind:
+            exposed += max(0.0, c.time_s - t_mb / 3)
+        else:
+            exposed += max(0.0, c.time_s - 2 * t_mb / 3)
+    return exposed
+
+
+def _optimizer_time(model: ModelShape, layout: Layout, gpu: GpuSpec, precision: str) -> float:
+    """AdamW is memory-bound: read and write weights, gradients and optimizer state of the local shard."""
+    dense, expert = local_params(model, layout)
+    p_b, g_b, o_b = state_bytes_per_param(precision)
+    shard = shard_degrees(layout.sharding, layout.dp)[2]
+    return 2 * (dense + expert) / shard * (p_b + g_b + o_b) / gpu.hbm_bytes_per_s
