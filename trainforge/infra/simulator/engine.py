@@ -92,6 +92,7 @@ class Simulation:
         self._n = 0
         self.busy = 0
         self.busy_integral = 0.0
+        self.arrival_integral: float | None = None
         self.now = 0.0
         self.latencies: list[float] = []
         self.lost = {"failure": 0.0, "preemption": 0.0}
@@ -124,6 +125,8 @@ class Simulation:
         events = self.events
         while events:
             t = events[0][0]
+            if self.arrival_integral is None and t >= self.last_submit:
+                self.arrival_integral = self.busy_integral + self.busy * (self.last_submit - self.now)
             self.busy_integral += self.busy * (t - self.now)
             self.now = t
             while events and events[0][0] == t:

@@ -61,6 +61,8 @@ def summarize(sim: Simulation, wall_s: float) -> dict[str, Any]:
         "rejected": sim.counts["rejected"], "generated_tail_jobs": len(tail),
         "makespan_h": round(span / 3600, 2),
         "utilization": round(sim.busy_integral / (installed * span), 4),
+        "utilization_while_arriving": round((sim.arrival_integral or 0.0)
+                                            / (installed * max(sim.last_submit - sim.t0, 1e-9)), 4),
         "goodput": round(useful / (installed * span), 4),
         "useful_gpu_h": round(useful / 3600, 1),
         "lost_gpu_h": {k: round(v / 3600, 1) for k, v in sim.lost.items()},
@@ -100,6 +102,7 @@ def render(reports: list[dict[str, Any]], console: Any, *, max_teams: int = 12) 
     rows = [
         ("jobs completed / unfinished", lambda r: f"{r['completed']:,} / {r['unfinished']:,}"),
         ("utilization", lambda r: f"{100 * r['utilization']:.1f}%"),
+        ("utilization while jobs arrive", lambda r: f"{100 * r['utilization_while_arriving']:.1f}%"),
         ("goodput", lambda r: f"{100 * r['goodput']:.1f}%"),
         ("makespan (h)", lambda r: f"{r['makespan_h']:,.1f}"),
         ("JCT p50 / p95 / p99 (h)", lambda r: _pct_h(r["jct_s"])),
