@@ -686,7 +686,7 @@ def _unknown_field_fix(root: type[BaseModel] | None, loc: tuple[Any, ...]) -> st
     holder = _model_at(root, loc)
     if holder is None:
         return "remove it or check its spelling against `trainforge schema`"
-    key, fields = str(loc[-1]), list(holder.model_fields)
+    key, fields = str(loc[-1]) if loc else "", list(holder.model_fields)
     close = difflib.get_close_matches(key.lower(), fields, n=1, cutoff=0.6)
     if close:
         return f"did you mean `{close[0]}`?"
@@ -749,15 +749,38 @@ def _readable(err: Mapping[str, Any], loc: tuple[Any, ...], root: type[BaseModel
     return msg, description or "see `trainforge schema` for this field"
 
 
-def _problems_from_validation(exc: ValidationError, root: type[BaseModel] | None = None) -> list[Problem]:
+_MISSING = object()
+
+
+def _document_loc(loc: tuple[Any, ...], doc: Any) -> tuple[Any, ...]:
+    """The parts of a pydantic location that are keys or indices of the document. The rest are pydantic's names
+    for union branches and validators (`function-before[...]`, `literal['auto']`), which follow a scalar."""
+    out: list[Any] = []
+    node = doc
+    for part in loc:
+        if isinstance(node, Mapping):
+            out.append(part)
+            node = node.get(part, _MISSING)
+        elif isinstance(node, list) and isinstance(part, int):
+            out.append(part)
+            node = node[part] if 0 <= part < len(node) else _MISSING
+        # else: a scalar (or missing) value has no children; the part is pydantic's own
+    return tuple(out)
+
+
+def _problems_from_validation(exc: ValidationError, root: type[BaseModel] | None = None,
+                              doc: Any = _MISSING) -> list[Problem]:
     """Turn pydantic's errors into Problems with spec paths, plain messages and fixes. `root` (default: JobSpec when
-    the error came from it) enables typo suggestions and field descriptions."""
+    the error came from it) enables typo suggestions and field descriptions; `doc` (the validated document) lets
+    the path keep user keys that look like pydantic's internal location names."""
     if root is None and exc.title == "JobSpec":
         root = JobSpec
     by_path: dict[str, list[Problem]] = {}
     for err in exc.errors(include_url=False):
-        # Drop pydantic's internal location parts (union branches, validator names) from the path.
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+        if doc is not _MISSING:
+            loc = _document_loc(tuple(err["loc"]), doc)
+        else:  # drop pydantic's internal location parts (union branches, validator names)
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
         cause = (err.get("ctx") or {}).get("error")
         value = err.get("input") if err["type"] != "missing" else None
         if isinstance(cause, FieldProblem):
@@ -907,7 +930,7 @@ def parse_spec(doc: Any, source: str = "<spec>") -> JobSpec:
     try:
         spec = JobSpec.model_validate(plain)
     except ValidationError as exc:
-        schema_problems = _problems_from_validation(exc, JobSpec)
+        schema_problems = _problems_from_validation(exc, JobSpec, plain)
     else:
         schema_problems = []
     if not (key_problems or secret_problems or schema_problems):
@@ -988,6 +1011,9 @@ def _parse_json(text: str, source: str) -> Any:
                           "fix the JSON syntax (quotes, commas, brackets)") from None
     except _DuplicateKey as exc:
         raise _unparsable(f"not a usable JSON document: {exc}", source, "remove the duplicate") from None
+    except RecursionError:
+        raise _unparsable("the document is nested too deeply to read", source,
+                          "a job spec is a few levels deep; check for runaway brackets") from None
 
 
 def _parse_yaml(text: str, source: str) -> Any:
