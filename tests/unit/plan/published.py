@@ -34,9 +34,9 @@ class PublishedRun:
 
 def recompute_to_mfu(tflops_per_gpu: float, m: ModelShape, seq: int, peak: float) -> float:
     """Convert a hardware TFLOP/s figure that counts full recomputation (Megatron's formula) to MFU."""
-    l, h, v = m.layers, m.hidden, m.vocab
-    model = 72 * l * h * h * (1 + seq / (6 * h)) + 6 * h * v
-    hardware = 96 * l * h * h * (1 + seq / (6 * h)) + 6 * h * v
+    n_layers, h, v = m.layers, m.hidden, m.vocab
+    model = 72 * n_layers * h * h * (1 + seq / (6 * h)) + 6 * h * v
+    hardware = 96 * n_layers * h * h * (1 + seq / (6 * h)) + 6 * h * v
     return tflops_per_gpu * 1e12 * model / hardware / peak
 
 
