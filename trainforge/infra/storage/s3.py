@@ -189,6 +189,11 @@ class S3ObjectStore:
     def __repr__(self) -> str:
         return f"S3ObjectStore(url={self.url!r}, endpoint={self.endpoint_url!r}, region={self.region!r})"
 
+    def __copy__(self) -> S3ObjectStore:  # copies share the client (handles, scopes); pickles do not exist
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        return other
+
     def __reduce__(self) -> Any:
         # Pickling would have to carry the credentials into task results or checkpoints: refuse, and let the
         # receiving process open the store from its URL and its own environment.

@@ -1,0 +1,444 @@
+"""One ObjectStore contract, run against both real implementations: the local folder and S3 (a real SeaweedFS
+server on loopback, started once per session by tests/fixtures/s3.py).
+
+Run: .venv/bin/python -m pytest tests/integration/test_object_store.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from trainforge.infra.storage import (
+    LocalObjectStore,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    PermissionDeniedError,
+    StorageError,
+    open_store,
+)
+from trainforge.infra.storage.iam import render_job_iam_policy
+from trainforge.infra.storage.layout import (
+    checkpoint_prefix,
+    job_key,
+    job_prefix,
+    parse_checkpoint_step,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+MiB = 1024 * 1024
+PART = 5 * MiB  # S3's minimum part size
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
+def store(request, tmp_path):
+    if request.param == "local":
+        yield LocalObjectStore(tmp_path / "objects")
+        return
+    server = request.getfixturevalue("s3_server")
+    bucket = server.make_bucket()
+    try:
+        # A root prefix, small parts and a low threshold, so the tests exercise multipart cheaply.
+        yield server.store(bucket, "platform", multipart_threshold=6 * MiB, part_size=PART, max_concurrency=4)
+    finally:
+        server.delete_bucket(bucket)
+
+
+def _rand(n: int) -> bytes:
+    return os.urandom(n)
+
+
+# ---- the contract ------------------------------------------------------------------------------------------
+
+
+def test_round_trip_bytes_and_files(store, tmp_path):
+    store.put_bytes("a/b/c.bin", b"hello")
+    assert store.get_bytes("a/b/c.bin") == b"hello"
+    assert store.exists("a/b/c.bin")
+    store.put_bytes("a/b/c.bin", b"overwritten")  # plain puts overwrite
+    assert store.get_bytes("a/b/c.bin") == b"overwritten"
+    store.put_bytes("empty", b"")
+    assert store.get_bytes("empty") == b""
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(_rand(100_000))
+    store.put_file("files/src.bin", src)
+    dest = tmp_path / "out" / "dest.bin"
+    store.get_file("files/src.bin", dest)
+    assert dest.read_bytes() == src.read_bytes()
+    assert [p.name for p in dest.parent.iterdir()] == ["dest.bin"]  # no temp files left behind
+
+
+def test_not_found(store, tmp_path):
+    with pytest.raises(ObjectNotFoundError):
+        store.get_bytes("missing")
+    with pytest.raises(ObjectNotFoundError):
+        store.get_bytes("missing", byte_range=(0, 10))
+    with pytest.raises(ObjectNotFoundError):
+        store.get_bytes("missing", byte_range=(5, 5))
+    with pytest.raises(ObjectNotFoundError):
+        store.get_file("missing", tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+    assert not store.exists("missing")
+    store.delete("missing")  # deleting what is not there is not an error
+    assert store.list("nothing/") == []
+
+
+@pytest.mark.parametrize("key", ["../escape", "/abs", "a//b", "a/./b", ""])
+def test_invalid_keys_rejected(store, key):
+    with pytest.raises(ValueError):
+        store.put_bytes(key, b"x")
+
+
+def test_ranged_reads(store):
+    data = _rand(1000)
+    store.put_bytes("r", data)
+    for start, end in [(0, 10), (10, 11), (500, 1000), (990, 1000), (995, 2000), (1000, 1010), (5, 5), (7, 3)]:
+        assert store.get_bytes("r", byte_range=(start, end)) == data[start:end], (start, end)
+
+
+def test_conditional_create(store):
+    store.put_bytes("commit/manifest.json", b"first", if_none_match=True)
+    with pytest.raises(ObjectExistsError):
+        store.put_bytes("commit/manifest.json", b"second", if_none_match=True)
+    assert store.get_bytes("commit/manifest.json") == b"first"
+
+
+def test_racing_conditional_writers_exactly_one_wins(store):
+    writers = 8
+    for round_ in range(4):
+        key = f"race/{round_}/manifest.json"
+        barrier = threading.Barrier(writers)
+
+        def write(i: int, key: str = key, barrier: threading.Barrier = barrier) -> bool:
+            barrier.wait(timeout=30)
+            try:
+                store.put_bytes(key, f"writer-{i}".encode(), if_none_match=True)
+                return True
+            except ObjectExistsError:
+                return False
+
+        with ThreadPoolExecutor(writers) as ex:
+            won = list(ex.map(write, range(writers)))
+        assert sum(won) == 1, won
+        assert store.get_bytes(key) == f"writer-{won.index(True)}".encode()
+
+
+def test_racing_conditional_multipart_uploads(store, tmp_path):
+    files = []
+    for i in range(2):
+        p = tmp_path / f"big{i}"
+        p.write_bytes(bytes([i]) * (PART + PART // 2 + 1))  # > threshold: multipart on S3
+        files.append(p)
+    barrier = threading.Barrier(2)
+
+    def write(i: int) -> bool:
+        barrier.wait(timeout=30)
+        try:
+            store.put_file("race/big", files[i], if_none_match=True)
+            return True
+        except ObjectExistsError:
+            return False
+
+    with ThreadPoolExecutor(2) as ex:
+        won = list(ex.map(write, range(2)))
+    assert sum(won) == 1
+    assert store.get_bytes("race/big") == files[won.index(True)].read_bytes()
+
+
+def test_multipart_file_bigger_than_part_size(store, tmp_path):
+    src = tmp_path / "big.bin"
+    src.write_bytes(_rand(2 * PART + PART // 3 + 123))  # 3 parts, the last one short
+    store.put_file("ckpt/big.bin", src)
+    dest = tmp_path / "big.out"
+    store.get_file("ckpt/big.bin", dest)  # concurrent ranged GETs on S3
+    assert dest.read_bytes() == src.read_bytes()
+    size = src.stat().st_size
+    assert store.get_bytes("ckpt/big.bin", byte_range=(PART - 5, PART + 5)) == src.read_bytes()[PART - 5:PART + 5]
+    if hasattr(store, "head"):  # S3: a multipart ETag ends with -<number of parts>
+        info = store.head("ckpt/big.bin")
+        assert info["size"] == size and info["etag"].strip('"').endswith("-3"), info
+    data = _rand(PART + PART // 2)  # put_bytes above the threshold goes multipart too
+    store.put_bytes("ckpt/big2.bin", data)
+    assert store.get_bytes("ckpt/big2.bin") == data
+
+
+def test_pagination_over_1000_keys(store):
+    n = 1050  # ListObjectsV2 returns at most 1000 keys a page
+    keys = [f"many/k{i:05d}" for i in range(n)]
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda k: store.put_bytes(k, b"."), keys))
+    store.put_bytes("other/x", b".")
+    assert store.list("many/") == keys
+    assert store.list("many/k0010") == keys[100:110]
+    assert len(store.list()) == n + 1
+
+
+def test_list_and_delete(store):
+    for k in ["a/1", "a/2", "ab/3", "b/4"]:
+        store.put_bytes(k, k.encode())
+    assert store.list() == ["a/1", "a/2", "ab/3", "b/4"]
+    assert store.list("a/") == ["a/1", "a/2"]
+    assert store.list("a") == ["a/1", "a/2", "ab/3"]  # a prefix is a string prefix, as in S3
+    store.delete("a/1")
+    assert store.list("a/") == ["a/2"]
+    assert not store.exists("a/1")
+    with pytest.raises(ObjectNotFoundError):
+        store.get_bytes("a/1")
+
+
+def test_scoped_handle_refuses_other_jobs(store, tmp_path):
+    mine, other, sibling = job_prefix("nlp", "job-1"), job_prefix("nlp", "job-2"), job_prefix("nlp", "job-10")
+    store.put_bytes(f"{other}/checkpoints/secret.bin", b"other job's data")
+    store.put_bytes(f"{sibling}/x", b"sibling")
+    job = store.scoped(mine)
+
+    own_key = f"{checkpoint_prefix('nlp', 'job-1', 5)}/shard-0"
+    job.put_bytes(own_key, b"mine", if_none_match=True)
+    assert job.get_bytes(own_key) == b"mine"
+    assert job.list() == [own_key]  # "" lists the scope only
+    assert job.list(mine) == [own_key]  # never job-10's keys
+    src = tmp_path / "f"
+    src.write_bytes(b"file")
+
+    other_key = f"{other}/checkpoints/secret.bin"
+    refused = [
+        lambda: job.put_bytes(other_key, b"overwrite"),
+        lambda: job.put_bytes(f"{sibling}/y", b"x"),
+        lambda: job.put_file(f"{other}/f", src),
+        lambda: job.get_bytes(other_key),
+        lambda: job.get_bytes(other_key, byte_range=(0, 4)),
+        lambda: job.get_file(other_key, tmp_path / "stolen"),
+        lambda: job.exists(other_key),
+        lambda: job.delete(other_key),
+        lambda: job.list(other),
+        lambda: job.list("teams/nlp/"),
+        lambda: job.scoped(other),  # a scoped handle cannot be widened or moved
+        lambda: job.scoped("teams"),
+    ]
+    for attempt in refused:
+        with pytest.raises(PermissionDeniedError):
+            attempt()
+    assert store.get_bytes(other_key) == b"other job's data"
+    assert not (tmp_path / "stolen").exists()
+    narrower = job.scoped(f"{mine}/checkpoints")
+    assert narrower.list() == [own_key]
+
+
+# ---- S3 only: what the server itself enforces ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_wrong_secret_refused_by_server(s3_server, s3_store):
+    s3_store.put_bytes("k", b"v")
+    bad = s3_store.with_credentials(s3_server.access_key, "not-the-secret")
+    with pytest.raises(PermissionDeniedError, match="SignatureDoesNotMatch"):
+        bad.put_bytes("k2", b"x")
+    with pytest.raises(PermissionDeniedError, match="SignatureDoesNotMatch"):
+        bad.get_bytes("k")
+    unknown = s3_store.with_credentials("no-such-key", s3_server.secret_key)
+    with pytest.raises(PermissionDeniedError, match="InvalidAccessKeyId"):
+        unknown.list()
+    assert not s3_store.exists("k2")
+
+
+@pytest.mark.slow
+def test_server_enforces_per_job_identity(s3_server, tmp_path):
+    """Real per-job credentials: the SeaweedFS identity may act only under its job prefix. The handle here
+    is deliberately NOT scoped on the client side, so every refusal below comes from the server (403)."""
+    bucket = s3_server.make_bucket()
+    try:
+        admin = s3_server.store(bucket, "platform", multipart_threshold=6 * MiB, part_size=PART)
+        mine, other, sibling = job_prefix("cv", "run-1"), job_prefix("cv", "run-2"), job_prefix("cv", "run-10")
+        admin.put_bytes(f"{other}/x", b"other")
+        admin.put_bytes(f"{sibling}/x", b"sibling")
+        ak, sk = s3_server.add_job_identity(bucket, "cv", "run-1", root="platform")
+        job = admin.with_credentials(ak, sk)
+        assert job.prefix == ""  # no client-side scope
+
+        job.put_bytes(f"{mine}/a", b"mine", if_none_match=True)
+        assert job.get_bytes(f"{mine}/a") == b"mine"
+        assert job.list(f"{mine}/") == [f"{mine}/a"]
+        big = tmp_path / "big"
+        big.write_bytes(_rand(PART + PART // 2))
+        job.put_file(f"{mine}/big", big)  # multipart inside the prefix is allowed
+        job.delete(f"{mine}/big")
+
+        for attempt in [
+            lambda: job.put_bytes(f"{other}/x", b"overwrite"),
+            lambda: job.put_bytes(f"{sibling}/y", b"x"),
+            lambda: job.put_bytes("platform-wide.txt", b"x"),
+            lambda: job.put_file(f"{other}/big", big),
+            lambda: job.get_bytes(f"{other}/x"),
+            lambda: job.delete(f"{other}/x"),
+            lambda: job.list(f"{other}/"),
+            lambda: job.list(),
+        ]:
+            with pytest.raises(PermissionDeniedError, match="refused by the server"):
+                attempt()
+        assert admin.get_bytes(f"{other}/x") == b"other"
+        assert admin.list(f"{other}/") == [f"{other}/x"]
+        # What a job's workers actually receive: the server identity plus the client-side scope.
+        scoped = job.scoped(mine)
+        assert scoped.list() == [f"{mine}/a"]
+    finally:
+        s3_server.delete_bucket(bucket)
+
+
+@pytest.mark.slow
+def test_open_store_from_environment(s3_env, s3_server):
+    bucket = s3_server.make_bucket()
+    try:
+        store = open_store(f"s3://{bucket}/tf/root")
+        assert store.url == f"s3://{bucket}/tf/root"
+        store.put_bytes("x/y", b"z")
+        assert store.get_bytes("x/y") == b"z"
+        assert store.list() == ["x/y"]
+        raw = s3_server.client().list_objects_v2(Bucket=bucket, Prefix="tf/")["Contents"]
+        assert [o["Key"] for o in raw] == ["tf/root/x/y"]
+    finally:
+        s3_server.delete_bucket(bucket)
+
+
+@pytest.mark.slow
+def test_credentials_never_logged_or_pickled(s3_server, s3_store, caplog):
+    caplog.set_level(logging.DEBUG)  # botocore at DEBUG logs requests and headers
+    s3_store.put_bytes("k", b"v")
+    s3_store.get_bytes("k")
+    s3_store.list()
+    bad = s3_store.with_credentials(s3_server.access_key, "wrong-secret-zzz")
+    with pytest.raises(PermissionDeniedError) as err:
+        bad.get_bytes("k")
+    secret = s3_server.secret_key
+    assert caplog.records, "expected botocore debug records"
+    assert secret not in caplog.text
+    assert "wrong-secret-zzz" not in caplog.text
+    for text in (repr(s3_store), str(s3_store.url), str(err.value), repr(s3_server)):
+        assert secret not in text and "wrong-secret-zzz" not in text
+    with pytest.raises(TypeError, match="not picklable"):
+        pickle.dumps(s3_store)
+
+
+@pytest.mark.slow
+def test_server_listens_on_loopback_only(s3_server):
+    psutil = pytest.importorskip("psutil")
+    conns = [c for c in psutil.Process(s3_server.proc.pid).net_connections(kind="inet")
+             if c.status == psutil.CONN_LISTEN]
+    assert conns
+    assert {c.laddr.ip for c in conns} == {"127.0.0.1"}, conns
+
+
+# ---- retries (a stub server that throttles, then accepts) ---------------------------------------------------
+
+
+class _Throttling(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # answers botocore's Expect: 100-continue at once
+    failures_left = 0
+    requests = 0
+
+    def do_PUT(self):  # noqa: N802 (http.server's naming)
+        cls = type(self)
+        cls.requests += 1
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if cls.failures_left > 0:
+            cls.failures_left -= 1
+            status, code = (503, "SlowDown") if cls.failures_left % 2 else (500, "InternalError")
+            body = f"<Error><Code>{code}</Code><Message>try again</Message></Error>".encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("ETag", '"abc"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_retries_with_backoff_on_throttling_and_5xx(monkeypatch):
+    from botocore.retries import standard
+
+    from trainforge.infra.storage.s3 import S3ObjectStore
+
+    backoffs: list[int] = []  # botocore's exponential backoff, recorded and shortened to keep the test fast
+    monkeypatch.setattr(standard.ExponentialBackoff, "delay_amount",
+                        lambda self, context: backoffs.append(context.attempt_number) or 0.01)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Throttling)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{httpd.server_address[1]}"
+        store = S3ObjectStore("b", endpoint_url=endpoint, access_key_id="k", secret_access_key="s", max_attempts=4)
+        _Throttling.failures_left, _Throttling.requests = 2, 0
+        store.put_bytes("x", b"data")  # 503 SlowDown, 500, then 200
+        assert _Throttling.requests == 3
+        assert backoffs == [1, 2]
+        _Throttling.failures_left, _Throttling.requests = 10, 0
+        with pytest.raises(StorageError):
+            store.put_bytes("x", b"data")
+        assert _Throttling.requests == 4  # gives up after max_attempts
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+# ---- layout and policy (pure) ----------------------------------------------------------------------------------
+
+
+def test_layout_key_builders():
+    assert job_prefix("nlp", "run-7") == "teams/nlp/jobs/run-7"
+    assert checkpoint_prefix("nlp", "run-7", 1200) == "teams/nlp/jobs/run-7/checkpoints/step-0000001200"
+    assert job_key("nlp", "run-7", "logs", "rank0.txt") == "teams/nlp/jobs/run-7/logs/rank0.txt"
+    assert parse_checkpoint_step(checkpoint_prefix("a", "b", 42) + "/manifest.json") == 42
+    assert parse_checkpoint_step("teams/a/jobs/b/logs/x") is None
+    steps = [checkpoint_prefix("a", "b", s) for s in (9, 10, 100, 2)]
+    assert sorted(steps) == [checkpoint_prefix("a", "b", s) for s in (2, 9, 10, 100)]  # lexicographic = numeric
+    for bad in ["", "..", "a/b", "../x", "-x"]:
+        with pytest.raises(ValueError):
+            job_prefix("nlp", bad)
+        with pytest.raises(ValueError):
+            job_prefix(bad, "job")
+    with pytest.raises(ValueError):
+        checkpoint_prefix("a", "b", -1)
+    with pytest.raises(ValueError):
+        job_key("a", "b", "..")
+
+
+def test_render_job_iam_policy():
+    policy = render_job_iam_policy("ckpts", "nlp", "run-7")
+    json.dumps(policy)  # serialisable as is
+    objects, listing = policy["Statement"]
+    assert objects["Effect"] == listing["Effect"] == "Allow"
+    assert set(objects["Action"]) == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"}
+    assert objects["Resource"] == ["arn:aws:s3:::ckpts/teams/nlp/jobs/run-7/*"]
+    assert listing["Action"] == ["s3:ListBucket"]
+    assert listing["Resource"] == ["arn:aws:s3:::ckpts"]
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["teams/nlp/jobs/run-7/", "teams/nlp/jobs/run-7/*"]}}
+    strict = render_job_iam_policy("ckpts", "nlp", "run-7", root="platform/", allow_abort_multipart=False)
+    assert set(strict["Statement"][0]["Action"]) == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
+    assert strict["Statement"][0]["Resource"] == ["arn:aws:s3:::ckpts/platform/teams/nlp/jobs/run-7/*"]
+    every_action = [a for s in policy["Statement"] for a in s["Action"]]
+    assert not any("*" in a for a in every_action)  # no wildcard actions, nothing bucket-wide but the listing
+    with pytest.raises(ValueError):
+        render_job_iam_policy("ckpts", "nlp", "../other")
+
+
+def test_local_path_stays_local(tmp_path):
+    store = LocalObjectStore(tmp_path)
+    store.put_bytes("a/b", b"x")
+    assert store.local_path("a/b") == Path(tmp_path).resolve() / "a" / "b"
