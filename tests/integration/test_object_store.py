@@ -115,7 +115,7 @@ def test_conditional_create(store):
 
 def test_racing_conditional_writers_exactly_one_wins(store):
     writers = 8
-    for round_ in range(4):
+    for round_ in range(3):
         key = f"race/{round_}/manifest.json"
         barrier = threading.Barrier(writers)
 
@@ -337,6 +337,24 @@ def test_server_listens_on_loopback_only(s3_server):
     assert {c.laddr.ip for c in conns} == {"127.0.0.1"}, conns
 
 
+@pytest.mark.timeout(60)
+def test_server_start_fails_fast_with_log_tail(tmp_path):
+    from trainforge.infra.storage.seaweedfs import SeaweedFSError, SeaweedFSServer
+
+    crash = tmp_path / "weed-crash"
+    crash.write_text("#!/bin/sh\necho 'bind: address already in use' >&2\nexit 3\n")
+    hang = tmp_path / "weed-hang"
+    hang.write_text("#!/bin/sh\necho 'still booting'\nexec sleep 300\n")
+    for script in (crash, hang):
+        script.chmod(0o755)
+    with pytest.raises(SeaweedFSError, match="(?s)exited with 3.*address already in use"):
+        SeaweedFSServer(tmp_path / "a", weed=str(crash)).start(attempts=1)
+    server = SeaweedFSServer(tmp_path / "b", weed=str(hang), ready_timeout=1.0)
+    with pytest.raises(SeaweedFSError, match="(?s)not ready within 1s.*still booting"):
+        server.start(attempts=1)
+    assert server.proc is None  # the hung process was stopped
+
+
 # ---- retries (a stub server that throttles, then accepts) ---------------------------------------------------
 
 
@@ -395,6 +413,29 @@ def test_retries_with_backoff_on_throttling_and_5xx(monkeypatch):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_from_url_reads_environment(monkeypatch):
+    from trainforge.infra.storage.s3 import S3ObjectStore
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("TRAINFORGE_S3_ENDPOINT", "http://127.0.0.1:2")  # the platform's own setting wins
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "super-secret-value")
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("TRAINFORGE_S3_PART_SIZE_MB", "8")
+    monkeypatch.setenv("TRAINFORGE_S3_CONCURRENCY", "3")
+    store = S3ObjectStore.from_url("s3://bkt/some/root/")
+    assert (store.bucket, store.root, store.url) == ("bkt", "some/root", "s3://bkt/some/root")
+    assert store.endpoint_url == "http://127.0.0.1:2" and store.region == "us-east-1"
+    assert store.part_size == 8 * MiB and store.max_concurrency == 3
+    assert "super-secret-value" not in repr(store) and "super-secret-value" not in str(vars(store))
+    assert store.part_size_for(200 * 1024 * MiB) == 200 * 1024 * MiB // 10_000 + 1  # at most 10,000 parts
+    with pytest.raises(ValueError):
+        S3ObjectStore("bkt", part_size=MiB)  # below S3's 5 MiB minimum
+    with pytest.raises(ValueError):
+        S3ObjectStore.from_url("s3:///nobucket")
 
 
 # ---- layout and policy (pure) ----------------------------------------------------------------------------------
