@@ -438,6 +438,26 @@ def test_from_url_reads_environment(monkeypatch):
         S3ObjectStore.from_url("s3:///nobucket")
 
 
+def test_upload_rate_limiter_bounds_average_rate():
+    from trainforge.infra.storage.s3 import RateLimiter
+
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(dt: float) -> None:
+        slept.append(dt)
+        now[0] += dt
+
+    limiter = RateLimiter(10 * MiB, clock=lambda: now[0], sleep=sleep)
+    assert limiter.acquire(10 * MiB) == 0  # one second's burst is free
+    for _ in range(5):
+        limiter.acquire(4 * MiB)
+    assert now[0] == pytest.approx(2.0)  # 20 MiB more at 10 MiB/s
+    now[0] += 100.0  # idle: the bucket refills to one second's worth, no more
+    assert limiter.acquire(10 * MiB) == 0
+    assert limiter.acquire(5 * MiB) == pytest.approx(0.5)
+
+
 # ---- layout and policy (pure) ----------------------------------------------------------------------------------
 
 

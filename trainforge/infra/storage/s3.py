@@ -7,6 +7,7 @@
   exactly one wins. Multipart uploads carry the condition on CompleteMultipartUpload.
 - Throttling, 5xx and connection errors are retried by botocore's "standard" mode (exponential backoff with
   jitter, `max_attempts` in all); a 409 ConditionalRequestConflict on a conditional write is retried here.
+- `max_upload_bytes_per_s` bounds the average upload rate of the whole store (token bucket, per request/part).
 - Credentials come from the arguments or the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, else
   boto3's usual chain). They live only inside the boto3 client: never in an attribute, repr, log line or pickle.
 - `scoped(prefix)` handles refuse keys outside the prefix on the client side; with per-job credentials
@@ -21,6 +22,7 @@ import math
 import os
 import random
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -45,7 +47,7 @@ from trainforge.infra.storage.base import (
 )
 from trainforge.infra.storage.iam import render_job_iam_policy
 
-__all__ = ["MIN_PART_SIZE", "S3ObjectStore", "render_job_iam_policy"]
+__all__ = ["MIN_PART_SIZE", "RateLimiter", "S3ObjectStore", "render_job_iam_policy"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,32 @@ _DENIED_CODES = {
 }
 _EXISTS_CODES = {"PreconditionFailed", "412"}
 _READ_RETRIES = 3
+
+
+class RateLimiter:
+    """A token bucket in bytes per second, shared by every thread of a store: bounds the average upload
+    rate (so background checkpoint uploads do not starve training I/O). Bursts up to one second's worth."""
+
+    def __init__(self, bytes_per_s: float, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        if bytes_per_s <= 0:
+            raise ValueError("bytes_per_s must be positive")
+        self.rate = float(bytes_per_s)
+        self._clock, self._sleep = clock, sleep
+        self._lock = threading.Lock()
+        self._tokens = self.rate
+        self._last = clock()
+
+    def acquire(self, n: int) -> float:
+        """Take n bytes' worth of tokens, sleeping as needed (n may exceed the burst). Returns the wait."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.rate, self._tokens + (now - self._last) * self.rate) - n
+            self._last = now
+            wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
+        if wait > 0:
+            self._sleep(wait)
+        return wait
 
 
 def _code(e: ClientError) -> tuple[str, int | None]:
@@ -95,6 +123,7 @@ class S3ObjectStore:
         max_attempts: int = 8,
         connect_timeout: float = 10.0,
         read_timeout: float = 120.0,
+        max_upload_bytes_per_s: float | None = None,
     ):
         if not bucket or "/" in bucket:
             raise ValueError(f"invalid bucket name {bucket!r}")
@@ -113,6 +142,8 @@ class S3ObjectStore:
         self.max_concurrency = max_concurrency
         self.max_attempts = max_attempts
         self._timeouts = (connect_timeout, read_timeout)
+        # Shared by scoped handles and copies: one bound for everything this store uploads.
+        self._limiter = RateLimiter(max_upload_bytes_per_s) if max_upload_bytes_per_s else None
         self.prefix = ""  # the scope of a scoped handle, relative to root
         self._client = self._make_client(access_key_id, secret_access_key, session_token)
         self._set_url()
@@ -125,7 +156,8 @@ class S3ObjectStore:
         TRAINFORGE_S3_ENDPOINT or AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (none: AWS itself),
         AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (none: boto3's default chain),
         AWS_REGION or AWS_DEFAULT_REGION (default us-east-1). Tuning: TRAINFORGE_S3_MULTIPART_THRESHOLD_MB,
-        TRAINFORGE_S3_PART_SIZE_MB, TRAINFORGE_S3_CONCURRENCY. Keyword arguments override all of these."""
+        TRAINFORGE_S3_PART_SIZE_MB, TRAINFORGE_S3_CONCURRENCY, TRAINFORGE_S3_MAX_UPLOAD_MBPS (MiB/s).
+        Keyword arguments override all of these."""
         parsed = urlparse(url)
         if parsed.scheme != "s3" or not parsed.netloc:
             raise ValueError(f"not an s3://bucket[/prefix] URL: {url!r}")
@@ -142,6 +174,8 @@ class S3ObjectStore:
                 opts[name] = int(float(v) * MiB)
         if v := _env("TRAINFORGE_S3_CONCURRENCY"):
             opts["max_concurrency"] = int(v)
+        if v := _env("TRAINFORGE_S3_MAX_UPLOAD_MBPS"):
+            opts["max_upload_bytes_per_s"] = float(v) * MiB
         opts.update(kwargs)
         return cls(parsed.netloc, parsed.path, **opts)
 
@@ -240,6 +274,8 @@ class S3ObjectStore:
 
     def _put_object(self, full: str, key: str, body: Any, if_none_match: bool) -> None:
         kw = {"IfNoneMatch": "*"} if if_none_match else {}
+        if self._limiter is not None:
+            self._limiter.acquire(_body_size(body))
         for attempt in range(self.max_attempts):
             if hasattr(body, "seek"):
                 body.seek(0)
@@ -299,6 +335,8 @@ class S3ObjectStore:
         def upload(i: int) -> dict[str, Any]:
             off = i * part
             body = read(off, min(part, size - off))
+            if self._limiter is not None:
+                self._limiter.acquire(len(body))
             r = self._client.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id,
                                          PartNumber=i + 1, Body=body)
             return {"PartNumber": i + 1, "ETag": r["ETag"]}
@@ -427,6 +465,12 @@ class S3ObjectStore:
                     if in_scope(key, self.prefix):
                         keys.append(key)
         return sorted(keys)
+
+
+def _body_size(body: Any) -> int:
+    if isinstance(body, bytes | bytearray | memoryview):
+        return len(body)
+    return os.fstat(body.fileno()).st_size
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
