@@ -61,7 +61,8 @@ GPU_CATALOG: dict[str, GpuSpec] = {
     "h100": GpuSpec("h100", 81559 * MiB, 989 * TFLOPS, 67 * TFLOPS, 3350 * GB, "hopper"),
     "h200": GpuSpec("h200", 143771 * MiB, 989 * TFLOPS, 67 * TFLOPS, 4800 * GB, "hopper"),
     # A CPU "slot": one worker process; memory is a per-worker share of a small machine. The runtime overhead is
-    # the RSS of a worker after `import torch` + init_process_group(gloo), measured on this machine (~330 MiB).
+    # the RSS of a worker after `import torch` + init_process_group(gloo) (220 MiB measured by
+    # bench/memory_vs_rss.py) plus ~110 MiB of allocator arenas and thread stacks once training runs (fitted on DDP).
     "cpu": GpuSpec("cpu", 4 * GiB, 0.2 * TFLOPS, 0.1 * TFLOPS, 20 * GB, "cpu", 330 * 2**20),
 }
 

@@ -52,7 +52,7 @@ def test_infeasible_fixed_layout_says_by_how_much_and_what_to_change():
 
 def test_no_feasible_layout_is_an_error_with_the_closest():
     with pytest.raises(InfeasibleLayoutError, match="no layout of llama-405b .* Closest"):
-        search(_req(model="llama-405b", gpus=8)).best
+        _ = search(_req(model="llama-405b", gpus=8)).best
 
 
 def test_explanation_compares_winner_with_alternatives():
