@@ -30,7 +30,7 @@ def check_reference(ref: str, base_dir: Path) -> Problem | None:
         try:
             resolve_reference(ref, base_dir)
         except CatalogError as exc:
-            fix = ("build it with `trainforge demo` / `trainforge datasets build`, or check the name"
+            fix = ("check the name; `trainforge demo` builds the demo dataset (catalog://demo-text)"
                    if scheme == "catalog" else "point file:// at a dataset version folder holding manifest.json")
             return Problem("dataset.ref", str(exc), ref, fix)
         return None

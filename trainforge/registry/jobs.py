@@ -9,6 +9,7 @@ The record is rewritten atomically; the flow is its only writer.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -42,9 +43,22 @@ class JobRecord:
         return self.folder / "events.jsonl"
 
     def update(self, **fields: Any) -> None:
-        self.data.update(fields)
-        self.data["updated_at"] = time.time()
-        self.save()
+        """Read-modify-write under a file lock: the flow and its tasks each hold a copy of the record, and a
+        stale copy must never overwrite fields another one wrote."""
+        with open(self.folder / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                self.reload()
+                self.data.update(fields)
+                self.data["updated_at"] = time.time()
+                self.save()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def reload(self) -> None:
+        path = self.folder / "job.json"
+        if path.is_file():
+            self.data = json.loads(path.read_text())
 
     def save(self) -> None:
         tmp = self.folder / ".job.json.tmp"
