@@ -110,12 +110,14 @@ class Scheduler:
         if not self.ours:
             return [pools]
         own = [p for p in (team, SHARED_POOL) if p in pools]
-        others = [p for p in pools if p not in own] if self.config.lending else []
-        return [own, others] if others else [own]
+        tiers = [[team], own] if team in pools and len(own) > 1 else [own]
+        if self.config.lending and len(own) < len(pools):
+            tiers.append(own + [p for p in pools if p not in own])
+        return tiers
 
     def _quota_types(self, job: Job, types: Iterable[str], gpus: int) -> list[str]:
         quota = self.team(job.req.team).quota
-        if not quota or not self.ours:
+        if not quota:
             return list(types)
         total = self.held(job.req.team) + gpus
         if total > quota.get("*", math.inf):
@@ -335,7 +337,7 @@ class Scheduler:
             ok = all(self.state.nodes[n].healthy and self.state.nodes[n].free_mask >> g & 1
                      for n, gpus in planned.assignments for g in gpus)
             self._drop_plan(job)
-            if ok:
+            if ok and self._quota_types(job, (planned.gpu_type,), planned.num_gpus):
                 self._place(job, planned, now, decisions)
                 return True
         pools = self.state.pools
@@ -432,7 +434,8 @@ class Scheduler:
                 break
         chosen: list[Job] = []
         if plan is None:
-            for v in victims:
+            resized = {id(e) for e, _, _ in shrunk}
+            for v in (v for v in victims if id(v) not in resized):
                 self.state.release(v.job_id, v.placement.node_indices())
                 chosen.append(v)
                 plan = fits()
@@ -521,6 +524,8 @@ class Scheduler:
             g = len(e.placement.assignments[0][1])
             step = math.lcm(g, e.req.tp * e.req.pp)
             extra = min(e.req.num_gpus - e.gpus, self.state.free_in(t, self.state.pools)) // step * step
+            while extra > 0 and not self._quota_types(e, (t,), extra):
+                extra -= step
             if extra <= 0:
                 continue
             own = set(e.placement.node_indices())

@@ -1,0 +1,117 @@
+"""Property tests of the scheduler policy over random clusters and queues: no partial gangs, no GPU double-booked,
+quotas never exceeded, no job mixing GPU types, TP groups never spanning nodes — through submits, completions,
+preemptions, failures and elastic resizes.
+
+Run: pytest tests/unit/scheduler/test_properties.py
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.unit.scheduler.conftest_helpers import check_invariants, make_nodes
+from trainforge.infra.scheduler import (
+    ClusterState,
+    JobRequest,
+    JobState,
+    Preempt,
+    Scheduler,
+    SchedulerConfig,
+    TeamPolicy,
+    find_placement,
+)
+
+TYPES = ["h100", "a100-80gb"]
+TEAMS = ["a", "b", "c"]
+
+group = st.tuples(st.sampled_from(TYPES), st.integers(1, 6), st.sampled_from([2, 4, 8]), st.integers(1, 3),
+                  st.sampled_from(["shared", "shared", "a"]), st.booleans())
+
+
+@st.composite
+def job(draw, i: int) -> JobRequest:
+    tp = draw(st.sampled_from([1, 1, 2, 4]))
+    pp = draw(st.sampled_from([1, 1, 2]))
+    dp = draw(st.integers(1, 6))
+    n = tp * pp * dp
+    elastic = draw(st.booleans()) and dp > 1
+    return JobRequest(job_id=f"j{i}", team=draw(st.sampled_from(TEAMS)),
+                      priority=draw(st.sampled_from(["critical", "high", "normal", "low", "preemptible"])),
+                      gpu_type=draw(st.sampled_from(TYPES + ["any"])), num_gpus=n, tp=tp, pp=pp,
+                      min_gpus=tp * pp if elastic else None, max_runtime_s=draw(st.sampled_from([60, 600, 6000])))
+
+
+@st.composite
+def scenario(draw):
+    groups = draw(st.lists(group, min_size=1, max_size=3))
+    nodes = make_nodes(groups)
+    jobs = [draw(job(i)) for i in range(draw(st.integers(1, 25)))]
+    ops = draw(st.lists(st.tuples(st.sampled_from(["finish", "stop", "fail", "restore", "tick"]),
+                                  st.integers(0, 1000)), max_size=30))
+    policy = draw(st.sampled_from(["ours", "ours", "fifo", "fifo-backfill"]))
+    quota = draw(st.sampled_from([{}, {"h100": 8}, {"*": 12}]))
+    return nodes, jobs, ops, policy, quota
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario())
+def test_invariants_hold_through_random_events(sc):
+    nodes, jobs, ops, policy, quota = sc
+    s = Scheduler(ClusterState(nodes), {"b": TeamPolicy(weight=2.0, quota=quota)}, SchedulerConfig(policy=policy))
+    now = 0.0
+    for req in jobs:
+        try:
+            s.submit(req, now)
+        except ValueError:
+            continue  # bigger than the cluster / tp larger than its nodes: rejected up front
+        for d in s.schedule(now):
+            if isinstance(d, Preempt):
+                assert s.jobs[d.job_id].req.rank < s.jobs[d.for_job].req.rank or \
+                    d.for_job.startswith("j") and s.jobs[d.for_job].req.team in s.jobs[d.job_id].borrowed_from
+        check_invariants(s)
+    for op, k in ops:
+        now += 10
+        ids = sorted(s.jobs)
+        if op == "finish" and ids:
+            s.finish(ids[k % len(ids)], now)
+        elif op == "stop":
+            for j in [j for j in s.jobs.values() if j.state is JobState.PREEMPTING][:1]:
+                s.stopped(j.job_id, now)
+        elif op == "fail":
+            s.fail_node(s.state.nodes[k % len(s.state.nodes)].name, now)
+        elif op == "restore":
+            s.restore_node(s.state.nodes[k % len(s.state.nodes)].name)
+        elif op == "tick":
+            now += 1000
+        s.schedule(now)
+        check_invariants(s)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(group, min_size=1, max_size=3), st.sampled_from([1, 2, 4, 8]), st.integers(1, 8),
+       st.lists(st.tuples(st.integers(0, 100), st.integers(1, 8)), max_size=20))
+def test_tp_never_spans_nodes_when_a_valid_placement_exists(groups, tp, dp, prefill):
+    """Brute force: if some set of nodes has tp-aligned room for the gang, placement finds one with 0 spans."""
+    state = ClusterState(make_nodes(groups))
+    for i, (n, g) in enumerate(prefill):  # random fragmentation
+        node = state.nodes[n % len(state.nodes)]
+        take = min(g, node.free)
+        if take:
+            free = [b for b in range(node.num_gpus) if node.free_mask >> b & 1][:take]
+            state.allocate(f"x{i}", [(node.idx, tuple(free))])
+    num = tp * dp
+    for t in TYPES:
+        pl = find_placement(state, t, num, tp=tp, pools=state.pools)
+        # a valid placement exists iff for some g (multiple of tp dividing num, <= node size) enough nodes have g free
+        sizes = [nd.num_gpus for nd in state.nodes if nd.gpu_type == t]
+        exists = any(num % g == 0 and g % tp == 0 and g <= max(sizes, default=0)
+                     and sum(nd.free >= g for nd in state.nodes if nd.gpu_type == t) >= num // g
+                     for g in range(1, num + 1)) if sizes else False
+        if pl is not None:
+            assert pl.quality.tp_groups_spanning_nodes == 0
+            assert pl.num_gpus == num and {state.nodes[n].gpu_type for n, _ in pl.assignments} == {t}
+        elif exists:
+            # placement only tries the 3 largest per-node counts; those must all be infeasible
+            cands = [g for g in range(min(num, max(sizes)), 0, -1) if num % g == 0 and g % tp == 0][:3]
+            assert not any(sum(nd.free >= g for nd in state.nodes if nd.gpu_type == t) >= num // g for g in cands)
