@@ -434,8 +434,12 @@ class Scheduler:
                 break
         chosen: list[Job] = []
         if plan is None:
-            resized = {id(e) for e, _, _ in shrunk}
-            for v in (v for v in victims if id(v) not in resized):
+            for v in victims:
+                for k, (e, _, removed) in enumerate(shrunk):
+                    if e is v:  # shrinking was not enough: preempt it whole instead
+                        self.state.allocate(e.job_id, removed)
+                        del shrunk[k]
+                        break
                 self.state.release(v.job_id, v.placement.node_indices())
                 chosen.append(v)
                 plan = fits()
