@@ -26,6 +26,12 @@ class LlamaConfig:
     max_seq_len: int = 2048
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    experts: int = 0
+    """Mixture-of-experts FFN in every block when > 0 (models/moe.py)."""
+    top_k: int = 0
+    capacity_factor: float | None = None
+    """Expert capacity = ceil(factor * tokens * top_k / experts); None = no token is dropped."""
+    aux_loss_coef: float = 0.01
 
 
 class RMSNorm(nn.Module):
@@ -94,7 +100,12 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg)
+        if cfg.experts:
+            from trainforge.trainer.models.moe import MoEFeedForward
+
+            self.feed_forward: nn.Module = MoEFeedForward(cfg)
+        else:
+            self.feed_forward = FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -120,9 +131,11 @@ class Llama(nn.Module):
         """GPT-2/Llama-style init: N(0, 0.02), output projections scaled by 1/sqrt(2*layers)."""
         std = 0.02
         for name, p in self.named_parameters():
-            if p.dim() == 1:
+            if name.endswith("router.weight"):
+                nn.init.normal_(p, std=std)
+            elif p.dim() == 1:
                 nn.init.ones_(p)
-            elif name.endswith(("wo.weight", "w2.weight")):
+            elif name.endswith(("wo.weight", "w2.weight", "feed_forward.w2")):
                 nn.init.normal_(p, std=std / math.sqrt(2 * self.config.layers))
             else:
                 nn.init.normal_(p, std=std)
@@ -134,11 +147,41 @@ class Llama(nn.Module):
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 
+    def aux_loss(self) -> torch.Tensor | float:
+        """Sum of the MoE load-balancing losses of the last forward (0 for a dense model)."""
+        return sum((m.aux_loss for m in self.modules() if hasattr(m, "aux_loss") and not callable(m.aux_loss)),
+                   start=0.0)
+
+    def pipeline_chunk(self, layer_ids: list[str], first: bool, last: bool) -> Llama:
+        """A pipeline stage sharing this model's modules: the given layers, plus the embedding on the first stage
+        and the final norm and output on the last. Keys stay those of the full model (ModuleDict by index)."""
+        chunk = Llama.__new__(Llama)
+        nn.Module.__init__(chunk)
+        chunk.config = self.config
+        chunk.tok_embeddings = self.tok_embeddings if first else None
+        chunk.layers = nn.ModuleDict({i: self.layers[i] for i in layer_ids})
+        chunk.norm = self.norm if last else None
+        chunk.output = self.output if last else None
+        chunk.register_buffer("rope_cos", self.rope_cos, persistent=False)
+        chunk.register_buffer("rope_sin", self.rope_sin, persistent=False)
+        return chunk
+
+    def keep_only(self, layer_ids: set[str], first: bool, last: bool) -> None:
+        """Drop what this pipeline rank does not own, so the optimizer and checkpoint see only its part."""
+        for i in [k for k in self.layers if k not in layer_ids]:
+            del self.layers[i]
+        if not first:
+            self.tok_embeddings = None
+        if not last:
+            self.norm = self.output = None
+
 
 def build_model(config: dict[str, Any]) -> Llama:
     """Managed-mode entrypoint: the resolved model numbers of the spec -> the model (on the current device)."""
     cfg = LlamaConfig(
         layers=config["layers"], hidden=config["hidden"], heads=config["heads"], kv_heads=config["kv_heads"],
         ffn_hidden=config["ffn_hidden"], vocab=config["vocab"], max_seq_len=config.get("max_seq_len", 2048),
+        experts=config.get("experts", 0), top_k=config.get("top_k", 0),
+        capacity_factor=config.get("capacity_factor"), aux_loss_coef=config.get("aux_loss_coef", 0.01),
     )
     return Llama(cfg)

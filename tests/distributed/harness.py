@@ -1,0 +1,82 @@
+"""One rank of a layout-equivalence run (started by torchrun from conftest.run_layout; world 1 = the reference).
+
+Argument: a JSON file {layout, model, steps, global_batch, seq_len, seed, out, save_at?, load_from?, grad_clip?}.
+Builds the reference Llama from the seed, applies the layout with the engine's `parallelize`, trains on
+deterministic synthetic tokens with AdamW, and writes per-step losses plus this rank's full (gathered) weights.
+Checkpoints go through the platform's Checkpointer (DCP) on a local object store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from trainforge.infra.storage import open_store
+from trainforge.trainer.checkpoint import Checkpointer
+from trainforge.trainer.distributed import DistContext, shutdown
+from trainforge.trainer.models.llama import build_model
+from trainforge.trainer.parallel.parallelize import parallelize
+
+
+def batch(step: int, cfg: dict, dp_rank: int, dp: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(cfg["seed"] * 1000 + step)
+    tokens = torch.randint(0, cfg["model"]["vocab"], (cfg["global_batch"], cfg["seq_len"] + 1), generator=g)
+    per = cfg["global_batch"] // dp
+    mine = tokens[dp_rank * per:(dp_rank + 1) * per].split(cfg["layout"].get("micro_batch_size", 1))
+    return [c[:, :-1] for c in mine], [c[:, 1:] for c in mine]
+
+
+def run(cfg: dict, ctx: DistContext) -> None:
+    torch.manual_seed(cfg["seed"])
+    model = build_model({**cfg["model"], "max_seq_len": cfg["seq_len"]})
+    layout = cfg["layout"]
+    pm = parallelize(model, layout, world_size=ctx.world_size, rank=ctx.rank, device=ctx.device,
+                     local_batch=cfg["global_batch"] // layout["dp"])
+    opt = torch.optim.AdamW(pm.model.parameters(), lr=cfg.get("lr", 1e-3), weight_decay=0.1)
+    ckpt = None
+    if cfg.get("store"):
+        ckpt = Checkpointer(ctx, open_store(cfg["store"]).scoped("job"), "job", Path(cfg["store_staging"]),
+                            lambda *a: None)
+    start = 0
+    if cfg.get("load") and ckpt is not None:
+        ref, _ = ckpt.latest()
+        assert ref is not None
+        ckpt.load(ref, pm.model, opt)
+        start = ref.step
+    losses, norms = [], []
+    for step in range(start, cfg["steps"]):
+        xs, ys = batch(step, cfg, pm.dp_rank, pm.dims.dp)
+        opt.zero_grad(set_to_none=True)
+        local = pm.forward_backward(xs, ys)
+        pm.finish_gradients()
+        norms.append(pm.clip_grad_norm(cfg.get("grad_clip")))
+        opt.step()
+        losses.append(pm.global_loss(local))
+        if ckpt is not None and step + 1 == cfg.get("save_at"):
+            ckpt.save(step + 1, pm.model, opt, {"world_size": ctx.world_size})
+    if ckpt is not None:
+        ckpt.close()
+    sd = get_model_state_dict(pm.model, options=StateDictOptions(full_state_dict=True))
+    out = Path(cfg["out"])
+    torch.save({k: v.detach().clone() for k, v in sd.items()}, out / f"weights-{ctx.rank}.pt")
+    if ctx.rank == 0:
+        (out / "result.json").write_text(json.dumps({"losses": losses, "norms": norms, "kind": pm.kind,
+                                                     "pipeline": pm.pipeline is not None}))
+    del pm, model, opt, sd
+
+
+def main() -> None:
+    cfg = json.loads(Path(sys.argv[1]).read_text())
+    ctx = DistContext.from_env(60)
+    run(cfg, ctx)
+    shutdown(ctx)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    main()

@@ -1,0 +1,197 @@
+"""Compose the parallelisms from the plan's layout (torchtitan's pattern), and run a step on the result.
+
+Order: pipeline split -> TP -> EP -> activation checkpointing -> FSDP (per chunk) or DDP. The model is built in
+full from the seed on every rank first, so every layout starts from bit-identical weights (and equals the
+single-process reference); the parallelisms then shard what exists.
+Which data-parallel wrapper: DDP for pure data parallelism with sharding `none` (its bucketed all-reduce is the
+fastest replica path); FSDP2 for every sharding strategy and whenever DP is combined with TP or PP (DDP does not
+compose with DTensor parameters or pipeline stages); a manual reduction for EP + DP (ep.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_ctx
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainforge.trainer.parallel.activation_checkpointing import apply_ac
+from trainforge.trainer.parallel.ddp import apply_ddp
+from trainforge.trainer.parallel.ep import apply_ep, sync_ep_grads
+from trainforge.trainer.parallel.fsdp import FSDPConfig, apply_fsdp, fsdp_mesh
+from trainforge.trainer.parallel.mesh import MeshAxis, ParallelDims, build_mesh
+from trainforge.trainer.parallel.pp import Pipeline, build_pipeline_chunks, build_schedule
+from trainforge.trainer.parallel.tp import apply_tp
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def _item(t: torch.Tensor | float) -> float:
+    if isinstance(t, DTensor):
+        t = t.full_tensor()
+    return float(t.detach()) if isinstance(t, torch.Tensor) else float(t)
+
+
+@dataclass
+class ParallelModel:
+    """The parallelized model and how to run forward/backward, reduce gradients and clip on it."""
+
+    model: nn.Module
+    """What the optimizer and the checkpointer see (DDP/FSDP-wrapped; for PP only this rank's part)."""
+    dims: ParallelDims
+    coords: dict[str, int]
+    mesh: DeviceMesh | None
+    kind: str
+    """`single`, `ddp`, `fsdp`, `ep` or `none` (TP/PP without data parallelism): the data-parallel path taken."""
+    pipeline: Pipeline | None = None
+    loss_parallel: bool = False
+    reshard_every_micro_batch: bool = True
+    precision_ctx: Any = field(default=contextlib.nullcontext)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coords[MeshAxis.DP]
+
+    @property
+    def core(self) -> nn.Module:
+        return self.model.module if isinstance(self.model, DDP) else self.model
+
+    def _loss_ctx(self) -> contextlib.AbstractContextManager[Any]:
+        return loss_parallel_ctx() if self.loss_parallel else contextlib.nullcontext()
+
+    def _sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        if isinstance(self.model, DDP) and not last:
+            return self.model.no_sync()  # accumulate locally: one all-reduce per optimizer step
+        if isinstance(self.model, FSDPModule) and not self.reshard_every_micro_batch:
+            self.model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    def forward_backward(self, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
+        """Backward of the mean loss over this rank's micro-batches; returns that loss (0 off the last stage)."""
+        if self.pipeline is not None:
+            return self._pipeline_step(torch.cat(inputs), torch.cat(targets))
+        n, total = len(inputs), 0.0
+        aux_loss = getattr(self.core, "aux_loss", None)
+        for i, (x, y) in enumerate(zip(inputs, targets, strict=True)):
+            with self._sync(i == n - 1), self._loss_ctx():
+                with self.precision_ctx():
+                    logits = self.model(x)
+                loss = cross_entropy(logits, y)
+                if callable(aux_loss):
+                    loss = loss + aux_loss()
+                loss = loss / n
+                loss.backward()
+            total += _item(loss)
+        return total
+
+    def _pipeline_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        assert self.pipeline is not None
+        p, losses = self.pipeline, []
+        with self._loss_ctx():
+            if p.has_first:
+                p.schedule.step(x, target=y if p.has_last else None, losses=losses)
+            elif p.has_last:
+                p.schedule.step(target=y, losses=losses)
+            else:
+                p.schedule.step()
+        return sum(_item(v) for v in losses) / len(losses) if p.has_last else 0.0
+
+    def finish_gradients(self) -> None:
+        if self.kind == "ep":
+            assert self.mesh is not None
+            sync_ep_grads(self.core, self.mesh)
+
+    def global_loss(self, local: float) -> float:
+        """Mean over data-parallel ranks (TP ranks hold copies; only last pipeline stages hold a loss)."""
+        if self.dims.world_size == 1:
+            return local
+        t = torch.tensor([local], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item()) / (self.dims.world_size // self.dims.pp)
+
+    def clip_grad_norm(self, max_norm: float | None) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
+        simple = self.dims.pp == 1 and not any(isinstance(g, DTensor) for g in grads)
+        if simple and self.kind != "ep":  # the single-process / DDP path, bit for bit torch's
+            if max_norm:
+                return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            return float(torch.nn.utils.get_total_norm(grads))
+        total = self._global_norm(grads)
+        if max_norm:
+            coef = min(1.0, float(max_norm / (total + 1e-6)))
+            for g in grads:
+                (g._local_tensor if isinstance(g, DTensor) else g).mul_(coef)
+        return float(total)
+
+    def _global_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        groups: dict[Any, list[torch.Tensor]] = {}
+        for g in grads:  # one norm per mesh: DTensors of different meshes do not mix
+            groups.setdefault(id(g.device_mesh) if isinstance(g, DTensor) else None, []).append(g)
+        sq = torch.zeros((), dtype=torch.float32)
+        for group in groups.values():
+            n = torch.nn.utils.get_total_norm(group)
+            sq = sq + (n.full_tensor() if isinstance(n, DTensor) else n).float() ** 2
+        if self.dims.pp > 1:
+            assert self.mesh is not None
+            dist.all_reduce(sq, group=self.mesh[MeshAxis.PP].get_group())
+        return sq.sqrt()
+
+    def chunks(self) -> Iterator[nn.Module]:
+        yield from (self.pipeline.chunks if self.pipeline else [self.core])
+
+
+def parallelize(model: nn.Module, layout: dict[str, Any], *, world_size: int, rank: int, device: torch.device,
+                fsdp: FSDPConfig | None = None, local_batch: int | None = None) -> ParallelModel:
+    """Apply the layout to a model built in full on this rank. `local_batch` (sequences per dp rank per step)
+    sets the number of pipeline micro-batches."""
+    dims = ParallelDims.from_layout(layout, world_size)
+    coords = dims.coords(rank)
+    if world_size == 1:
+        apply_ac(model, layout.get("activation_checkpointing", "none"))
+        return ParallelModel(model, dims, coords, None, kind="single")
+    mesh = build_mesh(dims, device.type)
+    sharding = layout.get("sharding", "none")
+    parts, stage_ids = [model], []
+    if dims.pp > 1:
+        parts, stage_ids = build_pipeline_chunks(model, coords[MeshAxis.PP], dims.pp, layout.get("vpp", 1))
+    use_fsdp = dims.dp > 1 and dims.ep == 1 and (sharding != "none" or dims.tp > 1 or dims.pp > 1)
+    loss_parallel = dims.tp > 1 and layout.get("loss_parallel", True)
+    for part in parts:
+        if dims.tp > 1:
+            apply_tp(part, mesh[MeshAxis.TP], sequence_parallel=layout.get("sequence_parallel", True),
+                     loss_parallel=loss_parallel)
+        if dims.ep > 1:
+            apply_ep(part, mesh)
+        apply_ac(part, layout.get("activation_checkpointing", "none"))
+        if use_fsdp:
+            apply_fsdp(part, fsdp_mesh(mesh), fsdp or FSDPConfig(sharding=sharding),
+                       part.layers.values())  # type: ignore[union-attr]
+    kind = "fsdp" if use_fsdp else "ep" if dims.ep > 1 else "none" if dims.dp == 1 else "ddp"
+    pm = ParallelModel(model, dims, coords, mesh, kind=kind, loss_parallel=loss_parallel,
+                       reshard_every_micro_batch=sharding in ("full-shard", "hybrid-shard"))
+    if kind == "ddp":
+        if dims.ep > 1 or dims.tp > 1:
+            raise AssertionError("DDP is only used for pure data parallelism")
+        pm.model = apply_ddp(model, mesh[MeshAxis.DP], [device.index] if device.type == "cuda" else None)
+    if dims.pp > 1:
+        if dims.ep > 1:
+            raise ValueError("expert parallelism with pipeline parallelism is not supported; use pp: 1")
+        micro = layout.get("micro_batch_size", 1)
+        n_micro = max(1, (local_batch or micro) // micro)
+        pm.pipeline = build_schedule(parts, stage_ids, mesh[MeshAxis.PP], schedule=layout.get("schedule", "1f1b"),
+                                     n_microbatches=n_micro, loss_fn=cross_entropy, device=device)
+    return pm
+
