@@ -1,14 +1,20 @@
-"""The embedded dataset catalog: content-addressed versions in a local folder, with named refs.
+"""The embedded dataset catalog: content-addressed versions in an ObjectStore, with branches and tags.
 
-Layout under `$TRAINFORGE_HOME/datasets/{name}/`:
-  versions/{version_id}/manifest.json + shard files   (immutable once committed)
-  refs/{ref}                                           (a branch or tag: the version id it points at)
-A version is committed by writing its files into a temporary folder and renaming it into place, so a reader
-never sees a half-written version.
+Keys, relative to the catalog's store (a local folder `$TRAINFORGE_HOME/datasets` by default, or any store given
+by `TRAINFORGE_DATASETS_URL`, e.g. `s3://bucket/datasets`):
+  {name}/versions/{version_id}/manifest.json + shard files   (immutable once committed)
+  {name}/refs/{branch}                                       (a moving pointer: the version id)
+  {name}/tags/{tag}                                          (an immutable pointer, written if-none-match)
+  {name}/quality/{version_id}.json                           (the quality-gate report of a version)
+A version is committed by writing its shards first and its manifest last (on a local store: a temporary folder
+renamed into place), so a reader, which only trusts a version whose manifest exists, never sees half of one.
+Versions in a remote store resolve to a local folder holding the manifest and `source.json` (where the shards
+are); `stream.open_reader` streams such shards through the cache tiers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,11 +22,21 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainforge.datasets.manifest import MANIFEST_FILE, DatasetManifest, ShardInfo
 from trainforge.home import home
+from trainforge.infra.storage import (
+    LocalObjectStore,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ObjectStore,
+    open_store,
+)
 
 NAME_OK = set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
+SOURCE_FILE = "source.json"
+DATASETS_URL_ENV = "TRAINFORGE_DATASETS_URL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,64 +55,207 @@ class CatalogError(LookupError):
     pass
 
 
-class EmbeddedCatalog:
-    def __init__(self, root: Path | None = None):
-        self.root = (root or home() / "datasets").resolve()
+def _check_ref_name(ref: str) -> str:
+    if not ref or set(ref) - NAME_OK - set("ABCDEFGHIJKLMNOPQRSTUVWXYZ") or ref.startswith("."):
+        raise CatalogError(f"ref name {ref!r} may only use letters, digits, '-', '_' and '.'")
+    return ref
 
-    def _dir(self, name: str) -> Path:
+
+def default_store() -> ObjectStore:
+    url = os.environ.get(DATASETS_URL_ENV)
+    return open_store(url) if url else LocalObjectStore(home() / "datasets")
+
+
+class _Prefixed:
+    """The catalog's view of a store under a key prefix (e.g. a handle scoped to `teams/nlp/datasets`)."""
+
+    def __init__(self, store: ObjectStore, prefix: str):
+        self.inner, self.prefix = store, prefix.strip("/")
+        base, scope = store.url.rstrip("/"), getattr(store, "prefix", "")
+        if scope and base.endswith("/" + scope):  # a scoped handle's URL names its scope; keys are from the root
+            base = base[: -len(scope) - 1]
+        self.url = f"{base}/{self.prefix}"  # open_store(self.url) reads keys relative to the prefix
+
+    def _k(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if key else self.prefix + "/"
+
+    def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False) -> None:
+        self.inner.put_bytes(self._k(key), data, if_none_match=if_none_match)
+
+    def put_file(self, key: str, path: Path, *, if_none_match: bool = False) -> None:
+        self.inner.put_file(self._k(key), path, if_none_match=if_none_match)
+
+    def get_bytes(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        return self.inner.get_bytes(self._k(key), byte_range)
+
+    def get_file(self, key: str, path: Path) -> None:
+        self.inner.get_file(self._k(key), path)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(self._k(key))
+
+    def list(self, prefix: str = "") -> list[str]:
+        n = len(self.prefix) + 1
+        return [k[n:] for k in self.inner.list(self._k(prefix))]
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(self._k(key))
+
+
+class EmbeddedCatalog:
+    def __init__(self, root: Path | None = None, *, store: ObjectStore | None = None, prefix: str = ""):
+        if store is None:
+            store = LocalObjectStore(root) if root is not None else default_store()
+        self.store: ObjectStore = _Prefixed(store, prefix) if prefix else store  # type: ignore[assignment]
+        self.local = isinstance(store, LocalObjectStore) and not store.prefix
+        self.root = store.root if isinstance(store, LocalObjectStore) else home() / "cache" / "catalog"
+
+    def _check_name(self, name: str) -> str:
         if not name or set(name) - NAME_OK:
             raise CatalogError(f"dataset name {name!r} may only use lowercase letters, digits, '-', '_' and '.'")
-        return self.root / name
+        return name
+
+    def _dir(self, name: str) -> Path:
+        return Path(self.root) / self._check_name(name)
+
+    # ---- writing --------------------------------------------------------------------------------------
 
     def commit(self, name: str, build: Callable[[Path], list[ShardInfo]], *, sample_len: int, token_dtype: str,
                vocab_size: int, tokenizer: str, license: str, provenance: dict | None = None,
-               ref: str = "main") -> ResolvedDataset:
-        """Build a version in a temporary folder, then rename it into place and move `ref` to it."""
-        base = self._dir(name)
-        (base / "versions").mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=base / "versions"))
+               ref: str | None = "main", features: dict[str, dict[str, Any]] | None = None) -> ResolvedDataset:
+        """Build a version in a temporary folder, publish it (manifest last), then move branch `ref` to it
+        (ref=None: publish the version without moving any branch, e.g. until its quality gate passed)."""
+        self._check_name(name)
+        if ref is not None:
+            _check_ref_name(ref)
+        staging = (self._dir(name) / "versions") if self.local else home() / "staging" / "datasets"
+        staging.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=staging))
         try:
             shards = build(tmp)
             manifest = DatasetManifest(name=name, shards=tuple(shards), sample_len=sample_len,
                                        token_dtype=token_dtype, vocab_size=vocab_size, tokenizer=tokenizer,
-                                       license=license, provenance=provenance or {})
+                                       license=license, provenance=provenance or {}, features=features or {})
             (tmp / MANIFEST_FILE).write_text(json.dumps(manifest.to_dict(), indent=1, sort_keys=True))
-            final = base / "versions" / manifest.version_id
-            if final.exists():
-                shutil.rmtree(tmp)  # same content already committed: versions are content-addressed
+            if self.local:
+                final = self._dir(name) / "versions" / manifest.version_id
+                if final.exists():
+                    shutil.rmtree(tmp)  # same content already committed: versions are content-addressed
+                else:
+                    tmp.rename(final)
             else:
-                tmp.rename(final)
-        except BaseException:
+                self._upload(name, manifest, tmp)
+        finally:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        self.set_ref(name, ref, manifest.version_id)
+        if ref is not None:
+            self.set_ref(name, ref, manifest.version_id)
         return self.resolve(name, manifest.version_id)
 
+    def _upload(self, name: str, manifest: DatasetManifest, folder: Path) -> None:
+        prefix = f"{name}/versions/{manifest.version_id}"
+        if self.store.exists(f"{prefix}/{MANIFEST_FILE}"):
+            return
+        for shard in manifest.shards:
+            self.store.put_file(f"{prefix}/{shard.file}", folder / shard.file)
+        # the manifest is the commit point; ObjectExistsError: committed concurrently with identical content
+        with contextlib.suppress(ObjectExistsError):
+            self.store.put_file(f"{prefix}/{MANIFEST_FILE}", folder / MANIFEST_FILE, if_none_match=True)
+
     def set_ref(self, name: str, ref: str, version: str) -> None:
-        refs = self._dir(name) / "refs"
-        refs.mkdir(parents=True, exist_ok=True)
-        tmp = refs / f".{ref}.tmp"
-        tmp.write_text(version)
-        os.replace(tmp, refs / ref)
+        """Move branch `ref` to `version` (which must be committed)."""
+        _check_ref_name(ref)
+        self._manifest_key(name, version)
+        self.store.put_bytes(f"{name}/refs/{ref}", version.encode())
+
+    def tag(self, name: str, tag: str, ref: str = "main") -> str:
+        """Pin `ref` (a branch, tag or version) under an immutable tag; re-tagging the same version is a no-op."""
+        _check_ref_name(tag)
+        version = self.resolve(name, ref).version
+        try:
+            self.store.put_bytes(f"{name}/tags/{tag}", version.encode(), if_none_match=True)
+        except ObjectExistsError:
+            existing = self.store.get_bytes(f"{name}/tags/{tag}").decode().strip()
+            if existing != version:
+                raise CatalogError(f"tag {tag!r} of dataset {name!r} already points at {existing[:12]}; tags are "
+                                   "immutable: choose another tag name") from None
+        return version
+
+    def put_quality(self, name: str, version: str, report: dict[str, Any]) -> None:
+        self.store.put_bytes(f"{name}/quality/{version}.json", json.dumps(report, indent=1, sort_keys=True, default=str).encode())
+
+    def get_quality(self, name: str, version: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.store.get_bytes(f"{name}/quality/{version}.json"))
+        except ObjectNotFoundError:
+            return None
+
+    # ---- reading --------------------------------------------------------------------------------------
 
     def names(self) -> list[str]:
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+        if self.local:
+            return sorted(p.name for p in Path(self.root).iterdir() if p.is_dir()) if Path(self.root).is_dir() else []
+        return sorted({k.split("/", 1)[0] for k in self.store.list("") if "/versions/" in k})
+
+    def versions(self, name: str) -> list[str]:
+        """Committed version ids (those with a manifest)."""
+        prefix = f"{self._check_name(name)}/versions/"
+        return sorted({k[len(prefix):].split("/")[0] for k in self.store.list(prefix)
+                       if k.endswith("/" + MANIFEST_FILE) and k.count("/") == 3
+                       and not k[len(prefix):].startswith(".")})
+
+    def refs(self, name: str) -> dict[str, dict[str, str]]:
+        out: dict[str, dict[str, str]] = {"branches": {}, "tags": {}}
+        for kind, folder in (("branches", "refs"), ("tags", "tags")):
+            prefix = f"{self._check_name(name)}/{folder}/"
+            for key in self.store.list(prefix):
+                out[kind][key[len(prefix):]] = self.store.get_bytes(key).decode().strip()
+        return out
+
+    def _manifest_key(self, name: str, version: str) -> str:
+        key = f"{self._check_name(name)}/versions/{version}/{MANIFEST_FILE}"
+        if not self.store.exists(key):
+            raise CatalogError(f"dataset {name!r} has no committed version {version!r}")
+        return key
+
+    def resolve_version(self, name: str, ref: str = "main") -> str:
+        """A branch, tag, full version id or unique prefix (>= 8 characters) -> the version id."""
+        self._check_name(name)
+        for folder in ("refs", "tags"):
+            key = f"{name}/{folder}/{ref}"
+            if "/" not in ref and self.store.exists(key):
+                return self.store.get_bytes(key).decode().strip()
+        versions = self.versions(name)
+        if not versions and not self.store.list(f"{name}/"):
+            known = ", ".join(self.names()) or "none"
+            raise CatalogError(f"dataset {name!r} is not in the catalog at {self.store.url} (known: {known})")
+        matches = [v for v in versions if v.startswith(ref)] if len(ref) >= 8 else []
+        if len(matches) != 1:
+            raise CatalogError(f"dataset {name!r} has no ref or version {ref!r}")
+        return matches[0]
 
     def resolve(self, name: str, ref: str = "main") -> ResolvedDataset:
-        base = self._dir(name)
-        if not base.is_dir():
-            known = ", ".join(self.names()) or "none"
-            raise CatalogError(f"dataset {name!r} is not in the catalog at {self.root} (known: {known})")
-        version = ref
-        ref_file = base / "refs" / ref
-        if ref_file.is_file():
-            version = ref_file.read_text().strip()
-        else:
-            matches = [p.name for p in (base / "versions").iterdir() if p.name.startswith(ref)] if len(ref) >= 8 else []
-            if len(matches) != 1:
-                raise CatalogError(f"dataset {name!r} has no ref or version {ref!r}")
-            version = matches[0]
-        return load_version_dir(base / "versions" / version, f"catalog://{name}@{ref}")
+        version = self.resolve_version(name, ref)
+        if self.local:
+            return load_version_dir(self._dir(name) / "versions" / version, f"catalog://{name}@{ref}")
+        return self._materialize(name, version, f"catalog://{name}@{ref}")
+
+    def _materialize(self, name: str, version: str, ref: str) -> ResolvedDataset:
+        """A remote version as a local folder: its manifest plus source.json naming the store and prefix."""
+        folder = home() / "cache" / "catalog" / name / version
+        if not (folder / MANIFEST_FILE).is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            data = self.store.get_bytes(self._manifest_key(name, version))
+            source = {"store_url": self.store.url, "prefix": f"{name}/versions/{version}"}
+            _atomic_write(folder / SOURCE_FILE, json.dumps(source).encode())
+            _atomic_write(folder / MANIFEST_FILE, data)
+        return load_version_dir(folder, ref)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 def load_version_dir(path: Path, ref: str) -> ResolvedDataset:

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MANIFEST_FILE = "manifest.json"
+_OPTIONAL_KEYS = ("features",)
+FEATURE_DTYPES = ("bfloat16", "float16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,10 @@ class DatasetManifest:
     tokenizer: str
     license: str
     provenance: dict[str, Any] = field(default_factory=dict)
+    features: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Optional per-sample feature columns: name -> {"dtype": "bfloat16"|"float16", "dim": int}, stored as
+    fixed-size lists of 16-bit words next to `tokens`. Omitted from the canonical JSON when empty, so the version
+    ids of datasets written before feature columns existed do not change."""
 
     @property
     def num_samples(self) -> int:
@@ -41,6 +47,9 @@ class DatasetManifest:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["shards"] = [asdict(s) for s in self.shards]
+        for key in _OPTIONAL_KEYS:
+            if not d[key]:
+                del d[key]  # absent == empty: keeps older version ids stable
         return d
 
     def canonical_json(self) -> str:

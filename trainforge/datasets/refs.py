@@ -14,7 +14,17 @@ def resolve_reference(ref: str, base_dir: Path | None = None) -> ResolvedDataset
     scheme, _, rest = ref.partition("://")
     if scheme == "catalog":
         name, _, version = rest.partition("@")
-        return EmbeddedCatalog().resolve(name, version or "main")
+        catalog = EmbeddedCatalog()
+        ds = catalog.resolve(name, version or "main")
+        report = catalog.get_quality(ds.name, ds.version)
+        if report is not None and not report.get("passed", False):
+            failures = "; ".join(report.get("failures", [])) or "see the stored report"
+            raise CatalogError(f"dataset version {ds.version[:12]} of {name!r} failed its quality gate: {failures}")
+        return ds
+    if scheme == "lakefs":
+        from trainforge.datasets.lakefs_catalog import LakeFSCatalog
+
+        return LakeFSCatalog.from_env().resolve(ref)
     if scheme == "file":
         path = Path(rest)
         if not path.is_absolute():
@@ -44,5 +54,9 @@ def check_reference(ref: str, base_dir: Path) -> Problem | None:
         if not os.environ.get("LAKEFS_ENDPOINT"):
             return Problem("dataset.ref", "lakefs:// reference not checked: LAKEFS_ENDPOINT is not set", ref,
                            "set LAKEFS_ENDPOINT (and credentials) or drop --strict", "not-checked")
-        return Problem("dataset.ref", "lakefs:// resolution is checked at submit time", ref, "", "not-checked")
+        try:
+            resolve_reference(ref, base_dir)
+        except CatalogError as exc:
+            return Problem("dataset.ref", str(exc), ref, "check the repository, ref and path in lakeFS")
+        return None
     return Problem("dataset.ref", "unknown dataset scheme", ref, "use catalog://, file://, s3://, gs:// or lakefs://")

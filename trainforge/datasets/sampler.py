@@ -5,12 +5,20 @@ numpy's PCG64 seeded from sha256(seed, version, epoch) to permute sample indices
 integer (samples consumed globally), so a resume at any world size continues exactly: the global batch for step k
 is samples [k*B, (k+1)*B) of the stream, and data-parallel rank r of d takes the r-th contiguous 1/d of it.
 Held-out evaluation samples are removed from the stream by a fixed split of indices.
+
+Two opt-in refinements leave the default order (and so every existing run's resume) unchanged:
+- `skip`: sample indices removed from the stream (divergence rollback: resume from the last good checkpoint with
+  the offending batch's samples skipped). Removal keeps the relative order of everything else, so positions before
+  the first skipped sample are untouched and a resume from such a position continues exactly.
+- `window` (with `shard_sizes`): a streaming-friendly order: a permutation of the shards, then a shuffle within
+  consecutive blocks of `window` samples, so a reader touches about one shard at a time.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -38,11 +46,31 @@ def split_indices(num_samples: int, eval_fraction: float, version: str) -> Split
 
 
 @lru_cache(maxsize=4)
-def _epoch_order(train_key: tuple[int, float, str], seed: int, epoch: int) -> np.ndarray:
+def _epoch_order(train_key: tuple[int, float, str], seed: int, epoch: int,
+                 layout: tuple[int, tuple[int, ...]] = (0, ()), skip: frozenset[int] = frozenset()) -> np.ndarray:
     num_samples, eval_fraction, version = train_key
     train = split_indices(num_samples, eval_fraction, version).train
     rng = np.random.Generator(np.random.PCG64(_epoch_seed(seed, version, epoch)))
-    return train[rng.permutation(len(train))]
+    window, shard_sizes = layout
+    order = train[rng.permutation(len(train))] if not window else _windowed(train, shard_sizes, window, rng)
+    if skip:
+        order = order[~np.isin(order, np.fromiter(skip, dtype=np.int64, count=len(skip)))]
+    return order
+
+
+def _windowed(train: np.ndarray, shard_sizes: tuple[int, ...], window: int, rng: np.random.Generator) -> np.ndarray:
+    """Shards in a random order; within the concatenation, a shuffle inside each block of `window` samples."""
+    bounds = np.cumsum((0, *shard_sizes))
+    if bounds[-1] < (train[-1] + 1 if len(train) else 0):
+        raise ValueError(f"shard sizes sum to {bounds[-1]}, fewer than the dataset's samples")
+    shard_of = np.searchsorted(bounds, train, side="right") - 1
+    by_shard = [train[shard_of == s] for s in range(len(shard_sizes))]
+    seq = np.concatenate([by_shard[s] for s in rng.permutation(len(shard_sizes))]) if by_shard else train
+    out = seq.copy()
+    for start in range(0, len(seq), window):
+        block = seq[start : start + window]
+        out[start : start + len(block)] = block[rng.permutation(len(block))]
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +79,35 @@ class SampleOrder:
     eval_fraction: float
     version: str
     seed: int
+    skip: frozenset[int] = frozenset()
+    """Sample indices left out of the stream (divergence rollback); empty = the plain order."""
+    window: int = 0
+    """0: a full permutation per epoch. >0: shard permutation + shuffle within blocks of `window` samples."""
+    shard_sizes: tuple[int, ...] = ()
+    """Samples per shard, in manifest order (needed with `window`)."""
+
+    def __post_init__(self) -> None:
+        if self.window < 0:
+            raise ValueError(f"window must be >= 0, got {self.window}")
+        if self.window and sum(self.shard_sizes) != self.num_samples:
+            raise ValueError(f"shard_sizes sum to {sum(self.shard_sizes)}, the dataset has {self.num_samples} samples")
+        if not isinstance(self.skip, frozenset):
+            object.__setattr__(self, "skip", frozenset(int(i) for i in self.skip))
+
+    def _order(self, epoch: int) -> np.ndarray:
+        return _epoch_order((self.num_samples, self.eval_fraction, self.version), self.seed, epoch,
+                            (self.window, self.shard_sizes), self.skip)
 
     @property
     def train_size(self) -> int:
+        """Samples per epoch of the stream (training split, minus skipped samples)."""
+        if self.skip:
+            return len(self._order(0))
         return len(split_indices(self.num_samples, self.eval_fraction, self.version).train)
+
+    def with_skip(self, indices: Iterable[int]) -> SampleOrder:
+        """The same order with more samples skipped."""
+        return replace(self, skip=self.skip | frozenset(int(i) for i in indices))
 
     def global_indices(self, start: int, count: int) -> list[int]:
         """Sample indices at stream positions [start, start+count), crossing epochs as needed."""
@@ -65,7 +118,7 @@ class SampleOrder:
         pos = start
         while len(out) < count:
             epoch, offset = divmod(pos, n)
-            order = _epoch_order((self.num_samples, self.eval_fraction, self.version), self.seed, epoch)
+            order = self._order(epoch)
             take = min(count - len(out), n - offset)
             out.extend(int(i) for i in order[offset : offset + take])
             pos += take
