@@ -324,4 +324,10 @@ def open_reader(path: Path, manifest: DatasetManifest, cache: CacheConfig | None
     if not source.is_file():
         return ShardReader(path, manifest)
     src = json.loads(source.read_text())
-    return streaming_reader(open_store(src["store_url"]), src["prefix"], manifest, cache)
+    if src["store_url"].startswith("lakefs://"):
+        from trainforge.datasets.lakefs_catalog import open_lakefs_store
+
+        store: ObjectStore = open_lakefs_store(src["store_url"])  # type: ignore[assignment]
+    else:
+        store = open_store(src["store_url"])
+    return streaming_reader(store, src["prefix"], manifest, cache)
