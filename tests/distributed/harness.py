@@ -35,6 +35,8 @@ def run(cfg: dict, ctx: DistContext) -> None:
     torch.manual_seed(cfg["seed"])
     model = build_model({**cfg["model"], "max_seq_len": cfg["seq_len"]})
     layout = cfg["layout"]
+    if layout.get("engine") == "deepspeed":
+        return run_deepspeed(cfg, ctx, model)
     pm = parallelize(model, layout, world_size=ctx.world_size, rank=ctx.rank, device=ctx.device,
                      local_batch=cfg["global_batch"] // layout["dp"])
     opt = torch.optim.AdamW(pm.model.parameters(), lr=cfg.get("lr", 1e-3), weight_decay=0.1)
@@ -68,6 +70,21 @@ def run(cfg: dict, ctx: DistContext) -> None:
         (out / "result.json").write_text(json.dumps({"losses": losses, "norms": norms, "kind": pm.kind,
                                                      "pipeline": pm.pipeline is not None}))
     del pm, model, opt, sd
+
+
+def run_deepspeed(cfg: dict, ctx: DistContext, model: torch.nn.Module) -> None:
+    from trainforge.trainer.parallel.deepspeed_engine import build_deepspeed, deepspeed_step
+
+    training = {"global_batch_size": cfg["global_batch"], "grad_clip": cfg.get("grad_clip"), "precision": "fp32",
+                "optimizer": {"lr": cfg.get("lr", 1e-3), "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1}}
+    engine = build_deepspeed(model, cfg["layout"], training, ctx.world_size)
+    losses = []
+    for step in range(cfg["steps"]):
+        xs, ys = batch(step, cfg, ctx.rank, ctx.world_size)
+        losses.append(ctx.all_reduce_mean(deepspeed_step(engine, xs, ys)))
+    if ctx.rank == 0:
+        Path(cfg["out"], "result.json").write_text(json.dumps({"losses": losses, "kind": "deepspeed"}))
+    del engine, model
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The managed training loop: DDP, AdamW, warmup + cosine LR, clipping, accumulation, exact resume.
+"""The managed training loop: the layout's parallelism (parallel/), AdamW, warmup + cosine LR, clipping, accumulation, exact resume.
 
 Determinism: weights are initialised from the job seed on every rank, the global sample order is a pure function
 of (seed, dataset version, position), and a checkpoint holds model, optimizer, step and each rank's RNG state, so a
@@ -18,18 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainforge.datasets.catalog import load_version_dir
 from trainforge.datasets.sampler import SampleOrder
-from trainforge.datasets.shards import ShardReader
-from trainforge.infra.storage import open_store
-from trainforge.trainer.checkpoint import Checkpointer
-from trainforge.jobconfig import WorkerConfig
-from trainforge.trainer.distributed import DistContext
+from trainforge.datasets.stream import open_reader
 from trainforge.events import EventWriter
+from trainforge.infra.storage import open_store
+from trainforge.jobconfig import WorkerConfig
+from trainforge.trainer.checkpoint import Checkpointer
+from trainforge.trainer.distributed import DistContext
 from trainforge.trainer.faults import FaultInjector
+from trainforge.trainer.parallel.parallelize import parallelize
 
 logger = logging.getLogger(__name__)
 
@@ -83,17 +82,21 @@ class DataFeed:
         if ds.version != cfg.dataset["version"]:
             raise RuntimeError(f"dataset at {cfg.dataset['path']} is version {ds.version}, expected "
                                f"{cfg.dataset['version']}")
-        self.reader = ShardReader(ds.path, ds.manifest)
+        self.reader = open_reader(ds.path, ds.manifest)  # local shards, or streamed through the cache tiers
         self.order = SampleOrder(ds.manifest.num_samples, cfg.dataset["eval_fraction"], ds.version,
                                  cfg.training["seed"])
         self.global_batch = cfg.training["global_batch_size"]
         self.micro = cfg.layout["micro_batch_size"]
         self.dp_rank, self.dp_degree = dp_rank, dp_degree
         self.seq_len = cfg.training["seq_len"]
+        self.last_wait_s = 0.0  # time the last step() spent getting data (data-wait)
 
     def step(self, step: int) -> StepBatches:
+        t0 = time.perf_counter()
         idx = self.order.rank_slice(step, self.global_batch, self.dp_rank, self.dp_degree)
+        self.reader.prefetch(self.order.rank_slice(step + 1, self.global_batch, self.dp_rank, self.dp_degree))
         tokens = torch.from_numpy(self.reader.get(idx))[:, : self.seq_len + 1]
+        self.last_wait_s = time.perf_counter() - t0
         chunks = tokens.split(self.micro)
         return StepBatches([c[:, :-1] for c in chunks], [c[:, 1:] for c in chunks])
 
@@ -113,11 +116,16 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
     faults = FaultInjector.from_env(cfg.run_dir, ctx.rank)
     torch.manual_seed(tr["seed"])
     model = build_model(cfg).to(ctx.device)
-    ddp = ctx.world_size > 1
-    if ddp:
-        model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+    layout = cfg.layout
+    if cfg.extra.get("engine", layout.get("engine", "native")) == "deepspeed":
+        from trainforge.trainer.parallel.deepspeed_engine import train_deepspeed
+
+        return train_deepspeed(cfg, ctx, model, events)
+    pm = parallelize(model, layout, world_size=ctx.world_size, rank=ctx.rank, device=ctx.device,
+                     local_batch=tr["global_batch_size"] // layout["dp"])
+    pm.precision_ctx = lambda: _autocast(tr["precision"], ctx.device)
     opt = tr["optimizer"]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
+    optimizer = torch.optim.AdamW(pm.model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
                                   weight_decay=opt["weight_decay"])
     store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
 
@@ -130,11 +138,11 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
     for bad_step, problems in skipped:
         events.emit("checkpoint_corrupt", step=bad_step, problems=problems)
     if ref is not None:
-        ckpt.load(ref, model, optimizer)
+        ckpt.load(ref, pm.model, optimizer)
         start = ref.step
     events.emit("segment_start", step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None)
 
-    feed = DataFeed(cfg, dp_rank=ctx.rank, dp_degree=ctx.world_size)
+    feed = DataFeed(cfg, dp_rank=pm.dp_rank, dp_degree=pm.dims.dp)
     total = cfg.total_steps
     end = total if cfg.segment_max_steps is None else min(total, start + cfg.segment_max_steps)
     sched = tr["lr_schedule"]
@@ -148,24 +156,12 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
-        n_micro = len(batches.inputs)
-        loss_sum = 0.0
-        for i, (x, y) in enumerate(zip(batches.inputs, batches.targets, strict=True)):
-            # Skip DDP's all-reduce on all but the last micro-batch: gradients accumulate locally.
-            sync = contextlib.nullcontext() if (not ddp or i == n_micro - 1) else model.no_sync()
-            with sync:
-                with _autocast(tr["precision"], ctx.device):
-                    logits = model(x.to(ctx.device))
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.to(ctx.device).flatten()) / n_micro
-                loss.backward()
-            loss_sum += float(loss.detach())
-        if tr.get("grad_clip"):
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"]))
-        else:
-            grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()
-                                                             if p.grad is not None]))
+        local_loss = pm.forward_backward([x.to(ctx.device) for x in batches.inputs],
+                                         [y.to(ctx.device) for y in batches.targets])
+        pm.finish_gradients()
+        grad_norm = pm.clip_grad_norm(tr.get("grad_clip"))
         optimizer.step()
-        last_loss = ctx.all_reduce_mean(loss_sum)
+        last_loss = pm.global_loss(local_loss)
         dt = time.perf_counter() - t0
         events.emit("metrics", step=step + 1, loss=last_loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
                     tokens_per_s=tokens_per_step / dt, samples_per_s=tr["global_batch_size"] / dt)
@@ -173,12 +169,12 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
             raise FloatingPointError(f"loss is {last_loss} at step {step + 1}")
         done = step + 1
         if done % cfg.checkpoint_interval == 0 or done == end:
-            blocked = ckpt.save(done, model, optimizer, _manifest_fields(cfg, ctx, done, last_loss))
+            blocked = ckpt.save(done, pm.model, optimizer, _manifest_fields(cfg, ctx, done, last_loss))
             events.emit("checkpoint_staged", step=done, blocked_s=blocked)
     ckpt.close()
     reason = "finished" if end == total else "segment_max_steps"
     events.emit("segment_end", step=end, reason=reason)
-    del model, optimizer
+    del pm, model, optimizer
     return {"step": end, "reason": reason, "loss": last_loss}
 
 
