@@ -27,4 +27,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as `python -m trainforge.cli`: the command modules registered on the importable module's app.
+    from trainforge.cli import main as _main
+
+    _main()

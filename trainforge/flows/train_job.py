@@ -19,6 +19,7 @@ from trainforge.events import read_events
 from trainforge.registry.jobs import JobRecord, JobStore, new_job_id
 from trainforge.spec import JobSpec
 from trainforge.tasks import prepare, steps
+from trainforge.tasks.checkpoints import CheckpointCorrupt
 from trainforge.tasks.provision import provision_gang, release_gang
 from trainforge.tasks.segment import SegmentCancelled, terminate_job
 
@@ -149,6 +150,10 @@ def _promote(spec: JobSpec, record: JobRecord, config_path: str, config: dict[st
     return model
 
 
+def _superseded(step: int, committed: dict[int, dict[str, Any]]) -> bool:
+    return any(other > step for other in committed)
+
+
 class _EventPump:
     """Tails events.jsonl: metrics -> MLflow, checkpoints -> commit + evaluate tasks, cancel requests -> stop."""
 
@@ -157,9 +162,10 @@ class _EventPump:
 
         self.spec, self.record, self.config_path, self.config, self.run_id = spec, record, config_path, config, run_id
         self.tracker = Tracker()
-        self.offset = 0
+        # A resumed job continues its events file: what earlier runs reported is already booked in the record.
+        self.offset = record.events_path.stat().st_size if record.events_path.is_file() else 0
         self.cancel = threading.Event()
-        self.committed: dict[int, dict[str, Any]] = {}
+        self.committed: dict[int, dict[str, Any]] = {int(k): v for k, v in record.data.get("checkpoints", {}).items()}
         self.futures: list[tuple[int, PrefectFuture[Any], PrefectFuture[Any]]] = []
         self._last_cancel_check = 0.0
         self.log = get_run_logger()
@@ -205,6 +211,16 @@ class _EventPump:
                     result = evaluation.result()
                     entry.update(result)
                     self.tracker.log_metrics(self.run_id, [(step, result)])
+            except CheckpointCorrupt as exc:
+                if _superseded(step, self.committed):
+                    # Retention removed it before its bookkeeping ran: newer checkpoints replace it.
+                    self.log.info("checkpoint %s was retired before its evaluation: %s", step, exc)
+                    self.committed.pop(step, None)
+                    continue
+                if raise_errors:
+                    raise
+                self.log.warning("checkpoint %s bookkeeping failed: %s", step, exc)
+                continue
             except Exception as exc:
                 if raise_errors:
                     raise

@@ -6,6 +6,7 @@ points it at a server. One experiment per team; one run per job, tagged with its
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -95,10 +96,8 @@ class Tracker:
                        alias: str | None = "candidate") -> str:
         from mlflow.exceptions import MlflowException
 
-        try:
+        with contextlib.suppress(MlflowException):  # exists already
             self.client.create_registered_model(name)
-        except MlflowException:
-            pass  # exists already
         version = self.client.create_model_version(name, source=source, run_id=run_id, tags=dict(tags))
         if alias:
             self.client.set_registered_model_alias(name, alias, version.version)

@@ -5,6 +5,7 @@ Evaluation and export run the trainer's offline module in a subprocess, so the f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -98,10 +99,8 @@ def checkpoint_metrics(store: ObjectStore, job_prefix: str) -> dict[int, dict[st
     out: dict[int, dict[str, float]] = {}
     for ref in list_committed(store, job_prefix):
         metrics = dict(ref.metrics)
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             metrics.update(json.loads(store.get_bytes(f"{ref.prefix}/{EVAL_FILE}")))
-        except (KeyError, ValueError):
-            pass
         out[ref.step] = metrics
     return out
 

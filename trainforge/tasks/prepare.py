@@ -46,11 +46,22 @@ def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
 
 
 def make_plan(spec: JobSpec, cluster: ClusterSpec | None = None) -> dict[str, Any]:
+    """The layout (the advisor's under `strategy: auto`) with the planner's predictions for it."""
+    from trainforge.plan.advisor import evaluate_layout
+    from trainforge.plan.resolve import plan_request
+
+    cluster = cluster or default_cluster()
     shape = shape_from_spec(spec.model, spec.name)
-    layout = resolve_layout(spec, shape, cluster or default_cluster())
+    layout = resolve_layout(spec, shape, cluster)
+    predicted = evaluate_layout(plan_request(spec, shape, cluster), layout)
+    step = predicted.step
     return {"layout": asdict(layout), "model": {"layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads,
             "kv_heads": shape.kv_heads, "ffn_hidden": shape.ffn_hidden, "vocab": shape.vocab},
-            "parameters": shape.total_params, "world_size": layout.world_size}
+            "parameters": shape.total_params, "world_size": layout.world_size,
+            "memory_per_gpu_bytes": predicted.memory.total_bytes,
+            "predicted": None if step is None else {"step_time_s": step.step_time_s, "mfu": step.mfu,
+                                                    "tokens_per_s": step.tokens_per_s,
+                                                    "bubble_fraction": step.bubble_fraction}}
 
 
 def check_dataset_fits(spec: JobSpec, dataset: dict[str, Any], plan: dict[str, Any]) -> None:
@@ -109,18 +120,16 @@ def worker_config(spec: JobSpec, job_id: str, run_dir: Path, base_dir: Path, dat
     )
 
 
-def auto_checkpoint_interval(spec: JobSpec, plan: dict[str, Any]) -> int:
-    """Young/Daly optimum sqrt(2 * write_cost * MTBF) converted to steps (write cost: checkpoint bytes over the
-    node's storage bandwidth; step time from the planner's model where it has one)."""
-    import math
+def auto_checkpoint_interval(spec: JobSpec, plan: dict[str, Any], cluster: ClusterSpec | None = None) -> int:
+    """Young/Daly optimum (trainforge.plan.checkpointing) in steps, from the checkpoint's write cost, the job's
+    nodes' MTBF and the planner's predicted step time. Async saves block only while staging (~10% of a write)."""
+    from trainforge.plan.checkpointing import plan_checkpoints
 
-    from trainforge.plan.cluster import default_cluster
-
-    cluster = default_cluster()
-    nodes = max(1, spec.resources.world_size // max(1, spec.resources.gpus_per_node))
-    mtbf_s = cluster.node_mtbf_hours * 3600 / nodes
-    ckpt_bytes = plan["parameters"] * 16  # bf16 weights + fp32 master + Adam moments (ZeRO accounting)
-    write_s = max(1.0, ckpt_bytes / 1e9)  # ~1 GB/s per node to staging
-    optimum_s = math.sqrt(2 * write_s * mtbf_s)
-    step_s = plan.get("step_time_s") or 1.0
-    return max(1, min(spec.training.total_steps, int(optimum_s / step_s)))
+    cluster = cluster or default_cluster()
+    shape = shape_from_spec(spec.model, spec.name)
+    nodes = max(1, spec.resources.world_size // max(1, min(spec.resources.gpus_per_node, spec.resources.world_size)))
+    step_s = (plan.get("predicted") or {}).get("step_time_s") or 1.0
+    result = plan_checkpoints(shape, nodes=nodes, node_mtbf_hours=cluster.node_mtbf_hours, step_time_s=step_s,
+                              precision=spec.training.precision.value,
+                              async_stall_fraction=0.1 if spec.checkpoint.async_save else 1.0)
+    return max(1, min(spec.training.total_steps, result.interval_steps))

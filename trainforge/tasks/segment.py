@@ -9,6 +9,7 @@ names the rank, the exception and the last lines of that rank's log, and says wh
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import threading
@@ -169,10 +170,8 @@ def _killed_rank(log_dir: Path) -> tuple[int | None, str | None]:
     for line in text.splitlines():
         line = line.strip()
         if line.startswith("rank") and ":" in line and rank is None:
-            try:
+            with contextlib.suppress(ValueError):
                 rank = int(line.split(":", 1)[1].split()[0])
-            except ValueError:
-                pass
         if ("exitcode" in line or "Signal" in line) and sig is None:
             sig = line
     return rank, sig

@@ -1,0 +1,5 @@
+"""`python -m trainforge` is the `trainforge` command."""
+
+from trainforge.cli import main
+
+main()
