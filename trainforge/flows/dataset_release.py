@@ -1,0 +1,100 @@
+"""The data team's release hook: build (or import) a dataset version, run its quality gate, tag it, record it.
+
+    from trainforge.flows.dataset_release import dataset_release
+    dataset_release(name="web", source="/data/crawl-2026-11", license="CC-BY-4.0", tag="2026-11")
+    dataset_release(name="web", import_ref="file:///data/prebuilt/v7", tag="v7")   # an already built version
+
+A version that fails its gate is published (content-addressed, with its report) but no branch or tag moves to it
+and the flow fails with the report, so jobs cannot pick it up. The tasks are thin wrappers over
+trainforge.datasets (kept next to the flow because they have no other user).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+
+class QualityGateFailed(RuntimeError):
+    pass
+
+
+@task(name="build-dataset-version", cache_policy=NO_CACHE)
+def build_version(name: str, source: str, license: str, seq_len: int, text_field: str, num_workers: int) -> str:
+    from trainforge.datasets.build import BuildConfig, build_dataset
+
+    cfg = BuildConfig(license=license, seq_len=seq_len, text_field=text_field, num_workers=num_workers)
+    return build_dataset(Path(source), name, cfg, ref=None).version
+
+
+@task(name="import-dataset-version", cache_policy=NO_CACHE)
+def import_version(name: str, import_ref: str) -> str:
+    """Copy an already built version (any resolvable reference) into the catalog, unchanged."""
+    from trainforge.datasets.catalog import EmbeddedCatalog
+    from trainforge.datasets.refs import resolve_reference
+    from trainforge.datasets.shards import ShardInfo
+
+    src = resolve_reference(import_ref)
+    m = src.manifest
+
+    def copy(folder: Path) -> list[ShardInfo]:
+        for s in m.shards:
+            shutil.copyfile(src.path / s.file, folder / s.file)
+        return list(m.shards)
+
+    return EmbeddedCatalog().commit(name, copy, sample_len=m.sample_len, token_dtype=m.token_dtype,
+                                    vocab_size=m.vocab_size, tokenizer=m.tokenizer, license=m.license,
+                                    provenance={**m.provenance, "imported_from": import_ref}, ref=None,
+                                    features=m.features).version
+
+
+@task(name="run-quality-gate", cache_policy=NO_CACHE)
+def run_quality_gate(name: str, version: str) -> dict[str, Any]:
+    from trainforge.datasets.catalog import EmbeddedCatalog
+    from trainforge.datasets.quality import run_gate
+
+    catalog = EmbeddedCatalog()
+    report = run_gate(catalog.resolve(name, version))
+    catalog.put_quality(name, version, report)
+    return report
+
+
+@task(name="tag-dataset-version", cache_policy=NO_CACHE)
+def publish_version(name: str, version: str, branch: str, tag: str | None) -> None:
+    from trainforge.datasets.catalog import EmbeddedCatalog
+
+    catalog = EmbeddedCatalog()
+    catalog.set_ref(name, branch, version)
+    if tag:
+        catalog.tag(name, tag, version)
+
+
+@flow(name="dataset-release", log_prints=False)
+def dataset_release(name: str, source: str | None = None, import_ref: str | None = None, license: str = "",
+                    tag: str | None = None, branch: str = "main", seq_len: int = 1024, text_field: str = "text",
+                    num_workers: int = 0) -> dict[str, Any]:
+    """Build `source` (or import `import_ref`) as a version of `name`, gate it, then move `branch` and tag it."""
+    logger = get_run_logger()
+    if (source is None) == (import_ref is None):
+        raise ValueError("give exactly one of source (to build) or import_ref (an already built version)")
+    if source is not None:
+        if not license:
+            raise ValueError("building from source needs license= (the data's SPDX license id)")
+        version = build_version(name, source, license, seq_len, text_field, num_workers)
+    else:
+        version = import_version(name, import_ref)
+    report = run_quality_gate(name, version)
+    if not report["passed"]:
+        raise QualityGateFailed(f"dataset {name} version {version[:12]} failed its quality gate:\n"
+                                + "\n".join(report["failures"]))
+    publish_version(name, version, branch, tag)
+    logger.info("released %s@%s = %s", name, tag or branch, version)
+    result = {"name": name, "version": version, "branch": branch, "tag": tag,
+              "ref": f"catalog://{name}@{tag or branch}", "quality": {"passed": True}}
+    logger.info(json.dumps(result))
+    return result
