@@ -40,7 +40,7 @@ def run_torchrun(nproc: int, module: str, args: list[str], *, timeout: float = 2
 
 
 def run_layout(tmp: Path, layout: dict[str, Any], *, steps: int = 4, model: dict[str, Any] | None = None,
-               global_batch: int = 8, seq_len: int = 16, **extra: Any) -> dict[str, Any]:
+               global_batch: int = 8, seq_len: int = 16, weights: bool = True, **extra: Any) -> dict[str, Any]:
     """Train `steps` steps under `layout`; returns losses, norms, kind and the merged full weights."""
     world = layout["dp"] * layout.get("tp", 1) * layout.get("pp", 1)
     out = tmp / f"run-{len(list(tmp.glob('run-*')))}"
@@ -50,10 +50,9 @@ def run_layout(tmp: Path, layout: dict[str, Any], *, steps: int = 4, model: dict
     (out / "cfg.json").write_text(json.dumps(cfg))
     run_torchrun(world, HARNESS, [str(out / "cfg.json")])
     result = json.loads((out / "result.json").read_text())
-    weights: dict[str, torch.Tensor] = {}
-    for r in range(world):
-        weights.update(torch.load(out / f"weights-{r}.pt"))
-    result["weights"] = weights
+    result["weights"] = {}
+    for r in range(world if weights else 0):
+        result["weights"].update(torch.load(out / f"weights-{r}.pt"))
     return result
 
 

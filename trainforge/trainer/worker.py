@@ -55,12 +55,39 @@ def write_failure(cfg: WorkerConfig, rank: int, exc: BaseException) -> None:
     (folder / f"segment-{attempt}-rank-{rank:05d}.json").write_text(json.dumps(report, indent=1))
 
 
+def run_script(cfg: WorkerConfig) -> None:
+    """Script mode: run the user's own script in this process with the framework's distributed environment.
+    The script initialises its own process group (torch env://, jax.distributed, TF_CONFIG)."""
+    import runpy
+
+    from trainforge.infra.launch import script_environment
+
+    code = cfg.extra.get("code", {})
+    script = Path(cfg.code_dir) / cfg.entrypoint
+    if not script.is_file():
+        from trainforge.trainer.loop import UserCodeError
+
+        raise UserCodeError(f"script-mode entrypoint {cfg.entrypoint!r} is not a file under {cfg.code_dir}")
+    os.environ.update(script_environment(code.get("framework", "pytorch"), dict(os.environ)))
+    os.environ["TRAINFORGE_RUN_DIR"] = cfg.run_dir
+    sys.argv = [str(script), *code.get("args", [])]
+    sys.path.insert(0, str(script.parent))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:  # sys.exit(0) from the script is success, anything else a failure
+        if exc.code not in (0, None):
+            raise
+
+
 def main() -> int:
     cfg = WorkerConfig.load(os.environ[ENV_VAR])
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     # Imported here so a broken torch install is reported like any other failure.
     try:
+        if cfg.extra.get("code", {}).get("mode") == "script":
+            run_script(cfg)
+            return 0
         from trainforge.trainer.distributed import DistContext, shutdown
         from trainforge.trainer.loop import train
 
