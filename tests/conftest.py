@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
-pytest_plugins: list[str] = ["tests.fixtures.s3", "tests.fixtures.prefect", "tests.fixtures.lakefs"]
+pytest_plugins: list[str] = ["tests.fixtures.s3", "tests.fixtures.prefect", "tests.fixtures.lakefs", "tests.fixtures.postgres"]
 
 
 @pytest.fixture(autouse=True)
