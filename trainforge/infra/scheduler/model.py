@@ -29,10 +29,13 @@ class Boost(IntEnum):
     NORMAL = 1
 
 
+_RANKS = {p.value: p.rank for p in Priority}
+
+
 def priority_rank(priority: str) -> int:
     try:
-        return Priority(priority).rank
-    except ValueError:
+        return _RANKS[priority]
+    except KeyError:
         names = ", ".join(p.value for p in Priority)
         raise ValueError(f"unknown priority {priority!r}; use one of {names}") from None
 
@@ -115,10 +118,10 @@ class Placement:
     assignments: tuple[tuple[int, tuple[int, ...]], ...]
     """(node index, GPU indices on that node), in rank order: ranks fill nodes in this order."""
     quality: PlacementQuality
+    num_gpus: int = field(init=False)
 
-    @property
-    def num_gpus(self) -> int:
-        return sum(len(g) for _, g in self.assignments)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_gpus", sum(len(g) for _, g in self.assignments))
 
     def node_indices(self) -> list[int]:
         return [n for n, _ in self.assignments]
@@ -141,7 +144,9 @@ class SchedulerConfig:
     """Jobs examined for backfill behind a blocked head, per GPU class and pass (Slurm's bf_max_job_test)."""
     lending: bool = True
     """Lend idle dedicated-pool GPUs to other teams as preemptible capacity."""
-    max_victims: int = 256
+    max_victims: int = 4096
+    room_retry_s: float = 30.0
+    """After failing to make room for a blocked head (not enough preemptible work), wait this long to retry."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -171,8 +176,8 @@ class Job:
     reason: str = "queued"
     num_preemptions: int = 0
     num_requeues: int = 0
-    room_epoch: int = -1
-    """Scheduler epoch at which making room for this job last failed (skip retrying until something changes)."""
+    room_retry_at: float = -math.inf
+    """Making room (shrink/preempt) for this job failed: do not retry before this time."""
 
     @property
     def job_id(self) -> str:

@@ -38,7 +38,7 @@ from trainforge.infra.scheduler.model import (
     Start,
     TeamPolicy,
 )
-from trainforge.infra.scheduler.placement import compute_quality, find_placement
+from trainforge.infra.scheduler.placement import compute_quality, find_placement, per_node_candidates
 from trainforge.infra.scheduler.state import ClusterState
 
 _DEFAULT_TEAM = TeamPolicy()
@@ -270,12 +270,13 @@ class Scheduler:
                 if req.floor_gpus > free:
                     job.reason = f"waiting behind {head.job_id} ({free} {cls} GPUs free, needs {req.floor_gpus})"
                     continue
+                if reservation is None:
+                    reservation = self._reserve(head, types, now)
             elif req.floor_gpus > free and job.planned is None and not self.ours:
                 job.reason = f"waiting for {req.floor_gpus} {cls} GPUs ({free} free)"
                 head = job
                 if not self.backfill:
                     return
-                reservation = self._reserve(job, types, now)
                 continue
             started = self._try_start(job, types, now, decisions, reservation)
             if started:
@@ -288,11 +289,8 @@ class Scheduler:
                 self._make_room(job, types, now, decisions)
             if not self.backfill:
                 return
-            reservation = self._reserve(job, types, now)
             if job.planned is None:
-                job.reason = (f"head of {cls} queue: needs {req.floor_gpus} GPUs, {free} free; reserved from "
-                              + ("t+%.0fs" % (reservation.shadow - now) if math.isfinite(reservation.shadow)
-                                 else "(no estimate)"))
+                job.reason = f"head of {cls} queue: needs {req.floor_gpus} GPUs, {free} free; GPUs reserved for it"
 
     def _ordered(self, cls: str) -> Iterator[Job]:
         by_rank = self._pending[cls]
@@ -386,7 +384,7 @@ class Scheduler:
 
     # -- room for a blocked head: shrink elastic jobs, then preempt ------------------------------------------
     def _make_room(self, job: Job, types: tuple[str, ...], now: float, decisions: list[Decision]) -> None:
-        if job.planned is not None or job.room_epoch == self._epoch:
+        if job.planned is not None or now < job.room_retry_at:
             return
         req = job.req
         types = tuple(self._quota_types(job, types, req.floor_gpus))
@@ -399,16 +397,16 @@ class Scheduler:
         victims = [v for t in types for v in (self.jobs[j] for j in self._running_on[t])
                    if v.state is JobState.RUNNING and (v.req.rank < req.rank or req.team in v.borrowed_from)]
         if not shrinkable and not victims:
-            job.room_epoch = self._epoch
+            job.room_retry_at = now + self.config.room_retry_s
             return
-        owner_pool = req.team in self.state.pools
-        clock = self.checkpoint_clock
-        victims.sort(key=lambda v: (0 if owner_pool and req.team in v.borrowed_from else 1, v.req.rank,
-                                    v.gpus * (now - (clock(v, now) if clock else v.last_checkpoint)), -v.seq))
-        victims = victims[: self.config.max_victims]
+        victims = self._victim_order(req, victims, types, now)[: self.config.max_victims]
 
         def fits() -> Placement | None:
             if sum(self.state.free_in(t, pools) for t in types) < req.floor_gpus:
+                return None
+            if not any(self.state.nodes_with_free(t, pools, g) >= req.floor_gpus // g for t in types
+                       for g in per_node_candidates(req.floor_gpus, req.tp, self.state.max_gpus_per_node[t],
+                                                    req.gpus_per_node)):
                 return None
             blocked = self._blocked(req.job_id)
             for tier in self._tiers(req.team):
@@ -433,6 +431,7 @@ class Scheduler:
             if plan is not None:
                 break
         chosen: list[Job] = []
+        released: list[Job] = []
         if plan is None:
             for v in victims:
                 for k, (e, _, removed) in enumerate(shrunk):
@@ -442,24 +441,20 @@ class Scheduler:
                         break
                 self.state.release(v.job_id, v.placement.node_indices())
                 chosen.append(v)
+                released.append(v)
                 plan = fits()
                 if plan is not None:
                     break
-            if plan is not None:  # prune: give back victims that turned out unnecessary, latest first
-                for v in reversed(chosen[:-1]):
-                    self.state.allocate(v.job_id, v.placement.assignments)
-                    again = fits()
-                    if again is None:
-                        self.state.release(v.job_id, v.placement.node_indices())
-                    else:
-                        chosen.remove(v)
-                        plan = again
-        for v in chosen:  # victims keep their GPUs through the grace period
+            if plan is not None:  # victims holding none of the planned GPUs were not needed
+                planned = {(n, g) for n, gpus in plan.assignments for g in gpus}
+                chosen = [v for v in chosen if any((n, g) in planned for n, gpus in v.placement.assignments
+                                                   for g in gpus)]
+        for v in released:  # victims keep their GPUs through the grace period; the others keep running
             self.state.allocate(v.job_id, v.placement.assignments)
         if plan is None:
             for e, _, removed in shrunk:
                 self.state.allocate(e.job_id, removed)
-            job.room_epoch = self._epoch
+            job.room_retry_at = now + self.config.room_retry_s
             return
         for e, new, _ in shrunk:
             self.stats["shrinks"] += 1
@@ -480,6 +475,37 @@ class Scheduler:
         job.reason = f"preempting {len(chosen)} job(s); they checkpoint then stop"
         for n in plan.node_indices():
             self._earmarked[n] = req.job_id
+
+    def _victim_order(self, req: JobRequest, victims: list[Job], types: tuple[str, ...], now: float) -> list[Job]:
+        """Least lost work first, node by node: jobs borrowing the requester's pool, then lower priority classes
+        (preemptible first), then the least work since their last checkpoint; nodes whose every job is a cheap
+        victim come first, so whole nodes (what gangs need) are freed with the fewest preemptions."""
+        owner_pool = req.team in self.state.pools
+        clock = self.checkpoint_clock
+
+        def key(v: Job) -> tuple[int, int, float]:
+            lost = v.gpus * (now - (clock(v, now) if clock else v.last_checkpoint))
+            return (0 if owner_pool and req.team in v.borrowed_from else 1, v.req.rank, lost)
+
+        keys = {v.job_id: key(v) for v in victims}
+        nodes = []
+        for t in types:
+            for node in self.state.nodes:
+                if node.gpu_type != t or not node.healthy or not node.jobs:
+                    continue
+                if all(j in keys for j in node.jobs):
+                    worst = max(keys[j] for j in node.jobs)
+                    nodes.append(((worst[0], worst[1]), sum(keys[j][2] for j in node.jobs), node.idx))
+        nodes.sort()
+        out: list[Job] = []
+        seen: set[str] = set()
+        for _, _, idx in nodes:
+            for j in sorted(self.state.nodes[idx].jobs, key=keys.__getitem__):
+                if j not in seen:
+                    seen.add(j)
+                    out.append(self.jobs[j])
+        out += sorted((v for v in victims if v.job_id not in seen), key=lambda v: keys[v.job_id])
+        return out
 
     def _shrunk(self, e: Job) -> Placement | None:
         pl = e.placement
