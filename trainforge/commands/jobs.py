@@ -192,13 +192,14 @@ def status(
 def checkpoints(
     job: str = typer.Argument(..., help="Job id or name."),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+    verify: bool = typer.Option(False, "--verify", help="Read back and hash every byte; quarantine corrupt ones."),
 ) -> None:
-    """List a job's committed checkpoints with their metrics (verified against their manifests)."""
+    """List a job's checkpoints: status (committed / in flight / quarantined), step, size, bytes written after
+    deduplication, metrics. Exits 1 when --verify finds a corrupt checkpoint."""
     from rich.table import Table
 
     from trainforge.registry.jobs import JobStore
-    from trainforge.registry.manifest import list_committed
-    from trainforge.tasks.checkpoints import checkpoint_metrics, job_store
+    from trainforge.tasks.checkpoints import checkpoint_status, job_store
 
     try:
         record = JobStore().get(job)
@@ -208,21 +209,26 @@ def checkpoints(
     if not config_path.is_file():
         fail(f"job {record.job_id} never started training: it has no checkpoints")
     config = json.loads(config_path.read_text())
-    store = job_store(config)
-    metrics = checkpoint_metrics(store, config["storage_prefix"])
-    refs = list_committed(store, config["storage_prefix"])
-    protected = set(record.data.get("protected_steps", []))
-    rows = [{"step": r.step, "prefix": r.prefix, "bytes": sum(f["bytes"] for f in r.files),
-             "protected": r.step in protected, **metrics.get(r.step, {})} for r in refs]
+    rows = checkpoint_status(job_store(config), config["storage_prefix"], set(record.data.get("protected_steps", [])),
+                             verify_files=verify)
+    corrupt = [r for r in rows if r.get("problems")]
     if as_json:
         print_json(rows)
-        return
-    table = Table("step", "train loss", "eval loss", "size", "protected", "prefix")
-    for row in rows:
-        table.add_row(str(row["step"]), f"{row.get('train_loss', float('nan')):.4f}",
-                      f"{row['eval_loss']:.4f}" if "eval_loss" in row else "-", f"{row['bytes'] / 1e6:.1f} MB",
-                      "yes" if row["protected"] else "", row["prefix"])
-    console.print(table)
+    else:
+        table = Table("step", "status", "train loss", "eval loss", "size", "written", "protected", "prefix")
+        for row in rows:
+            size = f"{row['bytes'] / 1e6:.1f} MB" if "bytes" in row else "-"
+            written = f"{row['bytes_written'] / 1e6:.1f} MB" if "bytes_written" in row else "-"
+            status = row["status"] + (" ✓" if row.get("verified") else "")
+            table.add_row(str(row["step"]), status,
+                          f"{row['train_loss']:.4f}" if isinstance(row.get("train_loss"), float) else "-",
+                          f"{row['eval_loss']:.4f}" if "eval_loss" in row else "-", size, written,
+                          "yes" if row["protected"] else "", row["prefix"])
+        console.print(table)
+        for row in corrupt:
+            err_console.print(f"step {row['step']} is corrupt (quarantined): {'; '.join(row['problems'])}")
+    if corrupt:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -13,6 +13,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from trainforge.infra.storage.base import ObjectNotFoundError, ObjectStore
@@ -67,42 +68,99 @@ def read_manifest(store: ObjectStore, prefix: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("format") == FORMAT else None
 
 
-def list_committed(store: ObjectStore, job_prefix: str) -> list[CheckpointRef]:
-    """Committed checkpoints (those with a readable manifest), oldest first. Folders without one are ignored."""
-    refs = []
+QUARANTINE = "quarantine.json"
+_QUARANTINE_KEY = re.compile(r"/checkpoints/step-(\d+)/quarantine\.json$")
+
+
+def _scan(store: ObjectStore, job_prefix: str) -> tuple[dict[int, str], set[int]]:
+    """Manifest keys by step, and the quarantined steps, from one listing of the checkpoints folder."""
+    manifests: dict[int, str] = {}
+    quarantined: set[int] = set()
     for key in store.list(checkpoints_prefix(job_prefix) + "/"):
-        m = _MANIFEST_KEY.search("/" + key)
-        if not m:
+        if m := _MANIFEST_KEY.search("/" + key):
+            manifests[int(m.group(1))] = key
+        elif m := _QUARANTINE_KEY.search("/" + key):
+            quarantined.add(int(m.group(1)))
+    return manifests, quarantined
+
+
+def list_committed(store: ObjectStore, job_prefix: str, *, include_quarantined: bool = False) -> list[CheckpointRef]:
+    """Committed checkpoints (those with a readable manifest), oldest first. Folders without one are ignored, and
+    so are quarantined ones (found corrupt) unless asked for."""
+    manifests, quarantined = _scan(store, job_prefix)
+    refs = []
+    for step, key in manifests.items():
+        if step in quarantined and not include_quarantined:
             continue
         prefix = key.rsplit("/", 1)[0]
         manifest = read_manifest(store, prefix)
         if manifest is not None:
-            refs.append(CheckpointRef(int(m.group(1)), prefix, manifest))
+            refs.append(CheckpointRef(step, prefix, manifest))
     return sorted(refs, key=lambda r: r.step)
 
 
+def quarantined_steps(store: ObjectStore, job_prefix: str) -> set[int]:
+    return _scan(store, job_prefix)[1]
+
+
+def quarantine(store: ObjectStore, ref: CheckpointRef, problems: list[str]) -> None:
+    """Mark a committed checkpoint corrupt: listings skip it from now on; the files stay for inspection until
+    retention collects them."""
+    import time
+
+    body = json.dumps({"step": ref.step, "problems": problems, "at": time.time()}).encode()
+    store.put_bytes(f"{ref.prefix}/{QUARANTINE}", body)
+    logger.warning("checkpoint step %d quarantined: %s", ref.step, "; ".join(problems))
+
+
 def verify(store: ObjectStore, ref: CheckpointRef) -> list[str]:
-    """Problems with a committed checkpoint's files (empty list = intact)."""
+    """Problems with a committed checkpoint's files (empty list = intact): every byte is read and hashed."""
+    from trainforge.registry.dedup import file_problem
+
+    return [p for f in ref.files if (p := file_problem(store, ref.prefix, f)) is not None]
+
+
+def materialize(store: ObjectStore, ref: CheckpointRef, folder: Path, names: set[str] | None = None) -> list[str]:
+    """Write the checkpoint's files (or those named) into a local folder, verifying each; the problems found.
+    Files already there with the right size and sha256 (a node-local staging copy) are not downloaded again."""
+    from trainforge.registry.dedup import file_problem
+
+    folder.mkdir(parents=True, exist_ok=True)
     problems = []
     for f in ref.files:
-        key = f"{ref.prefix}/{f['name']}"
-        try:
-            data = store.get_bytes(key)
-        except ObjectNotFoundError:
-            problems.append(f"{f['name']}: missing")
+        if names is not None and f["name"] not in names:
             continue
-        if len(data) != f["bytes"] or sha256_bytes(data) != f["sha256"]:
-            problems.append(f"{f['name']}: sha256 mismatch")
+        dest = folder / f["name"]
+        if dest.is_file() and dest.stat().st_size == f["bytes"] and sha256_file(dest) == f["sha256"]:
+            continue
+        if (p := file_problem(store, ref.prefix, f, dest)) is not None:
+            problems.append(p)
     return problems
 
 
-def latest_intact(store: ObjectStore, job_prefix: str) -> tuple[CheckpointRef | None, list[tuple[int, list[str]]]]:
-    """The newest committed checkpoint whose files verify, and the corrupt ones skipped on the way."""
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def latest_intact(store: ObjectStore, job_prefix: str, *, folder: Path | None = None,
+                  quarantine_corrupt: bool = True) -> tuple[CheckpointRef | None, list[tuple[int, list[str]]]]:
+    """The newest committed checkpoint whose files verify, and the corrupt ones skipped (and quarantined) on the
+    way. With `folder`, the verified files are also materialized there (one read of the bytes, not two)."""
     skipped: list[tuple[int, list[str]]] = []
     for ref in reversed(list_committed(store, job_prefix)):
-        problems = verify(store, ref)
+        problems = verify(store, ref) if folder is None else materialize(store, ref, folder / ref_dirname(ref))
         if not problems:
             return ref, skipped
         logger.warning("checkpoint step %d is corrupt, skipping it: %s", ref.step, "; ".join(problems))
+        if quarantine_corrupt:
+            quarantine(store, ref, problems)
         skipped.append((ref.step, problems))
     return None, skipped
+
+
+def ref_dirname(ref: CheckpointRef) -> str:
+    return f"step-{ref.step:0{STEP_WIDTH}d}"

@@ -10,11 +10,23 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from trainforge.infra.storage import LocalObjectStore, ObjectStore, open_store
-from trainforge.registry.manifest import CheckpointRef, list_committed, read_manifest, step_prefix, verify
+from trainforge.infra.storage import ObjectStore, open_store
+from trainforge.registry.dedup import chunks_prefix, referenced_chunks
+from trainforge.registry.manifest import (
+    CheckpointRef,
+    checkpoints_prefix,
+    list_committed,
+    materialize,
+    quarantine,
+    quarantined_steps,
+    read_manifest,
+    step_prefix,
+    verify,
+)
 from trainforge.registry.retention import RetentionPolicy, steps_to_keep
 from trainforge.spec import JobSpec
 
@@ -43,17 +55,22 @@ def commit_bookkeeping(config: dict[str, Any], step: int) -> dict[str, Any]:
     ref = committed_ref(store, config["storage_prefix"], step)
     problems = verify(store, ref)
     if problems:
-        raise CheckpointCorrupt(f"checkpoint step {step} is corrupt: {'; '.join(problems)}")
+        quarantine(store, ref, problems)
+        raise CheckpointCorrupt(f"checkpoint step {step} is corrupt (quarantined): {'; '.join(problems)}")
     size = sum(f["bytes"] for f in ref.files)
+    dedup = ref.manifest.get("dedup") or {}
     return {"step": step, "prefix": ref.prefix, "bytes": size, "files": len(ref.files),
+            "bytes_written": dedup.get("bytes_written", size),
             "train_loss": ref.metrics.get("train_loss"), "committed_at": ref.manifest.get("committed_at")}
 
 
 def _materialize(store: ObjectStore, ref: CheckpointRef, scratch: Path) -> Path:
-    if isinstance(store, LocalObjectStore):
-        return store.local_path(f"{ref.prefix}/manifest.json").parent
-    for f in ref.files:
-        store.get_file(f"{ref.prefix}/{f['name']}", scratch / f["name"])
+    """The checkpoint's files in a local folder (reassembled from its chunks, every sha256 checked): the offline
+    evaluation and export read DCP from there, whatever the store (local folder or S3)."""
+    problems = materialize(store, ref, scratch)
+    if problems:
+        quarantine(store, ref, problems)
+        raise CheckpointCorrupt(f"checkpoint step {ref.step} is corrupt (quarantined): {'; '.join(problems)}")
     return scratch
 
 
@@ -116,21 +133,110 @@ def policy_of(spec: JobSpec) -> RetentionPolicy:
     )
 
 
-def apply_retention(spec: JobSpec, config: dict[str, Any], protected: list[int]) -> list[int]:
-    """Delete checkpoints the policy does not keep; the manifest goes first so a half-deleted checkpoint is
-    never mistaken for a committed one. Returns the deleted steps."""
+GC_GRACE_S = 3600.0
+
+
+def apply_retention(spec: JobSpec, config: dict[str, Any], protected: list[int],
+                    grace_s: float = GC_GRACE_S) -> list[int]:
+    """Delete checkpoints the policy does not keep, then garbage-collect. Returns the deleted steps.
+
+    The manifest goes first, so a half-deleted checkpoint is never mistaken for a committed one. Never deleted:
+    the newest intact committed checkpoint (a running or retrying segment resumes from it), protected steps (the
+    registry references them), and anything younger than `grace_s` that no manifest references yet (an in-flight
+    save's chunks and folders)."""
     store = job_store(config)
-    metrics = checkpoint_metrics(store, config["storage_prefix"])
-    keep = steps_to_keep(policy_of(spec), metrics, protected)
+    return collect_garbage(store, config["storage_prefix"], policy_of(spec), protected, grace_s)
+
+
+def collect_garbage(store: ObjectStore, job_prefix: str, policy: RetentionPolicy, protected: list[int],
+                    grace_s: float = GC_GRACE_S, now: float | None = None) -> list[int]:
+    now = time.time() if now is None else now
+    metrics = checkpoint_metrics(store, job_prefix)  # intact (non-quarantined) committed checkpoints
+    keep = steps_to_keep(policy, metrics, protected)
     deleted = []
-    for ref in list_committed(store, config["storage_prefix"]):
-        if ref.step in keep:
+    committed = list_committed(store, job_prefix, include_quarantined=True)
+    bad = quarantined_steps(store, job_prefix)
+    for ref in committed:
+        if ref.step in keep or (ref.step in protected):
             continue
-        store.delete(f"{ref.prefix}/manifest.json")
-        for key in store.list(ref.prefix + "/"):
-            store.delete(key)
+        if ref.step not in bad and ref.step not in metrics:
+            continue  # defensive: only what the policy saw may go
+        _delete_checkpoint(store, ref.prefix)
         deleted.append(ref.step)
+    live = {r.step for r in committed} - set(deleted)
+    # Uncommitted leftovers (no manifest) older than the grace period: a crashed save's folder.
+    for key in store.list(checkpoints_prefix(job_prefix) + "/"):
+        step = _step_of(key)
+        if step is not None and step not in live and _age(store, key, now) > grace_s:
+            store.delete(key)
+    # Chunks no remaining manifest references, older than the grace period (an in-flight save's are young).
+    referenced = set()
+    for ref in list_committed(store, job_prefix, include_quarantined=True):
+        referenced |= referenced_chunks(ref.files)
+    for key in store.list(chunks_prefix(job_prefix) + "/"):
+        sha = key.rsplit("/", 1)[-1].split(".", 1)[0]
+        if sha not in referenced and _age(store, key, now) > grace_s:
+            store.delete(key)
     return deleted
+
+
+def _delete_checkpoint(store: ObjectStore, prefix: str) -> None:
+    store.delete(f"{prefix}/manifest.json")
+    for key in store.list(prefix + "/"):
+        store.delete(key)
+
+
+def _step_of(key: str) -> int | None:
+    from trainforge.infra.storage.layout import parse_checkpoint_step
+
+    return parse_checkpoint_step(key)
+
+
+def _age(store: ObjectStore, key: str, now: float) -> float:
+    """Seconds since the object was written; 0 (never collected) when the backend cannot say."""
+    try:
+        if hasattr(store, "local_path"):
+            return now - store.local_path(key).stat().st_mtime
+        if hasattr(store, "head"):
+            modified = store.head(key).get("LastModified")
+            if modified is not None:
+                return now - modified.timestamp()
+    except (OSError, KeyError):
+        return 0.0
+    return 0.0
+
+
+def checkpoint_status(store: ObjectStore, job_prefix: str, protected: set[int], verify_files: bool = False,
+                      ) -> list[dict[str, Any]]:
+    """Every checkpoint folder of the job: committed / quarantined / in flight (no manifest yet), with size,
+    bytes written after deduplication, step and metrics; `verify_files` reads and hashes every byte."""
+    metrics = checkpoint_metrics(store, job_prefix)
+    bad = quarantined_steps(store, job_prefix)
+    refs = {r.step: r for r in list_committed(store, job_prefix, include_quarantined=True)}
+    steps = set(refs)
+    for key in store.list(checkpoints_prefix(job_prefix) + "/"):
+        if (step := _step_of(key)) is not None:
+            steps.add(step)
+    rows = []
+    for step in sorted(steps):
+        ref = refs.get(step)
+        row: dict[str, Any] = {"step": step, "prefix": step_prefix(job_prefix, step), "protected": step in protected}
+        if ref is None:
+            row["status"] = "in flight"
+            rows.append(row)
+            continue
+        row["status"] = "quarantined" if step in bad else "committed"
+        row["bytes"] = sum(f["bytes"] for f in ref.files)
+        row["bytes_written"] = (ref.manifest.get("dedup") or {}).get("bytes_written", row["bytes"])
+        row.update(metrics.get(step, ref.metrics))
+        if verify_files and row["status"] == "committed":
+            problems = verify(store, ref)
+            row["verified"] = not problems
+            if problems:
+                quarantine(store, ref, problems)
+                row["status"], row["problems"] = "quarantined", problems
+        rows.append(row)
+    return rows
 
 
 def best_step(spec: JobSpec, metrics: dict[int, dict[str, float]]) -> int:

@@ -1,42 +1,63 @@
-"""Worker-side checkpoints: DCP save to node-local staging, upload and commit in the background, exact restore.
+"""Worker-side checkpoints: async DCP save (the loop blocks only for staging), replicate in memory, upload
+deduplicated chunks in the background, commit with the manifest last; verified, exact restore.
 
-Save (every rank): `torch.distributed.checkpoint` writes model + optimizer shards into the staging folder, and each
-rank writes its RNG state as safetensors. The loop blocks only for that local write. Rank 0 then uploads the files
-to the object store in a background thread and writes the manifest last (if-none-match), which is the commit.
-Restore: the newest committed checkpoint whose sha256s verify is read back (in place for a local store) with DCP;
-nothing is unpickled (DCP metadata aside, tensors come through DCP's reader and RNG through safetensors).
+Save, on every rank:
+1. `save()` waits for the previous save's local write (at most one in flight; the wait is counted as blocked),
+   then `dcp.async_save` on the checkpointer's own gloo group stages model + optimizer to CPU memory in a
+   background thread (DefaultStager); an optimizer pre-step hook waits for that staging before the weights
+   change (ENVIRONMENT.md DCP traps 1 and 3). Each rank writes its RNG state as safetensors.
+2. A background thread of DCP writes the staged state to the node-local staging folder.
+3. This checkpointer's upload thread then keeps the rank's shard in host memory with a copy on a peer
+   (checkpointing/replica.py), uploads the rank's files as content-addressed chunks (registry/dedup.py: chunks
+   the previous committed checkpoint already holds are not sent again), and gathers every rank's file list on
+   rank 0, which writes the manifest last with if-none-match: the commit.
+Restore: after an in-segment restart (torchrun --max-restarts) from the peers' memory; otherwise from the newest
+committed checkpoint whose chunks all verify (corrupt ones are quarantined and skipped), reusing the node-local
+staging copy when its sha256s match. Nothing is unpickled (checkpointing/safe_dcp.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from trainforge.infra.storage import LocalObjectStore, ObjectStore
-from trainforge.registry.manifest import CheckpointRef, latest_intact, step_prefix, write_manifest
+from trainforge.infra.storage import ObjectStore
+from trainforge.registry.dedup import ChunkWriter, UploadStats, default_codec, referenced_chunks
+from trainforge.registry.manifest import (
+    CheckpointRef,
+    latest_intact,
+    materialize,
+    step_prefix,
+    write_manifest,
+)
+from trainforge.trainer.checkpointing.replica import MemoryReplica, replica_root
+from trainforge.trainer.checkpointing.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 from trainforge.trainer.distributed import DistContext
 
 logger = logging.getLogger(__name__)
 
+METADATA = ".metadata"
+COMMIT_TIMEOUT_S = 1800.0  # uploads sit between the commit group's collectives
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
+
+class CheckpointCorruptError(RuntimeError):
+    pass
 
 
 def capture_rng() -> dict[str, torch.Tensor]:
@@ -52,89 +73,278 @@ def restore_rng(state: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state(state["torch_cuda"])
 
 
+def with_job_credentials(store: ObjectStore) -> ObjectStore:
+    """The job's own S3 identity when the platform handed one to the workers (TRAINFORGE_JOB_S3_ACCESS_KEY_ID /
+    TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY; in production rendered from `render_job_iam_policy`): the server then
+    refuses anything outside the job prefix, on top of the handle's own scope."""
+    key, secret = os.environ.get("TRAINFORGE_JOB_S3_ACCESS_KEY_ID"), os.environ.get("TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY")
+    if key and secret and hasattr(store, "with_credentials"):
+        return store.with_credentials(key, secret)
+    return store
+
+
+def _rank_files(rank: int) -> list[str]:
+    return [f"__{rank}_0.distcp", f"rng-rank{rank:05d}.safetensors", *([METADATA] if rank == 0 else [])]
+
+
 class Checkpointer:
     def __init__(self, ctx: DistContext, store: ObjectStore, job_prefix: str, staging_dir: Path,
-                 on_commit: Callable[[int, str, dict[str, Any]], None]):
+                 on_commit: Callable[[int, str, dict[str, Any]], None], *, async_save: bool = True,
+                 replicate: bool = True, compress: bool = False):
         self.ctx = ctx
-        self.store = store
+        self.store = with_job_credentials(store)
         self.job_prefix = job_prefix
         self.staging = staging_dir
         self.on_commit = on_commit
+        self.async_save = async_save
+        self.codec = default_codec(compress)
+        self.distributed = ctx.world_size > 1 and dist.is_initialized()
+        # Own groups (trap 1): DCP's background writes and the upload thread's collectives never share the
+        # default group with the training collectives, nor each other.
+        timeout = timedelta(seconds=COMMIT_TIMEOUT_S)
+        self._pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
+        self._pg_commit = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
+        self._stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                                    use_async_staging=True, use_non_blocking_copy=False))
+        self._staging: Future[None] | None = None
+        self._writing: Future[Any] | None = None
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-upload")
+        self._puts = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckpt-put")
         self._pending: list[Future[None]] = []
+        self._hooked: set[int] = set()
         self._lock = threading.Lock()
+        self._known: set[str] = set()  # chunks of the last committed checkpoint (safe to reference again)
+        self.stats: dict[str, Any] = {"staging_wait_s": 0.0, "inflight_wait_s": 0.0, "saves": [], "restored_from": None}
+        self._unreported_wait = 0.0
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+        self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.replica = (MemoryReplica(replica_root(job_prefix) / f"attempt-{os.environ.get('TRAINFORGE_SEGMENT_ATTEMPT', '0')}",
+                                      ctx.rank, ctx.world_size, local_world, self._pg_commit) if replicate else None)
+        if self.replica is not None and self.restart_count == 0 and ctx.local_rank == 0:
+            shutil.rmtree(replica_root(job_prefix), ignore_errors=True)  # a new gang: object storage is the truth
+        self._barrier()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self._pg_commit)
+
+    def _folder(self, step: int) -> Path:
+        return self.staging / f"step-{step:010d}"
+
+    def _hook(self, optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) in self._hooked:
+            return
+        self._hooked.add(id(optimizer))
+        optimizer.register_step_pre_hook(lambda *_: self._wait_staging())
+
+    def _wait_staging(self) -> None:
+        """Before the optimizer changes the weights, the previous save's CPU copy must be complete (trap 3)."""
+        fut, self._staging = self._staging, None
+        if fut is not None and not fut.done():
+            t0 = time.perf_counter()
+            fut.result()
+            waited = time.perf_counter() - t0
+            self.stats["staging_wait_s"] += waited
+            self._unreported_wait += waited
+        elif fut is not None:
+            fut.result()
 
     # ------------------------------------------------------------------ save
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              manifest_fields: dict[str, Any]) -> float:
-        """Write the checkpoint locally on every rank; commit it in the background. Returns seconds blocked."""
+        """Stage the checkpoint and return; it is written, replicated, uploaded and committed in the background.
+        Returns the seconds the loop was blocked: this call, plus the staging wait the optimizer hook counted
+        since the previous save."""
         t0 = time.perf_counter()
-        folder = self.staging / f"step-{step:010d}"
-        if self.ctx.is_main and folder.exists():
-            shutil.rmtree(folder)  # leftovers of an attempt that died before committing
-        self.ctx.barrier()
+        self._hook(optimizer)
+        self._wait_staging()
+        if self._writing is not None:  # at most one save in flight; the wait counts as blocked
+            t1 = time.perf_counter()
+            self._writing.result()
+            self.stats["inflight_wait_s"] += time.perf_counter() - t1
+        folder = self._folder(step)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in _rank_files(self.ctx.rank):  # leftovers of an attempt that died before committing
+            (folder / name).unlink(missing_ok=True)
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+        state = {"model": model_sd, "optim": optim_sd}
         save_file(capture_rng(), str(folder / f"rng-rank{self.ctx.rank:05d}.safetensors"))
-        self.ctx.barrier()  # every rank's files are on local disk
-        blocked = time.perf_counter() - t0
-        if self.ctx.is_main:
-            fut = self._uploader.submit(self._upload_and_commit, step, folder, manifest_fields)
-            self._pending.append(fut)
+        writer = FileSystemWriter(str(folder), single_file_per_rank=True, sync_files=False)
+        if self.async_save:
+            resp = dcp.async_save(state, storage_writer=writer, process_group=self._pg, async_stager=self._stager)
+            self._staging, self._writing = resp.staging_completion, resp.upload_completion
+        else:
+            dcp.save(state, storage_writer=writer, process_group=self._pg)
+            done: Future[Any] = Future()
+            done.set_result(None)
+            self._writing = done
+        writing = self._writing
+        self._pending.append(self._uploader.submit(self._replicate_upload_commit, step, folder, manifest_fields,
+                                                   writing))
+        blocked = time.perf_counter() - t0 + self._unreported_wait
+        self._unreported_wait = 0.0
+        self.stats["saves"].append({"step": step, "blocked_s": blocked})
         return blocked
 
-    def _upload_and_commit(self, step: int, folder: Path, fields: dict[str, Any]) -> None:
-        prefix = step_prefix(self.job_prefix, step)
-        files = []
-        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            name = path.relative_to(folder).as_posix()
-            self.store.put_file(f"{prefix}/{name}", path)
-            files.append({"name": name, "bytes": path.stat().st_size, "sha256": _sha256_file(path)})
-        manifest = {**fields, "step": step, "files": files, "committed_at": time.time()}
-        write_manifest(self.store, prefix, manifest)
-        shutil.rmtree(folder, ignore_errors=True)
-        self.on_commit(step, prefix, manifest)
+    def _replicate_upload_commit(self, step: int, folder: Path, fields: dict[str, Any], writing: Future[Any]) -> None:
+        entries: list[dict[str, Any]] = []
+        stats = UploadStats()
+        error = None
+        try:
+            writing.result()  # this rank's files are on local disk (DCP's finish step ran on every rank)
+            names = [n for n in _rank_files(self.ctx.rank) if (folder / n).is_file()]
+            if self.replica is not None:
+                self.replica.put(step, {n: (folder / n).read_bytes() for n in names})
+            entries = self._upload(folder, names, stats)
+        except Exception as exc:  # every rank still joins the gather, so no peer hangs
+            logger.exception("checkpoint step %d: background save failed on rank %d", step, self.ctx.rank)
+            error = f"rank {self.ctx.rank}: {type(exc).__name__}: {exc}"
+        parts = self._gather((entries, error, stats.__dict__))
+        committed = False
+        if self.ctx.is_main:
+            errors = [e for _, e, _ in parts if e]
+            if not errors:
+                total = UploadStats()
+                for _, _, s in parts:
+                    total.add(UploadStats(**s))
+                files = sorted((f for fs, _, _ in parts for f in fs), key=lambda f: f["name"])
+                manifest = {**fields, "step": step, "files": files, "committed_at": time.time(),
+                            "dedup": total.__dict__, "codec": self.codec}
+                prefix = step_prefix(self.job_prefix, step)
+                write_manifest(self.store, prefix, manifest)
+                committed = True
+        committed = self._broadcast(committed)
+        if committed:
+            self._known = referenced_chunks(entries)
+            self._prune_staging(keep=step)
+            if self.ctx.is_main:
+                self.on_commit(step, step_prefix(self.job_prefix, step), manifest)
+        else:
+            self._known = set()
+            raise RuntimeError(f"checkpoint step {step} was not committed: {errors if self.ctx.is_main else error}")
+
+    def _upload(self, folder: Path, names: list[str], stats: UploadStats) -> list[dict[str, Any]]:
+        futures: list[Future[None]] = []
+        writer = ChunkWriter(self.store, self.job_prefix, self.codec, known=set(self._known),
+                             put=lambda key, body: futures.append(self._puts.submit(self.store.put_bytes, key, body)))
+        entries = [writer.write_file(folder / n, n, stats) for n in names]
+        for f in futures:
+            f.result()
+        return entries
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(out, obj, group=self._pg_commit)
+        return out
+
+    def _broadcast(self, value: Any) -> Any:
+        if not self.distributed:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self._pg_commit)
+        return box[0]
+
+    def _prune_staging(self, keep: int) -> None:
+        """Keep the newest committed step on local disk (fast restarts on this node); drop older ones."""
+        if self.ctx.local_rank != 0:
+            return
+        for old in self.staging.glob("step-*"):
+            try:
+                if int(old.name.removeprefix("step-")) < keep:
+                    shutil.rmtree(old, ignore_errors=True)
+            except ValueError:
+                continue
 
     def wait(self) -> None:
         """Block until every background commit finished; re-raise the first failure."""
-        for fut in self._pending:
-            fut.result()
-        self._pending.clear()
+        self._wait_staging()
+        try:
+            for fut in self._pending:
+                fut.result()
+        finally:
+            self._pending.clear()
 
     def close(self) -> None:
-        self.wait()
-        self._uploader.shutdown(wait=True)
+        try:
+            self.wait()
+        finally:
+            self._uploader.shutdown(wait=True)
+            self._puts.shutdown(wait=True)
+            self._stager.close()
+            if self.replica is not None:
+                self.replica.clear()
 
     # --------------------------------------------------------------- restore
 
     def latest(self) -> tuple[CheckpointRef | None, list[tuple[int, list[str]]]]:
-        return latest_intact(self.store, self.job_prefix)
+        """The checkpoint to resume from, and the corrupt committed ones skipped (and quarantined) on the way."""
+        if self.replica is not None and self.restart_count > 0:
+            ref = self._from_memory()
+            if ref is not None:
+                return ref, []
+        found: tuple[CheckpointRef | None, list[tuple[int, list[str]]]] = (None, [])
+        if self.ctx.is_main:  # one rank reads and verifies every byte, into this node's staging folder
+            found = latest_intact(self.store, self.job_prefix, folder=self.staging)
+        ref, skipped = self._broadcast(found)
+        if ref is not None:
+            self.stats["restored_from"] = "object_store"
+        return ref, skipped
+
+    def _from_memory(self) -> CheckpointRef | None:
+        assert self.replica is not None
+        step, holders = self.replica.newest_complete()
+        if step is None:
+            return None
+        folder = self.staging / "memory" / f"step-{step:010d}"
+        if self.ctx.local_rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+
+        def write(files: dict[str, bytes]) -> None:
+            if self.ctx.local_rank == 0:
+                for name, data in files.items():
+                    (folder / name).write_bytes(data)
+
+        self._barrier()
+        self.replica.fetch_all(step, holders, write)
+        self._barrier()
+        self.stats["restored_from"] = "memory"
+        logger.info("restoring step %d from in-memory replicas (restart %d)", step, self.restart_count)
+        return CheckpointRef(step, step_prefix(self.job_prefix, step),
+                             {"step": step, "source": "memory", "folder": str(folder), "files": []})
 
     def load(self, ref: CheckpointRef, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        folder = self._readable_folder(ref)
+        t0 = time.perf_counter()
+        if ref.manifest.get("source") == "memory":
+            folder = Path(ref.manifest["folder"])
+        else:
+            folder = self.staging / f"step-{ref.step:010d}"
+            if self.ctx.local_rank == 0 and not self.ctx.is_main:  # other nodes: rank 0 filled only its own
+                problems = materialize(self.store, ref, folder)
+                if problems:
+                    raise CheckpointCorruptError(f"checkpoint step {ref.step}: {'; '.join(problems)}")
+            self._barrier()
+            self._known = referenced_chunks(ref.files)
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(folder))
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeLoadPlanner(),
+                 process_group=self._pg)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rng_file = folder / f"rng-rank{self.ctx.rank:05d}.safetensors"
         if rng_file.is_file():
             restore_rng(load_file(str(rng_file)))
-
-    def _readable_folder(self, ref: CheckpointRef) -> Path:
-        if isinstance(self.store, LocalObjectStore):
-            return self.store.local_path(f"{ref.prefix}/manifest.json").parent
-        folder = self.staging / "restore" / f"step-{ref.step:010d}"
-        if self.ctx.is_main:
-            for f in ref.files:
-                self.store.get_file(f"{ref.prefix}/{f['name']}", folder / f["name"])
-        self.ctx.barrier()
-        return folder
+        self.stats["restore_s"] = time.perf_counter() - t0
 
 
 def load_model_weights(folder: Path, model: torch.nn.Module) -> None:
-    """Single-process read of a checkpoint's model weights (evaluation, export): no process group needed."""
+    """Single-process read of a checkpoint's model weights (evaluation, export): no process group needed.
+    Works for any layout it was saved under (DDP, FSDP shards, TP): DCP reassembles the full tensors."""
     sd = model.state_dict()
     state = {"model": sd}
-    dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+    dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeLoadPlanner(), no_dist=True)
     model.load_state_dict(state["model"])

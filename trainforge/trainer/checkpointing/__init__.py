@@ -1,0 +1,1 @@
+"""Checkpoint internals: safe DCP reading, in-memory replicas."""
