@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 from trainforge.infra.scheduler.model import (
     ANY_GPU,
@@ -81,6 +81,7 @@ class Scheduler:
         self._elastic: set[str] = set()
         self._running_on: dict[str, set[str]] = {t: set() for t in state.gpu_types}
         self._epoch = 0  # bumped whenever GPUs are taken or given back
+        self._earmarked_free: dict[str, int] = dict.fromkeys(state.gpu_types, 0)
         self.checkpoint_clock: Callable[[Job, float], float] | None = None
         """Optional: when a job last checkpointed (the simulator computes it instead of sending events)."""
         self.stats = {"preemptions": 0, "kills": 0, "shrinks": 0, "grows": 0, "requeues": 0, "replacements": 0}
@@ -124,10 +125,9 @@ class Scheduler:
             return []
         return [t for t in types if self.held(job.req.team, t) + gpus <= quota.get(t, math.inf)]
 
-    def _blocked(self, job_id: str) -> set[int] | frozenset[int]:
-        if not self._earmarked:
-            return frozenset()
-        return {n for n, j in self._earmarked.items() if j != job_id}
+    def _blocked(self, job_id: str) -> Collection[int]:
+        """Nodes earmarked for other jobs' preemption plans (a job's own plan is taken before it places anew)."""
+        return self._earmarked.keys() if self._earmarked else frozenset()
 
     # -- events -------------------------------------------------------------------------------------------
     def submit(self, req: JobRequest, now: float) -> Job:
@@ -246,6 +246,10 @@ class Scheduler:
             self.stats["kills"] += 1
             self.stopped(job_id, now)
             decisions.append(Kill(job_id))
+        for job_id in sorted(set(self._earmarked.values()), key=lambda j: self.jobs[j].seq):
+            job = self.jobs[job_id]  # preemption plans whose victims have all stopped start first
+            if not job.waiting_on:
+                self._try_start(job, self.class_types(job.req.gpu_type), now, decisions, None)
         classes = [c for c, n in self._pending_count.items() if n]
         classes.sort(key=lambda c: -max(r for r, teams in self._pending[c].items() if any(teams.values())))
         for cls in classes:
@@ -257,7 +261,12 @@ class Scheduler:
     def _pass(self, cls: str, now: float, decisions: list[Decision]) -> None:
         types = self.class_types(cls)
         pools = self.state.pools
-        free = sum(self.state.free_in(t, pools) for t in types)
+        nodes = self.state.nodes
+        self._earmarked_free = dict.fromkeys(self.state.gpu_types, 0)
+        for n in self._earmarked:  # free GPUs kept for preemption plans: not free for anyone else
+            if nodes[n].healthy:
+                self._earmarked_free[nodes[n].gpu_type] += nodes[n].free
+        free = sum(self.state.free_in(t, pools) - self._earmarked_free[t] for t in types)
         head: Job | None = None
         reservation: _Reservation | None = None
         scanned = 0
@@ -280,7 +289,7 @@ class Scheduler:
                 continue
             started = self._try_start(job, types, now, decisions, reservation)
             if started:
-                free = sum(self.state.free_in(t, pools) for t in types)
+                free = sum(self.state.free_in(t, pools) - self._earmarked_free[t] for t in types)
                 continue
             if job.reason.startswith("quota") or head is not None:
                 continue
@@ -357,7 +366,7 @@ class Scheduler:
             for tier in self._tiers(req.team):
                 order = sorted(allowed, key=lambda t, tier=tier: self.state.free_in(t, tier))
                 for t in order:
-                    if self.state.free_in(t, tier) < size:
+                    if self.state.free_in(t, tier) - self._earmarked_free[t] < size:
                         continue
                     pl = find_placement(self.state, t, size, tp=req.tp, pp=req.pp, gpus_per_node=req.gpus_per_node,
                                         pools=tier, blocked=blocked)
