@@ -533,6 +533,9 @@ class JobSpec(_Model):
     """Plain (non-secret) environment variables for the workers."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Free-form labels recorded with the run (project, experiment, ...)."""
+    init_from: str | None = Field(default=None, max_length=512)
+    """Fine-tune from this model version (`models:/team.name/3`) or committed checkpoint (`JOB@STEP`). Recorded in
+    lineage as fine-tuned-from (a quarantined parent is refused); the trainer's weight loading is separate."""
 
     @field_validator("env")
     @classmethod

@@ -17,6 +17,8 @@ from prefect.futures import PrefectFuture
 
 from trainforge.events import read_events
 from trainforge.registry.jobs import JobRecord, JobStore, new_job_id
+from trainforge.registry.lineage import LineageStore, parse_target
+from trainforge.registry.secrets import job_access_policy, redact, resolve_secrets
 from trainforge.spec import JobSpec
 from trainforge.tasks import prepare, steps
 from trainforge.tasks.checkpoints import CheckpointCorrupt
@@ -34,6 +36,9 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
     default); `resume=True` continues an existing job from its last committed checkpoint."""
     log = get_run_logger()
     jobspec = steps.validate(spec, source, base_dir)  # a bad spec fails here: nothing created, nothing started
+    resolve_secrets(jobspec.secrets)  # a missing secret fails here too; the values are registered for redaction
+    if jobspec.init_from:  # the parent must be in lineage and not quarantined
+        LineageStore().check_usable(parse_target(jobspec.init_from), must_exist=True)
     dataset = steps.resolve_dataset(jobspec, base_dir)
     for warning in dataset.get("warnings", []):
         log.warning(warning)
@@ -46,7 +51,11 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
     lineage = _lineage(jobspec, dataset, config.code_commit, record.job_id)
     run_id = record.data.get("mlflow_run_id") or _start_tracking(jobspec, record, plan, dataset, lineage)
     record.update(dataset=dataset, plan=plan, mlflow_run_id=run_id, code_commit=config.code_commit,
-                  config_hash=jobspec.config_hash(), flow_run_id=_flow_run_id(), state="running")
+                  config_hash=jobspec.config_hash(), flow_run_id=_flow_run_id(), state="running",
+                  iam=job_access_policy(config.storage_url, jobspec.team, record.job_id))
+    LineageStore().record_job(record.job_id, team=jobspec.team, dataset=dataset, code_commit=config.code_commit,
+                              config_hash=jobspec.config_hash(), mlflow_run_id=run_id,
+                              fine_tuned_from=parse_target(jobspec.init_from) if jobspec.init_from else None)
     log.info("job %s: dataset %s@%s (%s), layout %s", record.job_id, dataset["name"], dataset["version"][:12],
              dataset["license"], plan["layout"])
     allocation = provision_gang(record.job_id, jobspec)
@@ -67,7 +76,7 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
         cancelled = isinstance(exc, SegmentCancelled | KeyboardInterrupt)
         terminate_job(record.job_id)
         pump.drain(raise_errors=False)
-        record.update(state="cancelled" if cancelled else "failed", error=str(exc)[-4000:])
+        record.update(state="cancelled" if cancelled else "failed", error=redact(str(exc))[-4000:])
         _end_tracking(run_id, "KILLED" if cancelled else "FAILED")
         raise
     finally:
@@ -184,6 +193,7 @@ class _EventPump:
                 self.log.warning("skipped corrupt checkpoint step %s: %s", ev["step"], ev.get("problems"))
             elif kind == "segment_start" and ev.get("resumed_from") is not None:
                 self.log.info("segment resumed from committed checkpoint step %s", ev["resumed_from"])
+                LineageStore().record_resume(self.record.job_id, ev["resumed_from"])
         if rows:
             self.tracker.log_metrics(self.run_id, rows)
         self._collect(block=False)

@@ -293,6 +293,7 @@ class LineageStore:
             self._edge(conn, node, "trained-on", ds)
             if fine_tuned_from:
                 self._require(conn, fine_tuned_from)
+                self.check_usable(fine_tuned_from)
                 self._edge(conn, node, "fine-tuned-from", fine_tuned_from)
         return node
 
@@ -430,12 +431,16 @@ class LineageStore:
                 conn.execute(update(nodes).where(nodes.c.id == node_id).values(status="quarantined"))
                 _audit(conn, node_id, "quarantined", who, why)
 
-    def check_usable(self, target: str) -> None:
-        """Raise QuarantinedError if the node, or anything it was trained from, is quarantined or withdrawn."""
+    def check_usable(self, target: str, must_exist: bool = False) -> None:
+        """Raise QuarantinedError if the node, or anything it was trained from, is quarantined or withdrawn
+        (LookupError if `must_exist` and lineage has never seen it)."""
         node_id = parse_target(target)
         with self.engine.connect() as conn:
             row = conn.execute(select(nodes).where(nodes.c.id == node_id)).first()
         if row is None:
+            if must_exist:
+                raise LookupError(f"lineage has no {node_id!r}: a job can only start from a checkpoint or model "
+                                  "version the platform trained or registered")
             return  # never recorded: nothing is known against it
         blocked = [n for n in [_node(row), *self._closure([node_id], upstream=True)]
                    if n.status in ("quarantined", "withdrawn")]

@@ -224,3 +224,15 @@ def redact_file(src: Path, dst: Path) -> bool:
     clean = redact_bytes(data)
     dst.write_bytes(clean)
     return clean != data
+
+
+def job_access_policy(storage_url: str, team: str, job_id: str) -> dict[str, Any]:
+    """The per-job IAM policy production attaches to the job's short-lived credentials (S3 prefix of the job
+    only), rendered for the job record. For a local store, the policy the same layout would get in a bucket."""
+    from trainforge.infra.storage.iam import render_job_iam_policy
+
+    if storage_url.startswith("s3://"):
+        bucket, _, root = storage_url.removeprefix("s3://").partition("/")
+    else:
+        bucket, root = "BUCKET", ""
+    return {"storage_url": storage_url, "policy": render_job_iam_policy(bucket, team, job_id, root=root)}

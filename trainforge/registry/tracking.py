@@ -61,10 +61,13 @@ class Tracker:
             return exp.experiment_id
 
     def start_run(self, team: str, job_id: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
-        run = self.client.create_run(self.experiment_id(team), run_name=job_id, tags=dict(tags))
         from mlflow.entities import Param
 
-        flat = flatten(params)
+        from trainforge.registry.secrets import redact_obj
+
+        # Defence in depth: params hold secret names only, but a value registered as a secret never gets out.
+        run = self.client.create_run(self.experiment_id(team), run_name=job_id, tags=redact_obj(dict(tags)))
+        flat = redact_obj(flatten(params))
         items = [Param(k, v) for k, v in sorted(flat.items())]
         for i in range(0, len(items), 100):
             self.client.log_batch(run.info.run_id, params=items[i : i + 100])
@@ -80,11 +83,19 @@ class Tracker:
             self.client.log_batch(run_id, metrics=metrics[i : i + 900])
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        from trainforge.registry.secrets import redact
+
         for k, v in tags.items():
-            self.client.set_tag(run_id, k, v)
+            self.client.set_tag(run_id, k, redact(str(v)))
 
     def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def log_artifacts(self, run_id: str, folder: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifacts(run_id, str(folder), artifact_path)
+
+    def list_artifacts(self, run_id: str, path: str | None = None) -> list[str]:
+        return [f.path for f in self.client.list_artifacts(run_id, path)]
 
     def end_run(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status=status)
@@ -98,10 +109,38 @@ class Tracker:
 
         with contextlib.suppress(MlflowException):  # exists already
             self.client.create_registered_model(name)
-        version = self.client.create_model_version(name, source=source, run_id=run_id, tags=dict(tags))
+        from trainforge.registry.secrets import redact_obj
+
+        version = self.client.create_model_version(name, source=source, run_id=run_id, tags=redact_obj(dict(tags)))
         if alias:
             self.client.set_registered_model_alias(name, alias, version.version)
         return str(version.version)
 
     def model_version(self, name: str, version: str) -> Any:
         return self.client.get_model_version(name, version)
+
+    def set_alias(self, name: str, alias: str, version: str) -> None:
+        """Point `alias` (champion, candidate, ...) at a version; it moves off whichever version held it."""
+        self.client.set_registered_model_alias(name, alias, str(version))
+
+    def version_by_alias(self, name: str, alias: str) -> Any:
+        return self.client.get_model_version_by_alias(name, alias)
+
+    def aliases(self, name: str) -> dict[str, str]:
+        return {a: str(v) for a, v in (self.client.get_registered_model(name).aliases or {}).items()}
+
+    def set_version_tags(self, name: str, version: str, tags: Mapping[str, str]) -> None:
+        for k, v in tags.items():
+            self.client.set_model_version_tag(name, str(version), k, str(v))
+
+    def transition_stage(self, name: str, version: str, stage: str, archive_existing: bool = False) -> str:
+        """MLflow's stage (None/Staging/Production/Archived). Deprecated upstream since 2.9 in favour of aliases
+        but still served by MLflow 3 and shown in its UI; recorded as the `trainforge.stage` tag as well."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mv = self.client.transition_model_version_stage(name, str(version), stage,
+                                                            archive_existing_versions=archive_existing)
+        self.client.set_model_version_tag(name, str(version), "trainforge.stage", mv.current_stage)
+        return str(mv.current_stage)

@@ -57,14 +57,21 @@ def train_segment(record: JobRecord, config_path: str, config: WorkerConfig, npr
                   cancel: threading.Event) -> SegmentResult:
     # Re-read the record: a retry must see the segments the failed attempt appended.
     from trainforge.registry.jobs import JobStore
+    from trainforge.registry.secrets import resolve_secrets
 
     fresh = JobStore(record.folder.parent).get(record.job_id)
-    return run_segment(fresh, Path(config_path), config, nproc=nproc, max_restarts=max_restarts, cancel=cancel)
+    secrets = resolve_secrets(fresh.data.get("spec", {}).get("secrets", []))  # into the workers' env only
+    return run_segment(fresh, Path(config_path), config, nproc=nproc, max_restarts=max_restarts, cancel=cancel,
+                       extra_env=secrets)
 
 
 @task(name="commit-checkpoint", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
 def commit_checkpoint(config: dict[str, Any], step: int) -> dict[str, Any]:
-    return ckpt.commit_bookkeeping(config, step)
+    from trainforge.registry.lineage import LineageStore
+
+    entry = ckpt.commit_bookkeeping(config, step)
+    LineageStore().record_checkpoint(config["job_id"], step, team=config["team"], attrs={"prefix": entry["prefix"]})
+    return entry
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
@@ -91,5 +98,9 @@ def promote(spec: JobSpec, record_folder: str, config_path: str, config: dict[st
     tags = {**lineage, "trainforge.step": str(step), **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()
                                                           if isinstance(v, int | float)}}
     version = tracker.register_model(name, tracker.artifact_uri(run_id, "model"), run_id, tags)
+    from trainforge.registry.jobs import JobStore
+    from trainforge.registry.promotion import after_register
+
+    after_register(JobStore(Path(record_folder).parent).get(Path(record_folder).name), step, name, version, run_id)
     return {"model_name": name, "version": version, "step": step, "path": str(out / "model.safetensors"),
             "parameters": exported["parameters"], "promoted_at": time.time()}

@@ -1,0 +1,165 @@
+"""`trainforge promote | model alias | model stage | lineage ...`: the model registry and the lineage queries.
+
+  trainforge promote JOB --step N | --best [--alias candidate|champion|none] [--stage Staging]
+  trainforge model alias NAME VERSION champion          trainforge model stage NAME VERSION Production
+  trainforge lineage datasets-of MODEL                  (models:/team.name/3, team.name/3, JOB@STEP, JOB)
+  trainforge lineage trained-on DATASET[@VERSION] [--file PATH|PREFIX/|GLOB]
+  trainforge lineage license CLASS|SPDX|GLOB            (non-commercial, copyleft, CC-BY-NC*, MIT, ...)
+  trainforge lineage withdraw DATASET@VERSION --why TEXT [--quarantine] [--who NAME]
+Every query prints a table, or JSON with --json.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from trainforge.cli import app
+from trainforge.commands.common import console, fail, print_json
+
+model_app = typer.Typer(help="Model registry: aliases and stages of registered model versions.",
+                        no_args_is_help=True)
+lineage_app = typer.Typer(help="Lineage for legal: what was trained on what, licenses, withdrawals.",
+                          no_args_is_help=True)
+app.add_typer(model_app, name="model")
+app.add_typer(lineage_app, name="lineage")
+
+
+@app.command()
+def promote(
+    job: str = typer.Argument(..., help="Job id (or name, when it has one submission)."),
+    step: int | None = typer.Option(None, help="Promote this committed checkpoint step."),
+    best: bool = typer.Option(False, "--best", help="Promote the best checkpoint (keep_best metric, else newest)."),
+    alias: str = typer.Option("candidate", help="Alias for the new version: candidate, champion or none."),
+    stage: str | None = typer.Option(None, help="MLflow stage: Staging, Production, Archived."),
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+) -> None:
+    """Register a committed checkpoint of a job as a model version (safetensors + config + lineage metadata);
+    the checkpoint is protected from retention afterwards."""
+    from trainforge.registry.lineage import QuarantinedError
+    from trainforge.registry.promotion import promote as do_promote
+
+    try:
+        result = do_promote(job, step=step, best=best, alias=None if alias == "none" else alias, stage=stage)
+    except (LookupError, ValueError, QuarantinedError) as exc:
+        fail(str(exc))
+    if as_json:
+        print_json(result)
+        return
+    console.print(f"[green]✓[/] {result['model_name']} v{result['version']} from step {result['step']} "
+                  f"(alias {result['alias'] or '-'}, stage {result['stage'] or '-'})")
+    console.print(f"  safetensors : {result['path']}")
+    console.print(f"  protected   : steps {result['protected_steps']}")
+
+
+@model_app.command("alias")
+def model_alias(name: str, version: str, alias: str) -> None:
+    """Point an alias (champion, candidate) at a model version."""
+    from trainforge.registry.lineage import QuarantinedError
+    from trainforge.registry.promotion import set_alias
+
+    try:
+        set_alias(name, version, alias)
+    except (ValueError, QuarantinedError) as exc:
+        fail(str(exc))
+    console.print(f"[green]✓[/] {name}@{alias} -> v{version}")
+
+
+@model_app.command("stage")
+def model_stage(name: str, version: str, stage: str) -> None:
+    """Move a model version to an MLflow stage (None, Staging, Production, Archived)."""
+    from trainforge.registry.lineage import QuarantinedError
+    from trainforge.registry.promotion import transition_stage
+
+    try:
+        new = transition_stage(name, version, stage)
+    except (ValueError, QuarantinedError) as exc:
+        fail(str(exc))
+    console.print(f"[green]✓[/] {name} v{version} -> {new}")
+
+
+def _table(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(*columns, title=title)
+    for row in rows:
+        table.add_row(*(escape(str(row.get(c, ""))) for c in columns))
+    console.print(table)
+
+
+def _split(dataset: str) -> tuple[str | None, str | None]:
+    name, _, version = dataset.partition("@")
+    return name or None, version or None
+
+
+def _emit(result: dict[str, Any], as_json: bool, sections: dict[str, tuple[str, ...]]) -> None:
+    from trainforge.registry.lineage import node_table
+
+    data = {k: node_table(v) for k, v in result.items()}
+    if as_json:
+        print_json(data)
+        return
+    for key, columns in sections.items():
+        _table(key, data[key], columns)
+
+
+@lineage_app.command("datasets-of")
+def datasets_of(target: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Datasets (version, license, provenance) a model version, checkpoint or job was trained on, directly or
+    through resume and fine-tuning ancestry."""
+    from trainforge.registry.lineage import LineageStore
+
+    try:
+        found = LineageStore().datasets_of(target)
+    except LookupError as exc:
+        fail(str(exc))
+    _emit({"datasets": found}, as_json, {"datasets": ("name", "version", "license", "license_class", "status")})
+
+
+@lineage_app.command("trained-on")
+def trained_on(dataset: str = typer.Argument("", help="NAME or NAME@VERSION (a version prefix is fine)."),
+               file: str | None = typer.Option(None, help="Any version containing this file, PREFIX/ or glob."),
+               as_json: bool = typer.Option(False, "--json")) -> None:
+    """Checkpoints and model versions trained on a dataset (by name, version or contained file), directly or
+    through fine-tuning ancestry."""
+    from trainforge.registry.lineage import LineageStore
+
+    name, version = _split(dataset)
+    if not name and not file:
+        fail("give a dataset (NAME[@VERSION]) or --file PATH")
+    result = LineageStore().trained_on(name, version, file)
+    _emit(result, as_json, {"datasets": ("name", "version", "license", "status"),
+                            "affected": ("kind", "name", "version", "team", "status")})
+
+
+@lineage_app.command("license")
+def by_license(license: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Runs that used a dataset of a license class (non-commercial, copyleft, ...), SPDX id or glob."""
+    from trainforge.registry.lineage import LineageStore
+
+    result = LineageStore().runs_by_license(license)
+    _emit(result, as_json, {"datasets": ("name", "version", "license", "license_class"),
+                            "jobs": ("name", "team", "license", "status")})
+
+
+@lineage_app.command("withdraw")
+def withdraw(dataset: str = typer.Argument(..., help="NAME@VERSION"),
+             why: str = typer.Option(..., help="Why (recorded for the audit)."),
+             quarantine: bool = typer.Option(False, "--quarantine", help="Block promotion and loading of every "
+                                             "affected checkpoint and model version."),
+             who: str | None = typer.Option(None, help="Who (default: $TRAINFORGE_USER or the login)."),
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """Mark a dataset version withdrawn and list (optionally quarantine) everything trained on it."""
+    from trainforge.registry.lineage import LineageStore
+
+    name, version = _split(dataset)
+    if not name or not version:
+        fail("give the dataset version as NAME@VERSION")
+    try:
+        result = LineageStore().withdraw_dataset(name, version, who=who, why=why, quarantine=quarantine)
+    except (LookupError, ValueError) as exc:
+        fail(str(exc))
+    _emit(result, as_json, {"datasets": ("name", "version", "license", "status"),
+                            "affected": ("kind", "name", "version", "team", "status")})
