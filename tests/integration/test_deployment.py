@@ -1,0 +1,92 @@
+"""prefect.yaml's deployments work against a real Prefect server with a process work pool and worker:
+`prefect deploy --all` registers them, and `run_deployment` (what `prefect deployment run`, schedules and
+`trainforge submit --deployment` use) trains a job to completion through the worker.
+
+Run: .venv/bin/python -m pytest tests/integration/test_deployment.py   (about 1.5 minutes on 2 cores)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainforge.datasets.demo import ensure_demo_dataset
+from trainforge.infra.backends.local import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"prefect server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"prefect server not healthy after {timeout_s}s")
+
+
+def _stop(proc: subprocess.Popen, sig: int) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def test_train_job_deployment_runs_through_a_process_worker(tmp_path, _isolated_home, monkeypatch):
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "TRAINFORGE_REPO": str(REPO),
+           "TRAINFORGE_HOME": str(_isolated_home)}
+    server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                              env=env, stdout=open(tmp_path / "server.log", "wb"), stderr=subprocess.STDOUT)
+    worker = None
+    try:
+        _wait_healthy(api, server, 90)
+        subprocess.run([str(BIN / "prefect"), "work-pool", "create", "trainforge", "--type", "process"], env=env,
+                       cwd=REPO, check=True, capture_output=True, timeout=60)
+        deployed = subprocess.run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env=env, cwd=REPO,
+                                  capture_output=True, text=True, timeout=120)
+        assert deployed.returncode == 0, deployed.stdout[-2000:] + deployed.stderr[-2000:]
+        worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "trainforge"], env=env,
+                                  cwd=tmp_path, stdout=open(tmp_path / "worker.log", "wb"), stderr=subprocess.STDOUT)
+        ensure_demo_dataset()
+        doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
+        doc["training"].update({"max_steps": 8, "global_batch_size": 8, "seq_len": 64})
+        doc["checkpoint"]["interval_steps"] = 4
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        from prefect.deployments import run_deployment
+
+        run = run_deployment("train-job/train-job", timeout=420, parameters={
+            "spec": doc, "source": "tiny-cpu.yaml", "base_dir": str(REPO / "examples")})
+        assert run.state is not None and run.state.is_completed(), (
+            f"{run.state}\n{(tmp_path / 'worker.log').read_text()[-3000:]}")
+        jobs = list((_isolated_home / "jobs").glob("tiny-cpu-*/job.json"))
+        assert len(jobs) == 1
+        record = yaml.safe_load(jobs[0].read_text())
+        assert record["state"] == "completed" and record["flow_run_id"] == str(run.id)
+    finally:
+        if worker is not None:
+            _stop(worker, signal.SIGINT)  # a worker ignores SIGTERM once its server is gone: stop it first
+        _stop(server, signal.SIGTERM)
