@@ -58,8 +58,10 @@ def test_train_job_deployment_runs_through_a_process_worker(tmp_path, _isolated_
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "TRAINFORGE_REPO": str(REPO),
            "TRAINFORGE_HOME": str(_isolated_home)}
+    server_log = (tmp_path / "server.log").open("wb")  # noqa: SIM115 - lives as long as the server
+    worker_log = (tmp_path / "worker.log").open("wb")  # noqa: SIM115
     server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                              env=env, stdout=(tmp_path / "server.log").open("wb")  # noqa: SIM115, stderr=subprocess.STDOUT)
+                              env=env, stdout=server_log, stderr=subprocess.STDOUT)
     worker = None
     try:
         _wait_healthy(api, server, 90)
@@ -69,7 +71,7 @@ def test_train_job_deployment_runs_through_a_process_worker(tmp_path, _isolated_
                                   capture_output=True, text=True, timeout=120)
         assert deployed.returncode == 0, deployed.stdout[-2000:] + deployed.stderr[-2000:]
         worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "trainforge"], env=env,
-                                  cwd=tmp_path, stdout=(tmp_path / "worker.log").open("wb")  # noqa: SIM115, stderr=subprocess.STDOUT)
+                                  cwd=tmp_path, stdout=worker_log, stderr=subprocess.STDOUT)
         ensure_demo_dataset()
         doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
         doc["training"].update({"max_steps": 8, "global_batch_size": 8, "seq_len": 64})
@@ -90,3 +92,5 @@ def test_train_job_deployment_runs_through_a_process_worker(tmp_path, _isolated_
         if worker is not None:
             _stop(worker, signal.SIGINT)  # a worker ignores SIGTERM once its server is gone: stop it first
         _stop(server, signal.SIGTERM)
+        server_log.close()
+        worker_log.close()
