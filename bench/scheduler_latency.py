@@ -15,7 +15,13 @@ import random
 import time
 from pathlib import Path
 
-from trainforge.infra.scheduler import ClusterState, JobRequest, JobState, Scheduler, SchedulerConfig, find_placement
+from trainforge.infra.scheduler import (
+    ClusterState,
+    JobRequest,
+    JobState,
+    Scheduler,
+    SchedulerConfig,
+)
 from trainforge.plan.cluster import load_cluster
 
 FLEET = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "fleet-10k.yaml"
