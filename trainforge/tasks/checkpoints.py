@@ -197,11 +197,13 @@ def _age(store: ObjectStore, key: str, now: float) -> float:
     try:
         if hasattr(store, "local_path"):
             return now - store.local_path(key).stat().st_mtime
-        if hasattr(store, "head"):
-            modified = store.head(key).get("LastModified")
-            if modified is not None:
-                return now - modified.timestamp()
-    except (OSError, KeyError):
+        modified = store.head(key).get("modified") if hasattr(store, "head") else None
+        if modified is None and hasattr(store, "_client"):
+            # S3ObjectStore.head() reports size and ETag only; ask the same client for LastModified.
+            modified = store._client.head_object(Bucket=store.bucket, Key=store._full(key))["LastModified"].timestamp()
+        if modified is not None:
+            return now - float(modified)
+    except (OSError, KeyError, AttributeError):
         return 0.0
     return 0.0
 
