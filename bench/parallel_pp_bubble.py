@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-P, M, COST = 4, 8, 0.02
+P, M, COST = 4, 8, 0.05
 ROOT = Path(__file__).resolve().parents[1]
 
 
