@@ -53,6 +53,10 @@ class MemoryReplica:
         self.peer = (rank + self.stride) % world_size
         self.source = (rank - self.stride) % world_size
 
+    def _shard_dir(self, shard: int) -> Path:
+        """Where this rank keeps a shard: per holder, so a node's own and peer copies never share a path."""
+        return self.root / f"holder-{self.rank:05d}" / f"rank-{shard:05d}"
+
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -60,10 +64,10 @@ class MemoryReplica:
 
     def put(self, step: int, files: dict[str, bytes]) -> None:
         payload = pack(files)
-        self._write(self.root / f"rank-{self.rank:05d}", step, payload)
+        self._write(self._shard_dir(self.rank), step, payload)
         if self.world > 1:
             received = self._exchange(payload)
-            self._write(self.root / f"rank-{self.source:05d}", step, received)
+            self._write(self._shard_dir(self.source), step, received)
 
     def _exchange(self, payload: bytes) -> bytes:
         out = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
@@ -98,7 +102,7 @@ class MemoryReplica:
         rank it is the peer of)."""
         held: dict[int, list[int]] = {}
         for shard in {self.rank, self.source}:
-            d = self.root / f"rank-{shard:05d}"
+            d = self._shard_dir(shard)
             if d.is_dir():
                 held[shard] = sorted(int(m.group(1)) for p in d.iterdir() if (m := _STEP_DIR.match(p.name))
                                      and (p / "payload").is_file())
@@ -132,14 +136,13 @@ class MemoryReplica:
             holder = holders[shard]
             payload = b""
             if holder == self.rank:
-                payload = (self.root / f"rank-{shard:05d}" / f"step-{step:010d}" / "payload").read_bytes()
+                payload = (self._shard_dir(shard) / f"step-{step:010d}" / "payload").read_bytes()
             if self.world > 1:
-                box: list[Any] = [payload]
                 size = torch.tensor([len(payload)], dtype=torch.int64)
                 dist.broadcast(size, holder, group=self.group)
                 buf = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if holder == self.rank
                        else torch.empty(int(size.item()), dtype=torch.uint8))
                 dist.broadcast(buf, holder, group=self.group)
-                box[0] = payload if holder == self.rank else buf.numpy().tobytes()
-                payload = box[0]
+                if holder != self.rank:
+                    payload = buf.numpy().tobytes()
             write(unpack(payload))
