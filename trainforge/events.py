@@ -22,11 +22,13 @@ class EventWriter:
         if not self.enabled:
             return
         line = json.dumps({"type": kind, "time": time.time(), **fields}, sort_keys=True)
-        # O_APPEND writes of one line are atomic enough for a single writer; flush per event for live tailing.
+        # One writer, one line per append; flushed per event for live tailing. Only events that change what a
+        # resume does are fsynced: a per-step fsync would cost the loop milliseconds for nothing.
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
-            os.fsync(f.fileno())
+            if kind != "metrics":
+                os.fsync(f.fileno())
 
 
 def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:

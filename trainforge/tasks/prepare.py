@@ -56,7 +56,8 @@ def make_plan(spec: JobSpec, cluster: ClusterSpec | None = None) -> dict[str, An
     predicted = evaluate_layout(plan_request(spec, shape, cluster), layout)
     step = predicted.step
     return {"layout": asdict(layout), "model": {"layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads,
-            "kv_heads": shape.kv_heads, "ffn_hidden": shape.ffn_hidden, "vocab": shape.vocab},
+            "kv_heads": shape.kv_heads, "ffn_hidden": shape.ffn_hidden, "vocab": shape.vocab,
+            "experts": shape.experts, "top_k": shape.top_k},
             "parameters": shape.total_params, "world_size": layout.world_size,
             "memory_per_gpu_bytes": predicted.memory.total_bytes,
             "predicted": None if step is None else {"step_time_s": step.step_time_s, "mfu": step.mfu,
@@ -117,6 +118,8 @@ def worker_config(spec: JobSpec, job_id: str, run_dir: Path, base_dir: Path, dat
         dataset=dataset, checkpoint_interval=int(interval),
         segment_max_steps=spec.fault_tolerance.segment_max_steps,
         collective_timeout_s=120.0, code_commit=commit, config_hash=spec.config_hash(),
+        extra={"engine": spec.parallelism.engine,
+               "code": {"mode": spec.code.mode, "framework": spec.code.framework, "args": list(spec.code.args)}},
     )
 
 
