@@ -1,8 +1,16 @@
 """Fault injection for tests and chaos drills: $TRAINFORGE_FAULT="kill:rank=1:step=25[,...]".
 
-Kinds: `kill` (SIGKILL this worker: a lost process), `raise` (an exception in the step: a user bug),
-`hang` (stop making progress: a stuck collective). A fault fires once per job (a marker file in the run folder
-remembers it), so the retried segment runs clean, as a replaced node would.
+Kinds, each at the start of 0-based step `step` on rank `rank`:
+- `kill`: SIGKILL this worker (a lost process);
+- `raise`: an exception in the step (a user bug);
+- `hang`: stop making progress inside the step (a stuck collective / deadlocked loader);
+- `stop`: SIGSTOP this worker (a frozen host: no heartbeat, no exit);
+- `nan`: poison this rank's weights with NaN (a bad batch / numerical blow-up: divergence);
+- `sigterm`: a termination notice to this worker (spot reclamation);
+- `slow`: sleep `ms` milliseconds in every step from `step` on (a straggler; persistent, not once).
+A fault fires once per job (a marker file in the run folder remembers it, with the time it fired: the chaos suite
+measures detection latency from it), so the retried segment runs clean, as a replaced node would; `always=1`
+fires it on every attempt (a persistent fault that exhausts the retry budget).
 """
 
 from __future__ import annotations
@@ -12,8 +20,10 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ENV_VAR = "TRAINFORGE_FAULT"
+KINDS = ("kill", "raise", "hang", "stop", "nan", "sigterm", "slow")
 
 
 class InjectedFault(RuntimeError):
@@ -26,6 +36,7 @@ class Fault:
     rank: int
     step: int
     always: bool = False
+    ms: int = 0
 
     @property
     def marker(self) -> str:
@@ -36,9 +47,24 @@ def parse_faults(text: str) -> list[Fault]:
     faults = []
     for item in filter(None, (t.strip() for t in text.split(","))):
         kind, *params = item.split(":")
+        if kind not in KINDS:
+            raise ValueError(f"unknown fault kind {kind!r} in ${ENV_VAR}={text!r}; kinds: {', '.join(KINDS)}")
         values = dict(p.split("=", 1) for p in params)
-        faults.append(Fault(kind, int(values.get("rank", 0)), int(values["step"]), values.get("always") == "1"))
+        faults.append(Fault(kind, int(values.get("rank", 0)), int(values["step"]), values.get("always") == "1",
+                            int(values.get("ms", 0))))
     return faults
+
+
+def fired_at(run_dir: str | Path) -> dict[str, float]:
+    """marker -> time.time() the fault fired (for detection latency)."""
+    folder = Path(run_dir) / "faults"
+    out = {}
+    for path in folder.glob("*") if folder.is_dir() else ():
+        try:
+            out[path.name] = float(path.read_text().split()[-1])
+        except (ValueError, IndexError):
+            continue
+    return out
 
 
 class FaultInjector:
@@ -50,19 +76,35 @@ class FaultInjector:
     def from_env(cls, run_dir: str, rank: int) -> FaultInjector:
         return cls(parse_faults(os.environ.get(ENV_VAR, "")), run_dir, rank)
 
-    def maybe_fire(self, step: int) -> None:
+    def maybe_fire(self, step: int, model: Any = None) -> None:
         for fault in self.faults:
+            if fault.kind == "slow":
+                if step >= fault.step:
+                    time.sleep(fault.ms / 1000)
+                continue
             if fault.step != step:
                 continue
             marker = self.marker_dir / fault.marker
-            if not fault.always:
-                if marker.exists():
-                    continue
-                self.marker_dir.mkdir(parents=True, exist_ok=True)
-                marker.write_text(str(time.time()))
-            if fault.kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif fault.kind == "raise":
-                raise InjectedFault(f"injected failure at step {step}")
-            elif fault.kind == "hang":
-                time.sleep(3600)
+            if not fault.always and marker.exists():
+                continue
+            self.marker_dir.mkdir(parents=True, exist_ok=True)
+            marker.write_text(str(time.time()))
+            self._fire(fault, step, model)
+
+    @staticmethod
+    def _fire(fault: Fault, step: int, model: Any) -> None:
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "raise":
+            raise InjectedFault(f"injected failure at step {step}")
+        elif fault.kind == "hang":
+            time.sleep(3600)
+        elif fault.kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif fault.kind == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif fault.kind == "nan" and model is not None:
+            import torch
+
+            with torch.no_grad():
+                next(iter(model.parameters())).fill_(float("nan"))

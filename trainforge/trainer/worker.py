@@ -16,13 +16,17 @@ import traceback
 from pathlib import Path
 
 from trainforge.jobconfig import ENV_VAR, WorkerConfig
+from trainforge.trainer.health import HealthPolicy, current_monitor, start_monitor
 
 USER_ERRORS = ("UserCodeError", "OutOfMemoryError", "MemoryError", "FloatingPointError", "InjectedFault")
 INFRA_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError", "ConnectionError", "TimeoutError")
 
 
 def classify(exc: BaseException) -> str:
-    """`user` faults are not retried forever; `infra` faults are what segment retries exist for."""
+    """`user` faults are not retried forever; `infra` faults are what segment retries exist for; `divergence`
+    (policy: rollback) is retried from the last good checkpoint with the offending batch skipped."""
+    if type(exc).__name__ == "DivergenceError":
+        return "divergence" if getattr(exc, "action", "stop") == "rollback" else "user"
     names = {t.__name__ for t in type(exc).__mro__}
     if names & set(INFRA_ERRORS):
         return "infra"
@@ -52,6 +56,8 @@ def write_failure(cfg: WorkerConfig, rank: int, exc: BaseException) -> None:
         "traceback": "".join(traceback.format_exception(exc))[-8000:],
         "time": time.time(),
     }
+    if hasattr(exc, "step") and type(exc).__name__ == "DivergenceError":
+        report.update(step=exc.step, reason=exc.reason)
     (folder / f"segment-{attempt}-rank-{rank:05d}.json").write_text(json.dumps(report, indent=1))
 
 
@@ -79,10 +85,20 @@ def run_script(cfg: WorkerConfig) -> None:
             raise
 
 
+def start_health(cfg: WorkerConfig, rank: int) -> HealthPolicy:
+    """Heartbeats, stack dumps on SIGUSR1 and the termination-notice handler, before anything slow runs."""
+    policy = HealthPolicy.from_dict(cfg.extra.get("health")).with_env()
+    managed = cfg.extra.get("code", {}).get("mode") != "script"  # a script handles its own SIGTERM
+    start_monitor(policy, cfg.run_dir, rank, os.environ.get("TRAINFORGE_SEGMENT_ATTEMPT", "0"),
+                  handle_sigterm=managed)
+    return policy
+
+
 def main() -> int:
     cfg = WorkerConfig.load(os.environ[ENV_VAR])
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    policy = start_health(cfg, rank)
     # Imported here so a broken torch install is reported like any other failure.
     try:
         if cfg.extra.get("code", {}).get("mode") == "script":
@@ -91,12 +107,14 @@ def main() -> int:
         from trainforge.trainer.distributed import DistContext, shutdown
         from trainforge.trainer.loop import train
 
-        ctx = DistContext.from_env(cfg.collective_timeout_s)
+        ctx = DistContext.from_env(min(cfg.collective_timeout_s, policy.collective_timeout_s))
         # train() owns the model: it is freed before the process group is destroyed (gloo shutdown trap).
         result = train(cfg, ctx)
         logging.getLogger(__name__).info("segment done: %s", result)
         shutdown(ctx)
+        current_monitor().close()
     except BaseException as exc:  # report everything, then fail the worker
+        current_monitor().close("failed")
         write_failure(cfg, rank, exc)
         traceback.print_exc()
         sys.stderr.flush()

@@ -1,0 +1,381 @@
+"""Health of a running gang: the declarative policy, and the worker side of detection.
+
+What each failure class is detected by, and what follows (the supervisor in trainforge/tasks/supervisor.py
+watches the files this module writes; docs/fault-tolerance.md has the state machine):
+
+| class                  | detected by                                              | action (policy)                   |
+|------------------------|----------------------------------------------------------|-----------------------------------|
+| process / node loss    | heartbeat file per rank, every `heartbeat_interval_s`;   | in-segment restart (torchrun), or |
+|                        | the supervisor checks the pid and the heartbeat's age    | segment retry (re-provision)      |
+| hang (collective, I/O) | step-progress watchdog in the supervisor + the process   | dump every rank's stack, name the |
+|                        | group's collective timeout (from the plan, not 30 min)   | rank and line, kill, restart      |
+| divergence             | NaN/Inf loss or grad norm; robust z-score loss spike     | roll back + skip the batch, or    |
+|                        | over a window (global values: every rank agrees)         | stop                              |
+| straggler              | per-rank local time per step vs the median of ranks      | report with evidence, or evict    |
+| spot preemption        | SIGTERM (termination notice) / scheduler `preempting`    | emergency checkpoint, clean stop  |
+| GPU health             | NVML (ECC, throttling, clocks) where present             | report; node marked unhealthy     |
+
+Importing this module pulls in no torch: the control plane reads the policy and the heartbeat format from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import logging
+import math
+import os
+import signal
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "TRAINFORGE_HEALTH"
+"""JSON object of HealthPolicy overrides (tests and drills shorten the timeouts with it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthPolicy:
+    heartbeat_interval_s: float = 0.5
+    """How often every rank writes its heartbeat (from a thread: it keeps beating while the main thread waits)."""
+    heartbeat_timeout_s: float = 5.0
+    """A rank whose heartbeat is older than this is dead (SIGSTOP, lost node, frozen host)."""
+    hang_timeout_s: float | None = None
+    """No step progress on any rank for this long = a hang. None = max(hang_floor_s, hang_factor x median step)."""
+    hang_floor_s: float = 15.0
+    hang_factor: float = 10.0
+    startup_timeout_s: float = 300.0
+    """Budget for the time before the first step (imports, rendezvous, checkpoint restore)."""
+    collective_timeout_s: float = 120.0
+    """Process-group timeout: a stuck collective raises after this (derived from the plan's step time)."""
+    divergence_action: str = "rollback"
+    """`rollback`: resume from the last good checkpoint with the offending batch's samples skipped; `stop`."""
+    max_rollbacks: int = 3
+    """Divergence rollbacks per job before it stops with a report."""
+    spike_window: int = 32
+    spike_min_window: int = 8
+    spike_z: float = 8.0
+    """Robust z-score (median / MAD over the last spike_window losses) above which a loss is a spike."""
+    straggler_ratio: float = 1.5
+    straggler_min_excess_s: float = 0.05
+    straggler_patience: int = 5
+    """A rank slower than ratio x the median of ranks (and by min_excess) for this many steps is a straggler."""
+    straggler_action: str = "report"
+    """`report`, or `evict`: end the segment at the next committed checkpoint and re-provision without it."""
+    preemption_grace_s: float = 30.0
+    """Time a termination notice leaves for the emergency checkpoint (torchrun's own stop grace is 30 s)."""
+
+    def __post_init__(self) -> None:
+        if self.divergence_action not in ("rollback", "stop"):
+            raise ValueError(f"divergence_action must be 'rollback' or 'stop', got {self.divergence_action!r}")
+        if self.straggler_action not in ("report", "evict"):
+            raise ValueError(f"straggler_action must be 'report' or 'evict', got {self.straggler_action!r}")
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise ValueError(f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed twice "
+                             f"heartbeat_interval_s ({self.heartbeat_interval_s})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> HealthPolicy:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data or {}) - known
+        if unknown:
+            raise ValueError(f"unknown health policy fields {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**(data or {}))
+
+    def with_env(self, env: dict[str, str] | None = None) -> HealthPolicy:
+        text = (env if env is not None else os.environ).get(ENV_VAR)
+        return replace(self, **json.loads(text)) if text else self
+
+    def hang_timeout(self, median_step_s: float | None) -> float:
+        if self.hang_timeout_s is not None:
+            return self.hang_timeout_s
+        return max(self.hang_floor_s, self.hang_factor * (median_step_s or 0.0))
+
+
+def collective_timeout_for(step_time_s: float | None, *, factor: float = 20.0, floor_s: float = 30.0,
+                           ceiling_s: float = 600.0) -> float:
+    """The process-group timeout from the plan's predicted step time: long enough for a slow step and start-up
+    skew between ranks, short enough that a stuck collective fails in seconds to minutes, never torch's 30 min."""
+    if not step_time_s or not math.isfinite(step_time_s):
+        return floor_s * 4
+    return min(ceiling_s, max(floor_s, factor * step_time_s))
+
+
+# ------------------------------------------------------------------------------------------ divergence
+
+
+class DivergenceError(FloatingPointError):
+    """Training diverged at `step` (0-based index of the batch that produced the bad loss)."""
+
+    def __init__(self, step: int, reason: str, action: str):
+        super().__init__(f"divergence at step {step + 1}: {reason} (policy: {action})")
+        self.step, self.reason, self.action = step, reason, action
+
+
+@dataclass
+class DivergenceDetector:
+    """NaN/Inf loss or grad norm, and loss spikes by a robust z-score: 0.6745 (x - median) / MAD over a window
+    (Iglewicz & Hoaglin's modified z-score; the median and MAD ignore earlier spikes, unlike a mean and std)."""
+
+    window: int = 32
+    min_window: int = 8
+    z_threshold: float = 8.0
+    history: deque[float] = field(default_factory=deque)
+
+    def observe(self, loss: float, grad_norm: float | None = None) -> str | None:
+        if not math.isfinite(loss):
+            return f"loss is {loss}"
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            return f"gradient norm is {grad_norm}"
+        reason = None
+        if len(self.history) >= self.min_window:
+            z = robust_z(loss, list(self.history))
+            if z > self.z_threshold:
+                reason = f"loss spike {loss:.4g} (robust z-score {z:.1f} > {self.z_threshold:g} over the last " \
+                         f"{len(self.history)} steps, median {statistics.median(self.history):.4g})"
+        if reason is None:  # spikes stay out of the reference window
+            self.history.append(loss)
+            while len(self.history) > self.window:
+                self.history.popleft()
+        return reason
+
+
+def robust_z(x: float, values: list[float]) -> float:
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) for v in values)
+    mad = max(mad, 1e-3 * max(abs(med), 1e-12))  # a flat window must not turn noise into infinite z
+    return 0.6745 * (x - med) / mad
+
+
+# ------------------------------------------------------------------------------------------ files
+
+
+def health_dir(run_dir: str | Path, attempt: int | str) -> Path:
+    return Path(run_dir) / "health" / f"segment-{attempt}"
+
+
+def stacks_dir(run_dir: str | Path, attempt: int | str) -> Path:
+    return Path(run_dir) / "artifacts" / "stacks" / f"segment-{attempt}"
+
+
+def heartbeat_path(run_dir: str | Path, attempt: int | str, rank: int) -> Path:
+    return health_dir(run_dir, attempt) / f"rank-{rank:05d}.json"
+
+
+def read_heartbeats(run_dir: str | Path, attempt: int | str) -> dict[int, dict[str, Any]]:
+    out = {}
+    for path in health_dir(run_dir, attempt).glob("rank-*.json"):
+        try:
+            beat = json.loads(path.read_text())
+        except (OSError, ValueError):  # replaced while reading: the next poll sees it
+            continue
+        out[int(beat["rank"])] = beat
+    return out
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------ GPU health
+
+
+def gpu_health() -> dict[str, Any]:
+    """ECC errors, throttle reasons, clocks and temperature per GPU through NVML (nvidia-ml-py); on a host
+    without it, a clear 'not available'. Unhealthy = uncorrectable ECC errors or a hardware slowdown."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return {"available": False, "reason": "NVML not available on this host (nvidia-ml-py not installed)"}
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # no driver / no GPU
+        return {"available": False, "reason": f"NVML not available on this host: {exc}"}
+    try:
+        devices = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            dev: dict[str, Any] = {"index": i}
+            for name, call in (
+                ("ecc_uncorrected", lambda h=h: pynvml.nvmlDeviceGetTotalEccErrors(
+                    h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)),
+                ("temperature_c", lambda h=h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
+                ("sm_clock_mhz", lambda h=h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                ("throttle_reasons", lambda h=h: pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)),
+            ):
+                try:
+                    dev[name] = int(call())
+                except Exception:  # not supported on this board
+                    dev[name] = None
+            hw_slowdown = 0x8 | 0x40 | 0x80  # HW slowdown, HW thermal, HW power brake
+            dev["healthy"] = not (dev["ecc_uncorrected"] or ((dev["throttle_reasons"] or 0) & hw_slowdown))
+            devices.append(dev)
+        return {"available": True, "devices": devices, "healthy": all(d["healthy"] for d in devices)}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+# ------------------------------------------------------------------------------------------ worker side
+
+
+class HealthMonitor:
+    """One per worker process: heartbeats from a thread, stack dumps on SIGUSR1 (faulthandler), a SIGTERM
+    handler that turns a termination notice into a checkpoint at the next step boundary, and the per-step
+    divergence / straggler measurements. Started by the worker before torch is imported."""
+
+    def __init__(self, policy: HealthPolicy, run_dir: str | Path, rank: int, attempt: int | str, *,
+                 handle_sigterm: bool = True):
+        self.policy = policy
+        self.handle_sigterm = handle_sigterm
+        self.rank = rank
+        self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.path = heartbeat_path(run_dir, attempt, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.detector = DivergenceDetector(policy.spike_window, policy.spike_min_window, policy.spike_z)
+        self.stop_requested = False
+        self.stop_requested_at: float | None = None
+        self._ctx: Any = None
+        self._state: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "restart": self.restart,
+                                       "host": os.uname().nodename, "phase": "starting", "step": None,
+                                       "step_started": time.time(), "steps_done": 0, "step_s": None,
+                                       "local_s": None, "started": time.time()}
+        self._local: deque[float] = deque(maxlen=8)
+        self._steps: deque[float] = deque(maxlen=8)
+        self._begin = 0.0
+        self._stack_file = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
+
+    def start(self) -> HealthMonitor:
+        stacks = stacks_dir(self.path.parent.parent.parent, self.path.parent.name.removeprefix("segment-"))
+        stacks.mkdir(parents=True, exist_ok=True)
+        self._stack_file = open(stacks / f"rank-{self.rank:05d}-restart-{self.restart}.txt", "w")  # noqa: SIM115
+        faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True)
+        if self.handle_sigterm and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._state["gpu"] = gpu_health()
+        self._write()
+        self._thread.start()
+        return self
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.stop_requested:  # a second notice: the grace period is over
+            os._exit(128 + signum)
+        self.stop_requested, self.stop_requested_at = True, time.time()
+        self._state["phase_note"] = "termination notice received"
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(self.policy.heartbeat_interval_s):
+            try:
+                self._write()
+            except OSError:  # run folder gone: the supervisor is gone too
+                return
+
+    def _write(self) -> None:
+        _write_json(self.path, {**self._state, "time": time.time()})
+
+    def set_phase(self, phase: str) -> None:
+        self._state["phase"] = phase
+        self._state["step_started"] = time.time()
+
+    # -------------------------------------------------------------- the managed loop calls these
+    def attach(self, ctx: Any, start_step: int) -> None:
+        """The process group is up and the checkpoint restored: training starts at `start_step`."""
+        self._ctx = ctx
+        self._state.update(phase="training", step=start_step, resumed_from=start_step)
+
+    def begin_step(self, step: int) -> None:
+        self._begin = time.perf_counter()
+        self._state.update(step=step, step_started=time.time())
+
+    def local_done(self) -> None:
+        """This rank's own work before the step's first collective (data, injected delays) is done."""
+        self._local.append(time.perf_counter() - self._begin)
+        self._state["local_s"] = statistics.median(self._local)
+
+    def end_step(self, step: int, loss: float, grad_norm: float | None, step_s: float) -> bool:
+        """Divergence per policy (raises DivergenceError) and the stop agreement: True = checkpoint now and end
+        the segment (a termination notice reached some rank). One tiny all-reduce makes every rank agree."""
+        self._steps.append(step_s)
+        self._state.update(steps_done=self._state["steps_done"] + 1, step_s=statistics.median(self._steps),
+                           step=step + 1, step_started=time.time())
+        reason = self.detector.observe(loss, grad_norm)
+        stop, diverged = self._agree(self.stop_requested, reason is not None)
+        if diverged:
+            raise DivergenceError(step, reason or "diverged on another rank", self.policy.divergence_action)
+        if stop:
+            self._state["phase"] = "preempted"
+        return stop
+
+    def _agree(self, stop: bool, diverged: bool) -> tuple[bool, bool]:
+        ctx = self._ctx
+        if ctx is None or ctx.world_size == 1:
+            return stop, diverged
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float(stop), float(diverged)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t[0] > 0), bool(t[1] > 0)
+
+    def close(self, phase: str = "done") -> None:
+        self._state["phase"] = phase
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._write()
+
+
+class NullMonitor:
+    """The loop's monitor when no worker started one (the trainer driven directly, e.g. in tests)."""
+
+    stop_requested = False
+
+    def __init__(self) -> None:
+        self.detector = DivergenceDetector()
+
+    def attach(self, ctx: Any, start_step: int) -> None:
+        pass
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def local_done(self) -> None:
+        pass
+
+    def set_phase(self, phase: str) -> None:
+        pass
+
+    def end_step(self, step: int, loss: float, grad_norm: float | None, step_s: float) -> bool:
+        reason = self.detector.observe(loss, grad_norm)
+        if reason is not None:
+            raise DivergenceError(step, reason, "stop")
+        return False
+
+    def close(self, phase: str = "done") -> None:
+        pass
+
+
+_CURRENT: HealthMonitor | None = None
+
+
+def start_monitor(policy: HealthPolicy, run_dir: str | Path, rank: int, attempt: int | str, *,
+                  handle_sigterm: bool = True) -> HealthMonitor:
+    global _CURRENT
+    _CURRENT = HealthMonitor(policy, run_dir, rank, attempt, handle_sigterm=handle_sigterm).start()
+    return _CURRENT
+
+
+def current_monitor() -> HealthMonitor | NullMonitor:
+    return _CURRENT if _CURRENT is not None else NullMonitor()
