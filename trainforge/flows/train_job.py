@@ -178,16 +178,17 @@ class _EventPump:
         self.futures: list[tuple[int, PrefectFuture[Any], PrefectFuture[Any]]] = []
         self._last_cancel_check = 0.0
         self.log = get_run_logger()
+        from trainforge.registry.alerts import MetricsObserver, load_rules
+
+        self.observer = MetricsObserver(load_rules(), (record.data.get("plan") or {}).get("predicted"))
 
     def poll(self) -> None:
         events, self.offset = read_events(self.record.events_path, self.offset)
         rows = []
         for ev in events:
             kind = ev.get("type")
-            if kind == "metrics":
-                rows.append((ev["step"], {k: ev[k] for k in ("loss", "grad_norm", "lr", "tokens_per_s",
-                                                             "samples_per_s", "step_time_s") if k in ev}))
-            elif kind == "checkpoint" and ev["step"] not in self.committed:
+            rows.extend(self.observer.rows(ev))  # metrics, rank aggregates, system telemetry, checkpoint stalls
+            if kind == "checkpoint" and ev["step"] not in self.committed:
                 self._on_checkpoint(ev["step"])
             elif kind == "checkpoint_corrupt":
                 self.log.warning("skipped corrupt checkpoint step %s: %s", ev["step"], ev.get("problems"))
@@ -196,8 +197,30 @@ class _EventPump:
                 LineageStore().record_resume(self.record.job_id, ev["resumed_from"])
         if rows:
             self.tracker.log_metrics(self.run_id, rows)
+        self.observer.check_stalled(time.time())
+        self._publish_alerts()
         self._collect(block=False)
         self._check_cancel()
+
+    def _publish_alerts(self) -> None:
+        """Fired alerts: a warning in the flow log, the job record, a run tag and a Prefect event (automations)."""
+        fired = self.observer.take_alerts()
+        if not fired:
+            return
+        from prefect.events import emit_event
+
+        alerts = self.record.data.get("alerts", [])
+        for a in fired:
+            self.log.warning("alert %s at step %s: %s", a.rule, a.step, a.message)
+            alerts.append({**a.to_dict(), "time": time.time()})
+            try:
+                self.tracker.set_tags(self.run_id, {f"trainforge.alert.{a.rule}": f"step {a.step}: {a.message}"})
+                emit_event(event=f"trainforge.alert.{a.kind}", payload=a.to_dict(),
+                           resource={"prefect.resource.id": f"trainforge.job.{self.record.job_id}",
+                                     "trainforge.team": self.spec.team})
+            except Exception as exc:  # publishing must never stop the job
+                self.log.warning("could not publish alert %s: %s", a.rule, exc)
+        self.record.update(alerts=alerts)
 
     def _on_checkpoint(self, step: int) -> None:
         self.committed[step] = {"step": step}
@@ -250,6 +273,25 @@ class _EventPump:
     def drain(self, raise_errors: bool = True) -> None:
         self.poll() if raise_errors else None
         self._collect(block=True, raise_errors=raise_errors)
+        self._log_profiles()
+
+    def _log_profiles(self) -> None:
+        """torch.profiler traces of a requested window (trainer/profiling.py): merged summary + run artifacts."""
+        from trainforge.trainer.profiling import merge_folder
+
+        folder = self.record.folder / "profiles"
+        if not folder.is_dir() or (folder / ".logged").exists():
+            return
+        try:
+            merged = merge_folder(folder)
+            self.tracker.log_artifacts(self.run_id, folder, "profiles")
+            (folder / ".logged").touch()
+            if merged:
+                self.record.update(profile=merged)
+                self.log.info("profile: straggler rank %s, comm overlap %.0f%%", merged.get("straggler_rank"),
+                              100 * merged.get("overlap_fraction_mean", 0.0))
+        except Exception as exc:
+            self.log.warning("could not log the profile: %s", exc)
 
     def _check_cancel(self) -> None:
         now = time.monotonic()

@@ -22,12 +22,13 @@ import torch
 from trainforge.datasets.catalog import load_version_dir
 from trainforge.datasets.sampler import SampleOrder
 from trainforge.datasets.stream import open_reader
-from trainforge.events import EventWriter
+from trainforge.events import AsyncEventWriter, EventWriter
 from trainforge.infra.storage import open_store
 from trainforge.jobconfig import WorkerConfig
 from trainforge.trainer.checkpoint import Checkpointer
 from trainforge.trainer.distributed import DistContext
 from trainforge.trainer.faults import FaultInjector
+from trainforge.trainer.metrics import StepMeter
 from trainforge.trainer.parallel.parallelize import parallelize
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,8 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
     events.emit("segment_start", step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None)
 
     feed = DataFeed(cfg, dp_rank=pm.dp_rank, dp_degree=pm.dims.dp)
+    live = AsyncEventWriter(events)  # per-step metrics: written off the step's critical path
+    meter = StepMeter(cfg, ctx, pm, emit=live.emit, start_step=start)  # step-time split, memory, MFU, ranks
     total = cfg.total_steps
     end = total if cfg.segment_max_steps is None else min(total, start + cfg.segment_max_steps)
     sched = tr["lr_schedule"]
@@ -163,8 +166,9 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
         optimizer.step()
         last_loss = pm.global_loss(local_loss)
         dt = time.perf_counter() - t0
-        events.emit("metrics", step=step + 1, loss=last_loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
-                    tokens_per_s=tokens_per_step / dt, samples_per_s=tr["global_batch_size"] / dt)
+        live.emit("metrics", step=step + 1, loss=last_loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
+                  tokens_per_s=tokens_per_step / dt, samples_per_s=tr["global_batch_size"] / dt,
+                  **meter.end_step(step + 1, dt, feed.last_wait_s))
         if not math.isfinite(last_loss):
             raise FloatingPointError(f"loss is {last_loss} at step {step + 1}")
         done = step + 1
@@ -172,6 +176,8 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
             blocked = ckpt.save(done, pm.model, optimizer, _manifest_fields(cfg, ctx, done, last_loss))
             events.emit("checkpoint_staged", step=done, blocked_s=blocked)
     ckpt.close()
+    meter.close()
+    live.close()
     reason = "finished" if end == total else "segment_max_steps"
     events.emit("segment_end", step=end, reason=reason)
     del pm, model, optimizer

@@ -1,0 +1,212 @@
+"""On-demand `torch.profiler` for a window of steps on every rank, and the merged summary across ranks.
+
+The window `a:b` (1-based steps, inclusive) comes from $TRAINFORGE_PROFILE_STEPS at launch, or from
+`run_dir/profile-request.json` written by `trainforge profile JOB --steps a:b` while the job runs (each rank
+checks the file every few steps; a rank that sees it after step a skips the window). Each rank writes
+`run_dir/profiles/rank{r}.trace.json` (Chrome trace, open in Perfetto) and `rank{r}.summary.json`; the flow merges
+the summaries and logs everything as run artifacts under `profiles/`.
+
+Per-rank summary: the union of communication intervals (gloo/NCCL/c10d ops, on whatever thread runs them) and of
+compute intervals (other aten ops), their overlap (the share of communication hidden under compute), and the
+step times inside the window. The merge names the slowest rank of each step (the straggler).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+COMM_PATTERN = re.compile(r"gloo|nccl|c10d|all_?reduce|all_?gather|reduce_?scatter|broadcast|alltoall|all_to_all|"
+                          r"send|recv|record_param_comms", re.IGNORECASE)
+REQUEST_FILE = "profile-request.json"
+CHECK_EVERY = 5
+
+
+def parse_window(text: str | None) -> tuple[int, int] | None:
+    """'a:b' -> (a, b), 1-based inclusive steps; None for empty. Raises ValueError with the fix on a bad value."""
+    if not text:
+        return None
+    try:
+        a, b = (int(x) for x in str(text).split(":"))
+    except ValueError:
+        raise ValueError(f"profile window {text!r}: write it as START:END steps, e.g. 10:12") from None
+    if a < 1 or b < a:
+        raise ValueError(f"profile window {text!r}: need 1 <= START <= END")
+    return a, b
+
+
+def union_length(intervals: Sequence[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def merge(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def overlap_length(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> float:
+    """Length of (union a) ∩ (union b)."""
+    ma, mb, i, j, total = merge(a), merge(b), 0, 0, 0.0
+    while i < len(ma) and j < len(mb):
+        lo, hi = max(ma[i][0], mb[j][0]), min(ma[i][1], mb[j][1])
+        total += max(0.0, hi - lo)
+        if ma[i][1] < mb[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def summarize_intervals(comm: Sequence[tuple[float, float]], compute: Sequence[tuple[float, float]]
+                        ) -> dict[str, float]:
+    comm_s, compute_s = union_length(comm), union_length(compute)
+    hidden = overlap_length(comm, compute)
+    return {"comm_s": comm_s, "compute_s": compute_s, "comm_hidden_s": hidden,
+            "comm_exposed_s": comm_s - hidden, "overlap_fraction": hidden / comm_s if comm_s else 0.0}
+
+
+def merge_summaries(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per-rank summaries -> the job's: slowest rank per step, straggler, mean overlap, achieved vs peak FLOP/s."""
+    if not summaries:
+        return {}
+    by_rank = {int(s["rank"]): s for s in summaries}
+    steps = sorted({int(k) for s in summaries for k in s.get("step_times", {})})
+    slowest = {}
+    for step in steps:
+        times = {r: s["step_times"].get(str(step)) for r, s in by_rank.items() if str(step) in s.get("step_times", {})}
+        rank = max(times, key=lambda r: times[r])
+        slowest[str(step)] = {"rank": rank, "step_time_s": times[rank],
+                              "median_s": statistics.median(times.values())}
+    counts: dict[int, int] = {}
+    for v in slowest.values():
+        counts[v["rank"]] = counts.get(v["rank"], 0) + 1
+    out: dict[str, Any] = {
+        "ranks": sorted(by_rank),
+        "window": summaries[0].get("window"),
+        "slowest_rank_per_step": slowest,
+        "straggler_rank": max(counts, key=lambda r: counts[r]) if counts else None,
+        "overlap_fraction_mean": statistics.mean(s.get("overlap_fraction", 0.0) for s in summaries),
+        "comm_exposed_s_max": max(s.get("comm_exposed_s", 0.0) for s in summaries),
+    }
+    achieved = [s["achieved_flops"] for s in summaries if s.get("achieved_flops")]
+    peaks = [s["peak_flops"] for s in summaries if s.get("peak_flops")]
+    if achieved and peaks:
+        out["achieved_flops_per_rank"] = statistics.mean(achieved)
+        out["peak_flops_per_rank"] = statistics.mean(peaks)
+        out["achieved_fraction_of_peak"] = out["achieved_flops_per_rank"] / out["peak_flops_per_rank"]
+    bubbles = [s["bubble_fraction"] for s in summaries if "bubble_fraction" in s]
+    if bubbles:
+        out["pipeline_bubble_fraction"] = max(bubbles)
+    return out
+
+
+def merge_folder(folder: Path) -> dict[str, Any] | None:
+    summaries = [json.loads(p.read_text()) for p in sorted(folder.glob("rank*.summary.json"))]
+    if not summaries:
+        return None
+    merged = merge_summaries(summaries)
+    (folder / "summary.json").write_text(json.dumps(merged, indent=1))
+    return merged
+
+
+class StepProfiler:
+    """Runs torch.profiler over the window's steps on this rank (the StepMeter calls `after_step`)."""
+
+    def __init__(self, run_dir: str | Path, rank: int, window: tuple[int, int] | None, start_step: int,
+                 peak_flops: float, flops_per_step_per_rank: float, bubble_fraction: float = 0.0):
+        self.run_dir, self.rank, self.window = Path(run_dir), rank, window
+        self.peak, self.flops = peak_flops, flops_per_step_per_rank
+        self.bubble_fraction = bubble_fraction
+        self.prof: Any = None
+        self.step_times: dict[str, float] = {}
+        self.done = False
+        if window and window[0] <= start_step + 1 <= window[1]:
+            self._start()
+
+    def _start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        import torch
+
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self.prof = profile(activities=activities, record_shapes=False, with_stack=False)
+        self.prof.__enter__()
+
+    def _poll_request(self, step: int) -> None:
+        if self.window is not None or step % CHECK_EVERY:
+            return
+        path = self.run_dir / REQUEST_FILE
+        if path.is_file():
+            try:
+                window = parse_window(json.loads(path.read_text()).get("steps"))
+            except ValueError as exc:
+                logger.warning("ignoring %s: %s", path, exc)
+                self.done = True
+                return
+            if window and window[0] > step:
+                self.window = window
+
+    def after_step(self, step: int, step_time_s: float) -> None:
+        """Called after step `step` (1-based) finished."""
+        if self.done:
+            return
+        self._poll_request(step)
+        if self.window is None:
+            return
+        a, b = self.window
+        if self.prof is not None and a <= step <= b:
+            self.step_times[str(step)] = step_time_s
+        if self.prof is None and step == a - 1:
+            self._start()
+        elif self.prof is not None and step >= b:
+            self._finish()
+
+    def _finish(self) -> None:
+        prof, self.prof, self.done = self.prof, None, True
+        prof.__exit__(None, None, None)
+        out = self.run_dir / "profiles"
+        out.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(out / f"rank{self.rank}.trace.json"))
+        comm, compute = [], []
+        for ev in prof.events():
+            span = (ev.time_range.start / 1e6, ev.time_range.end / 1e6)
+            if COMM_PATTERN.search(ev.name):
+                comm.append(span)
+            elif ev.name.startswith("aten::"):
+                compute.append(span)
+        summary = summarize_intervals(comm, compute)
+        window_s = sum(self.step_times.values())
+        summary.update(rank=self.rank, window=list(self.window or ()), step_times=self.step_times,
+                       peak_flops=self.peak, bubble_fraction=self.bubble_fraction,
+                       achieved_flops=self.flops * len(self.step_times) / window_s if window_s else 0.0,
+                       top_ops=[{"name": e.key, "self_cpu_s": e.self_cpu_time_total / 1e6}
+                                for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]])
+        tmp = out / f".rank{self.rank}.summary.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(summary, indent=1))
+        os.replace(tmp, out / f"rank{self.rank}.summary.json")
+        logger.info("profile of steps %s written to %s", self.window, out)
+
+    def close(self) -> None:
+        if self.prof is not None:  # the segment ended inside the window
+            self._finish()
