@@ -95,6 +95,13 @@ def submit(
     deployment: bool = typer.Option(False, help="Trigger the `train-job` deployment (needs a Prefect server and "
                                     "a worker on the `trainforge` pool) instead of running the flow here."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    backend: str = typer.Option("local", help="`local` (torchrun on this host) or `kubernetes` (apply the rendered "
+                                "JobSet with the cluster's kubeconfig and follow its pods; see `trainforge render`)."),
+    cluster: Path | None = typer.Option(None, help="Cluster description (--backend kubernetes)."),
+    namespace: str = typer.Option("trainforge", help="Namespace (--backend kubernetes)."),
+    image: str | None = typer.Option(None, help="Worker image (--backend kubernetes)."),
+    kube_api: str | None = typer.Option(None, help="API server URL (--backend kubernetes; default: kubeconfig)."),
+    timeout: float = typer.Option(86_400.0, help="Seconds to wait for the job (--backend kubernetes)."),
 ) -> None:
     """Submit a job: validate, resolve the dataset, plan, provision, train, evaluate and register the model.
 
@@ -115,6 +122,13 @@ def submit(
             spec_file = source
     if spec_file is None:
         fail("give a job spec file, e.g. trainforge submit examples/tiny-cpu.yaml")
+    if backend == "kubernetes":
+        from trainforge.commands.production import submit_kubernetes
+
+        return submit_kubernetes(spec_file, cluster=cluster, namespace=namespace, image=image, kube_api=kube_api,
+                                 timeout_s=timeout, as_json=as_json)
+    if backend != "local":
+        fail(f"unknown backend {backend!r}: use local or kubernetes")
     if deployment:
         from prefect.deployments import run_deployment
 
