@@ -1,9 +1,12 @@
 """Launching and supervising one training segment on the local backend.
 
 A segment is one launch of the whole gang (torchrun + workers). It ends when training ends, at
-`segment_max_steps`, at a failure, or when the run is cancelled. A failure is turned into a `SegmentFailed` that
-names the rank, the exception and the last lines of that rank's log, and says whether it is the user's fault
-(not worth retrying) or the infrastructure's (retried from the last committed checkpoint).
+`segment_max_steps`, at a preemption (emergency checkpoint first), at a failure, or when the run is cancelled.
+While it runs, a SegmentSupervisor (tasks/supervisor.py) watches the ranks' heartbeats and step progress.
+A failure is turned into a `SegmentFailed` that names the rank, the exception (or the supervisor's finding: lost
+rank, hang with the stuck line) and the last lines of that rank's log, and says whether it is the user's fault
+(`user`: not worth retrying), the infrastructure's (`infra`: retried from the last committed checkpoint) or a
+divergence (`divergence`: retried from the last good checkpoint with the offending batch's samples skipped).
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from trainforge.events import last_event
 from trainforge.infra.backends.local import LocalGang, free_port
 from trainforge.infra.launch import LaunchSpec, worker_environment
 from trainforge.jobconfig import WorkerConfig
 from trainforge.registry.jobs import JobRecord
+from trainforge.tasks.supervisor import SegmentSupervisor, offending_samples
+from trainforge.trainer.health import HealthPolicy, collective_timeout_for
 
 LOG_TAIL_LINES = 20
 
@@ -71,19 +78,41 @@ def next_attempt(record: JobRecord) -> int:
     return len(attempts)
 
 
+def health_policy(record: JobRecord, env: dict[str, str] | None = None) -> HealthPolicy:
+    """The policy's defaults, the collective timeout from the plan's predicted step time, then $TRAINFORGE_HEALTH."""
+    predicted = (record.data.get("plan") or {}).get("predicted") or {}
+    base = HealthPolicy(collective_timeout_s=collective_timeout_for(predicted.get("step_time_s")))
+    return base.with_env(env)
+
+
+def segment_config(record: JobRecord, config: WorkerConfig, attempt: int, policy: HealthPolicy) -> Path:
+    """This attempt's worker config: the job's, plus the health policy and the samples divergence rollbacks
+    skip (the job record keeps the list, so every later segment replays the same order)."""
+    extra = {**config.extra, "health": policy.to_dict(), "skip_samples": sorted(record.data.get("skip_samples", []))}
+    path = record.folder / f"worker-config-segment-{attempt}.json"
+    path.write_text(replace(config, extra=extra).to_json())
+    return path
+
+
 def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, nproc: int, max_restarts: int,
-                extra_env: dict[str, str] | None = None, cancel: threading.Event | None = None) -> SegmentResult:
+                extra_env: dict[str, str] | None = None, cancel: threading.Event | None = None,
+                scheduler_status: Callable[[], dict[str, Any] | None] | None = None) -> SegmentResult:
     attempt = next_attempt(record)
     segments = record.data.get("segments", [])
     segments.append({"attempt": attempt, "started_at": time.time(), "state": "running"})
     record.update(segments=segments, state="running")
     log_dir = record.folder / "logs" / f"segment-{attempt}"
     threads = max(1, (os.cpu_count() or 1) // nproc)
-    env = worker_environment(dict(os.environ) | (extra_env or {}), config_path=str(config_path),
+    base_env = dict(os.environ) | (extra_env or {})
+    policy = health_policy(record, base_env)
+    config_path = segment_config(record, config, attempt, policy)
+    env = worker_environment(base_env, config_path=str(config_path),
                              segment_attempt=attempt, threads_per_worker=threads)
     gang = LocalGang(LaunchSpec(nproc_per_node=nproc, master_port=free_port(), max_restarts=max_restarts,
                                 log_dir=str(log_dir)), env, log_dir / "agent.log")
+    supervisor = SegmentSupervisor(record, attempt, policy, scheduler_status=scheduler_status)
     t0 = time.monotonic()
+    started = time.time()
     gang.start()
     with _LIVE_LOCK:
         _LIVE[config.job_id] = gang
@@ -92,7 +121,12 @@ def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, n
             if cancel is not None and cancel.is_set():
                 gang.terminate()
                 raise SegmentCancelled(f"segment {attempt} of {config.job_id} cancelled; workers stopped")
+            if supervisor.poll() is not None:  # policy: stop the gang now (straggler eviction)
+                gang.terminate()
+                code = gang.poll() if gang.poll() is not None else -1
+                break
             time.sleep(0.2)
+        supervisor.poll()  # a rank torchrun saw die before our last pass
     except BaseException:
         gang.terminate()
         _finish(record, attempt, "cancelled")
@@ -100,28 +134,36 @@ def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, n
     finally:
         with _LIVE_LOCK:
             _LIVE.pop(config.job_id, None)
+        supervisor.finish()
     duration = time.monotonic() - t0
-    if code != 0:
-        _finish(record, attempt, "failed")
-        raise _failure(record, attempt, log_dir, code)
-    _finish(record, attempt, "completed")
-    end = _last_segment_end(record)
+    end = _last_segment_end(record, since=started)
+    if code != 0 and not (supervisor.preempting and end.get("reason") == "preempted"):
+        exc = _failure(record, attempt, log_dir, code, supervisor, config)
+        _finish(record, attempt, "failed", error=str(exc))
+        raise exc
+    _finish(record, attempt, "preempted" if end.get("reason") == "preempted" else "completed")
     return SegmentResult(attempt, code, duration, end.get("step"), end.get("reason"))
 
 
-def _finish(record: JobRecord, attempt: int, state: str) -> None:
+def _finish(record: JobRecord, attempt: int, state: str, error: str | None = None) -> None:
+    record.reload()
     segments = record.data.get("segments", [])
     for seg in segments:
         if seg["attempt"] == attempt:
-            seg.update(state=state, ended_at=time.time())
+            seg.update(state=state, ended_at=time.time(), **({"error": error[:2000]} if error else {}))
     record.update(segments=segments)
 
 
-def _last_segment_end(record: JobRecord) -> dict:
-    return last_event(record.events_path, "segment_end") or {}
+def _last_segment_end(record: JobRecord, since: float = 0.0) -> dict:
+    end = last_event(record.events_path, "segment_end") or {}
+    return end if end.get("time", 0) >= since else {}
 
 
-def _failure(record: JobRecord, attempt: int, log_dir: Path, code: int) -> SegmentFailed:
+KIND_ORDER = {"user": 0, "divergence": 1, "infra": 2}
+
+
+def _failure(record: JobRecord, attempt: int, log_dir: Path, code: int, supervisor: SegmentSupervisor | None = None,
+             config: WorkerConfig | None = None) -> SegmentFailed:
     reports = []
     for path in sorted((record.folder / "failures").glob(f"segment-{attempt}-rank-*.json")):
         try:
@@ -129,7 +171,18 @@ def _failure(record: JobRecord, attempt: int, log_dir: Path, code: int) -> Segme
         except ValueError:
             continue
     # The first failure is the root cause; the others are usually peers dying of the lost connection.
-    reports.sort(key=lambda r: (r.get("kind") != "user", r.get("time", 0)))
+    reports.sort(key=lambda r: (KIND_ORDER.get(r.get("kind"), 2), r.get("time", 0)))
+    root = supervisor.root_cause() if supervisor is not None else None
+    if supervisor is not None and supervisor.terminate_requested:
+        return SegmentFailed(f"segment {attempt} stopped by policy: {supervisor.terminate_requested}; "
+                             f"{root.message if root else ''}", "infra", root.rank if root else None)
+    if reports and reports[0].get("kind") == "divergence" and config is not None and supervisor is not None:
+        return _divergence(record, attempt, reports[0], supervisor, config)
+    if root is not None and (not reports or reports[0].get("kind") == "infra"):
+        # The supervisor saw the cause (a lost or hung rank); the peers' reports are its consequences.
+        tail = _log_tail(log_dir, root.rank) if root.rank is not None else _tail(log_dir / "agent.log")
+        return SegmentFailed(f"{root.message}: treated as an infrastructure fault (recovery: {root.action})\n"
+                             f"--- last lines of rank {root.rank}'s log ---\n{tail}", "infra", root.rank)
     if reports:
         first = reports[0]
         rank = int(first["rank"])
@@ -175,3 +228,28 @@ def _killed_rank(log_dir: Path) -> tuple[int | None, str | None]:
         if ("exitcode" in line or "Signal" in line) and sig is None:
             sig = line
     return rank, sig
+
+
+def _divergence(record: JobRecord, attempt: int, report: dict[str, Any], supervisor: SegmentSupervisor,
+                config: WorkerConfig) -> SegmentFailed:
+    """Policy `rollback`: skip the offending batch's samples from now on (the job record keeps the list, each
+    checkpoint manifest records it) and retry from the last good checkpoint; past `max_rollbacks`, stop."""
+    record.reload()
+    step = int(report["step"])
+    skip = list(record.data.get("skip_samples", []))
+    samples = offending_samples(config, step, skip)
+    rollbacks = [*record.data.get("divergence", []), {"step": step, "reason": report.get("reason", ""),
+                                                      "samples": samples, "attempt": attempt, "time": report["time"]}]
+    record.update(skip_samples=sorted(set(skip) | set(samples)), divergence=rollbacks)
+    within = len(rollbacks) <= supervisor.policy.max_rollbacks
+    supervisor.note("divergence", int(report["rank"]), f"divergence at step {step + 1}: {report.get('reason')}",
+                    action=f"roll back to the last good checkpoint, skip {len(samples)} samples" if within
+                    else "stop: rollback budget spent", detected_at=float(report["time"]), step=step,
+                    fatal=within)
+    if not within:
+        return SegmentFailed(f"training diverged {len(rollbacks)} times (max_rollbacks "
+                             f"{supervisor.policy.max_rollbacks}); last at step {step + 1}: {report.get('reason')}. "
+                             "Lower the learning rate or inspect the skipped samples (job record: divergence)",
+                             "user", int(report["rank"]))
+    return SegmentFailed(f"divergence at step {step + 1} ({report.get('reason')}): rolling back to the last "
+                         f"committed checkpoint, skipping samples {samples}", "divergence", int(report["rank"]))

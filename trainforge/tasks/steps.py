@@ -41,10 +41,11 @@ def plan(spec: JobSpec, dataset: dict[str, Any], cluster: ClusterSpec | None = N
 
 
 def _retry_infra_only(task_: Any, task_run: Any, state: Any) -> bool:
+    """Retry infrastructure faults and divergence rollbacks (within their budget); never user errors."""
     try:
         state.result(raise_on_failure=True)
     except SegmentFailed as exc:
-        return exc.kind != "user"
+        return exc.kind in ("infra", "divergence")
     except SegmentCancelled:
         return False
     except Exception:
@@ -54,15 +55,48 @@ def _retry_infra_only(task_: Any, task_run: Any, state: Any) -> bool:
 
 @task(name="train-segment", cache_policy=NO_CACHE, retry_condition_fn=_retry_infra_only, retry_delay_seconds=1)
 def train_segment(record: JobRecord, config_path: str, config: WorkerConfig, nproc: int, max_restarts: int,
-                  cancel: threading.Event) -> SegmentResult:
+                  cancel: threading.Event, spec: JobSpec | None = None) -> SegmentResult:
     # Re-read the record: a retry must see the segments the failed attempt appended.
     from trainforge.registry.jobs import JobStore
     from trainforge.registry.secrets import resolve_secrets
 
     fresh = JobStore(record.folder.parent).get(record.job_id)
     secrets = resolve_secrets(fresh.data.get("spec", {}).get("secrets", []))  # into the workers' env only
+    segments = fresh.data.get("segments", [])
+    if spec is not None and segments and segments[-1].get("state") == "failed":
+        reprovision(fresh, spec)  # tier 2: a fresh gang, without the nodes the last attempt lost
     return run_segment(fresh, Path(config_path), config, nproc=nproc, max_restarts=max_restarts, cancel=cancel,
-                       extra_env=secrets)
+                       extra_env=secrets, scheduler_status=_scheduler_status(fresh.job_id) if spec else None)
+
+
+def reprovision(record: JobRecord, spec: JobSpec) -> None:
+    """Release the gang and request it again; a node the last attempt lost whole is marked unhealthy first so
+    the scheduler places the gang elsewhere."""
+    from trainforge.infra.scheduler.live import LiveScheduler
+    from trainforge.plan.cluster import default_cluster
+    from trainforge.tasks.provision import provision_gang, release_gang
+
+    attempt = record.data["segments"][-1]["attempt"]
+    lost = {i["host"] for i in record.data.get("incidents", []) if i["attempt"] == attempt and i["scope"] == "node"
+            and i.get("host")}
+    scheduler = LiveScheduler(default_cluster())
+    for node in sorted(lost):
+        try:
+            scheduler.node_failed(node, f"lost by job {record.job_id} in segment {attempt}")
+        except (KeyError, ValueError):  # a host name the scheduler does not place on (the local backend)
+            continue
+    release_gang(record.job_id)
+    provision_gang(record.job_id, spec)
+
+
+def _scheduler_status(job_id: str) -> Any:
+    def status() -> dict[str, Any] | None:
+        from trainforge.infra.scheduler.live import LiveScheduler
+        from trainforge.plan.cluster import default_cluster
+
+        return LiveScheduler(default_cluster()).status(job_id)
+
+    return status
 
 
 @task(name="commit-checkpoint", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)

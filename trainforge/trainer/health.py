@@ -271,10 +271,17 @@ class HealthMonitor:
         return self
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        if self.stop_requested:  # a second notice: the grace period is over
+        """While training, a notice means: checkpoint at the next step boundary (the loop agrees on it across
+        ranks), bounded by the grace period. Outside training, or at a second notice, stop now."""
+        if self.stop_requested or self._state["phase"] != "training":
+            self.close("terminated")
             os._exit(128 + signum)
         self.stop_requested, self.stop_requested_at = True, time.time()
         self._state["phase_note"] = "termination notice received"
+        self._write()
+        timer = threading.Timer(self.policy.preemption_grace_s, lambda: os._exit(128 + signum))
+        timer.daemon = True
+        timer.start()
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.policy.heartbeat_interval_s):
