@@ -71,3 +71,18 @@ def test_job_streams_observability_metrics(prefect_api, monkeypatch):
     assert cost.gpu_hours == pytest.approx(wall * 2 / 3600, rel=1e-6)
     split = cost.productive_hours + cost.idle_hours + cost.lost_hours + cost.failed_hours
     assert split == pytest.approx(cost.gpu_hours, rel=1e-6)
+
+    # compare reads the run back from MLflow (same job twice: no config difference) and plots the curves
+    import json
+
+    from typer.testing import CliRunner
+
+    from trainforge.cli import app
+
+    png = record.folder / "compare.png"
+    out = CliRunner().invoke(app, ["compare", record.job_id, record.job_id, "--json", "--plot", str(png)])
+    assert out.exit_code == 0, out.output
+    summary = json.loads(out.output)
+    assert summary["config_diff"] == {}
+    assert summary["metrics"][record.job_id]["mfu.median"] > 0
+    assert png.stat().st_size > 10_000

@@ -127,7 +127,8 @@ def job_cost(record: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = ()
         cost.productive_hours, cost.lost_hours = productive * scale, lost * scale
         cost.idle_hours = cost.gpu_hours - cost.productive_hours - cost.lost_hours
     for ckpt in (record.get("checkpoints") or {}).values():
-        since = ckpt.get("committed_at") or cost.created_at or now
+        since = ckpt.get("committed_at")
+        since = since if since is not None else (cost.created_at or now)
         cost.storage_gb_days += ckpt.get("bytes", 0) / 1e9 * max(0.0, now - float(since)) / 86400
     cost.compute_cost = cost.gpu_hours * price
     cost.storage_cost = cost.storage_gb_days * storage_gb_month / 30
