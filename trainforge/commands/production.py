@@ -24,10 +24,10 @@ from trainforge.commands.common import (
 from trainforge.spec import JobSpec, SpecError
 
 
-def _load_spec(spec_file: Path) -> JobSpec:
+def _load_spec(spec_file: Path, cluster: Any = None) -> JobSpec:
     from trainforge.validate import validate_file
 
-    report = validate_file(spec_file)
+    report = validate_file(spec_file, cluster)
     if not report.ok():
         print_spec_error(SpecError(report.errors(), str(spec_file), report.unreadable))
     assert report.spec is not None
@@ -72,8 +72,8 @@ def render(
 
     if backend != "kubernetes":
         fail(f"backend {backend!r} has no manifests to render: use --backend kubernetes")
-    spec = _load_spec(spec_file)
     cluster_spec = load_cluster_option(cluster)
+    spec = _load_spec(spec_file, cluster_spec)
     try:
         manifests = manifests_for_spec(spec, job_id or new_job_id(spec.name), cluster_spec,
                                        _options(namespace, image, queue, topology_aware))
@@ -100,8 +100,8 @@ def submit_kubernetes(spec_file: Path, *, cluster: Path | None, namespace: str, 
     from trainforge.registry.jobs import new_job_id
     from trainforge.tasks.prepare import make_plan, storage_url
 
-    spec = _load_spec(spec_file)
     cluster_spec = load_cluster_option(cluster)
+    spec = _load_spec(spec_file, cluster_spec)
     job_id = new_job_id(spec.name)
     plan = make_plan(spec, cluster_spec)
     layout = plan["layout"]
