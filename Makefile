@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test lint clean servers servers-down
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,3 +27,10 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The production server stack on loopback (PostgreSQL, SeaweedFS S3, MLflow, Prefect); `make servers-down` stops it.
+servers: $(STAMP)
+	$(BIN)/trainforge servers up
+
+servers-down: $(STAMP)
+	$(BIN)/trainforge servers down
