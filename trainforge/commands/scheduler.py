@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -21,8 +22,11 @@ def queue(
     from rich.table import Table
 
     from trainforge.infra.scheduler.live import LiveScheduler
+    from trainforge.infra.scheduler.model import TeamPolicy
 
-    rows = LiveScheduler(load_cluster_option(cluster), db).queue()
+    spec = load_cluster_option(cluster)
+    teams = {n: TeamPolicy(weight=t.weight, quota=dict(t.quota)) for n, t in spec.teams.items()}
+    rows = LiveScheduler(spec, db or os.environ.get("TRAINFORGE_SCHEDULER_URL"), teams=teams or None).queue()
     if as_json:
         print_json(rows)
         return
@@ -65,6 +69,7 @@ def simulate(
 
     Example: trainforge simulate --trace ../shared/traces/philly_jobs_50k.csv --policy ours --policy fifo
     """
+    from trainforge.infra.scheduler.model import TeamPolicy
     from trainforge.infra.simulator import (
         SimConfig,
         Simulation,
@@ -75,6 +80,7 @@ def simulate(
     )
     from trainforge.infra.simulator.report import render
 
+    teams: dict[str, TeamPolicy] = {}
     if str(cluster).endswith(".csv"):
         nodes, name = load_node_list(cluster), cluster.stem
     else:
@@ -82,6 +88,7 @@ def simulate(
 
         spec = load_cluster_option(cluster)
         nodes, name = nodes_from_spec(spec), spec.name
+        teams = {n: TeamPolicy(weight=t.weight, quota=dict(t.quota)) for n, t in spec.teams.items()}
     try:
         tr = load_trace(trace, max_jobs=max_jobs)
         fail_opts = _kv(failures, "failures")
@@ -103,7 +110,7 @@ def simulate(
                                        seed=seed))
     reports = []
     for pol in policy:
-        cfg = SimConfig(policy=pol, grace_s=grace, speedup=speedup, seed=seed,
+        cfg = SimConfig(policy=pol, grace_s=grace, speedup=speedup, seed=seed, teams=teams,
                         node_mtbf_hours=fail_opts.get("mtbf"), repair_s=3600 * fail_opts.get("repair", 4.0),
                         spot_every_s=3600 * spot_opts["every"] if "every" in spot_opts else None,
                         spot_fraction=spot_opts.get("fraction", 0.5),

@@ -58,7 +58,7 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
                               fine_tuned_from=parse_target(jobspec.init_from) if jobspec.init_from else None)
     log.info("job %s: dataset %s@%s (%s), layout %s", record.job_id, dataset["name"], dataset["version"][:12],
              dataset["license"], plan["layout"])
-    allocation = provision_gang(record.job_id, jobspec)
+    allocation = provision_gang(record.job_id, jobspec, plan["layout"])
     pump = _EventPump(jobspec, record, str(config_path), config.__dict__, run_id)
     try:
         while True:

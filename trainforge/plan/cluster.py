@@ -56,6 +56,15 @@ class NodeGroup(BaseModel):
         return self.nodes * self.gpus_per_node
 
 
+class TeamSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    weight: float = Field(default=1.0, gt=0)
+    """Fair-share weight of the team in the shared pool (DRF over GPUs of each type)."""
+    quota: dict[str, int] = Field(default_factory=dict)
+    """Hard cap on GPUs the team may hold, per GPU type (`*` = all types together)."""
+
+
 class ClusterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -65,6 +74,8 @@ class ClusterSpec(BaseModel):
     """Groups of identical nodes."""
     node_mtbf_hours: float = Field(default=50_000, gt=0)
     """Mean time between failures of one node, in hours (for checkpoint intervals and the simulator)."""
+    teams: dict[str, TeamSpec] = Field(default_factory=dict)
+    """Fair-share weights and quotas per team; teams not listed get weight 1 and no quota."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> ClusterSpec:
