@@ -86,11 +86,12 @@ def events(job: ChaosJob, kind: str | None = None) -> list[dict[str, Any]]:
     return [e for e in evs if kind is None or e.get("type") == kind]
 
 
-def measure(job: ChaosJob, scenario: str, fault_kind: str | None = None) -> dict[str, Any]:
+def measure(job: ChaosJob, scenario: str, fault_kind: str | None = None, detected_kind: str | None = None
+            ) -> dict[str, Any]:
     """Detection latency (fault fired -> detected), MTTR (detected -> first step after the restore) and lost
     steps, from the records; printed as one line for the design doc."""
-    detected = events(job, "fault_detected")
-    recovered = events(job, "recovered")
+    detected = [e for e in events(job, "fault_detected") if detected_kind in (None, e["fault"])]
+    recovered = [e for e in events(job, "recovered") if detected_kind in (None, e["fault"])]
     fired = fired_at(job.record.folder)
     fired_t = min((t for name, t in fired.items() if fault_kind is None or name.startswith(fault_kind)),
                   default=None)

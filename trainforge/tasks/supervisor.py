@@ -137,8 +137,8 @@ class SegmentSupervisor:
         if signature != self._progress:
             self._progress, self._progress_at = signature, now
             return
-        if not training:
-            if beats and all(b.get("phase") == "starting" for b in beats.values()) \
+        if not training:  # starting up or committing the last checkpoint: the longer budget applies
+            if beats and all(b.get("phase") in ("starting", "closing") for b in beats.values()) \
                     and now - self._progress_at > self.policy.startup_timeout_s:
                 self._on_hang(beats, now, now - self._progress_at, startup=True)
             return
@@ -155,7 +155,7 @@ class SegmentSupervisor:
         folder = stacks_dir(self.run_dir, self.attempt)
         stacks = dump_stacks(beats, folder)
         rank, where = name_culprit(stacks, beats)
-        what = "start-up" if startup else "step progress"
+        what = "start-up / final commit" if startup else "step progress"
         message = (f"hang: no {what} on any rank for {stalled_s:.1f}s; rank {rank} is stuck at {where} "
                    f"(the others wait in collectives); stacks of every rank: {folder}")
         self._record("hang", rank, message, beats, action="dump stacks, SIGKILL the stuck rank, restart",
@@ -171,8 +171,8 @@ class SegmentSupervisor:
         local = {r: b["local_s"] for r, b in beats.items() if b.get("phase") == "training" and b.get("local_s")}
         if len(local) < 2:
             return
-        med = statistics.median(local.values())
         for rank, value in local.items():
+            med = statistics.median(v for r, v in local.items() if r != rank)  # the others: 2 ranks work too
             done = beats[rank].get("steps_done", 0)
             if self._slow_seen.get(rank) == done:
                 continue
@@ -182,7 +182,7 @@ class SegmentSupervisor:
             if self._slow_counts[rank] >= self.policy.straggler_patience and self._once("straggler", rank, 0):
                 evict = self.policy.straggler_action == "evict"
                 self._record("straggler", rank, f"straggler: rank {rank} spends {value:.3f}s of local work per step, "
-                             f"{value / max(med, 1e-9):.1f}x the median of ranks ({med:.3f}s), for "
+                             f"{value / max(med, 1e-9):.1f}x the median of the other ranks ({med:.3f}s), for "
                              f"{self._slow_counts[rank]} steps", beats,
                              action="evict at the next committed checkpoint" if evict else "report",
                              host=beats[rank].get("host"),
@@ -226,7 +226,8 @@ class SegmentSupervisor:
         lost = max(0, reached - resumed) if reached is not None else None
         self.events.emit("recovered", fault=pending["kind"], rank=pending.get("rank"), mttr_s=round(mttr, 3),
                          resumed_from=resumed, lost_steps=lost, attempt=self.attempt,
-                         tier="in-segment restart" if pending["attempt"] == self.attempt else "segment retry")
+                         tier="in-segment restart" if pending["attempt"] == self.attempt else
+                         "resume after preemption" if pending["kind"] == "preemption" else "segment retry")
         self._pending = None
         self.record.update(pending_recovery=None)
 

@@ -60,9 +60,11 @@ class HealthPolicy:
     max_rollbacks: int = 3
     """Divergence rollbacks per job before it stops with a report."""
     spike_window: int = 32
-    spike_min_window: int = 8
-    spike_z: float = 8.0
-    """Robust z-score (median / MAD over the last spike_window losses) above which a loss is a spike."""
+    spike_min_window: int = 16
+    spike_z: float = 10.0
+    """Robust z-score (median / MAD over the last spike_window losses) above which a loss is a spike..."""
+    spike_min_rel: float = 0.5
+    """... and only when it is also this much above the window's median (small batches make noisy losses)."""
     straggler_ratio: float = 1.5
     straggler_min_excess_s: float = 0.05
     straggler_patience: int = 5
@@ -128,8 +130,9 @@ class DivergenceDetector:
     (Iglewicz & Hoaglin's modified z-score; the median and MAD ignore earlier spikes, unlike a mean and std)."""
 
     window: int = 32
-    min_window: int = 8
-    z_threshold: float = 8.0
+    min_window: int = 16
+    z_threshold: float = 10.0
+    min_rel: float = 0.5
     history: deque[float] = field(default_factory=deque)
 
     def observe(self, loss: float, grad_norm: float | None = None) -> str | None:
@@ -140,7 +143,8 @@ class DivergenceDetector:
         reason = None
         if len(self.history) >= self.min_window:
             z = robust_z(loss, list(self.history))
-            if z > self.z_threshold:
+            med = statistics.median(self.history)
+            if z > self.z_threshold and loss > med + self.min_rel * abs(med):
                 reason = f"loss spike {loss:.4g} (robust z-score {z:.1f} > {self.z_threshold:g} over the last " \
                          f"{len(self.history)} steps, median {statistics.median(self.history):.4g})"
         if reason is None:  # spikes stay out of the reference window
@@ -243,7 +247,8 @@ class HealthMonitor:
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.path = heartbeat_path(run_dir, attempt, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.detector = DivergenceDetector(policy.spike_window, policy.spike_min_window, policy.spike_z)
+        self.detector = DivergenceDetector(policy.spike_window, policy.spike_min_window, policy.spike_z,
+                                           policy.spike_min_rel)
         self.stop_requested = False
         self.stop_requested_at: float | None = None
         self._ctx: Any = None
