@@ -24,8 +24,13 @@ from trainforge.tasks import prepare, steps
 from trainforge.tasks.checkpoints import CheckpointCorrupt
 from trainforge.tasks.provision import provision_gang, release_gang
 from trainforge.tasks.segment import SegmentCancelled, terminate_job
+from trainforge.tasks.supervisor import give_up_report
 
 POLL_S = 0.5
+
+
+class JobFailed(RuntimeError):
+    """The job failed for good (user error, or the retry budget spent); the message is the failure report."""
 CANCEL_CHECK_S = 2.0
 
 
@@ -66,6 +71,9 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
             if result.last_step is not None and result.last_step >= config.total_steps:
                 break
             log.info("segment ended at step %s (%s); starting the next one", result.last_step, result.reason)
+            if result.reason == "preempted":  # emergency checkpoint committed: give the GPUs back, queue again
+                release_gang(record.job_id)
+                allocation = provision_gang(record.job_id, jobspec, plan["layout"])
         pump.drain()
         model = _promote(jobspec, record, str(config_path), config.__dict__, run_id, lineage, pump)
         record.update(state="completed", model=model, completed_at=time.time())
@@ -78,6 +86,10 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
         pump.drain(raise_errors=False)
         record.update(state="cancelled" if cancelled else "failed", error=redact(str(exc))[-4000:])
         _end_tracking(run_id, "KILLED" if cancelled else "FAILED")
+        if not cancelled and record.data.get("segments"):  # the retry budget is spent: say what happened
+            report = redact(give_up_report(record, exc))
+            log.error("%s", report)
+            raise JobFailed(report) from exc
         raise
     finally:
         release_gang(record.job_id)
@@ -88,7 +100,7 @@ def _run_segment(spec: JobSpec, record: JobRecord, config_path: Path, config: An
     retries = spec.fault_tolerance.max_segment_retries
     segment = steps.train_segment.with_options(retries=retries)
     future = segment.submit(record, str(config_path), config, allocation["workers"],
-                            spec.fault_tolerance.max_restarts, pump.cancel)
+                            spec.fault_tolerance.max_restarts, pump.cancel, spec)
     while not future.state.is_final():
         pump.poll()
         future.wait(POLL_S)
@@ -190,6 +202,12 @@ class _EventPump:
             rows.extend(self.observer.rows(ev))  # metrics, rank aggregates, system telemetry, checkpoint stalls
             if kind == "checkpoint" and ev["step"] not in self.committed:
                 self._on_checkpoint(ev["step"])
+            elif kind in ("fault_detected", "recovered"):  # recovery transitions: Prefect log + MLflow
+                self.log.warning("%s: %s", kind, ev.get("message") or {k: ev.get(k) for k in (
+                    "fault", "mttr_s", "resumed_from", "lost_steps", "tier")})
+                if kind == "recovered" and ev.get("mttr_s") is not None:
+                    rows.append((ev.get("resumed_from") or 0, {"mttr_s": ev["mttr_s"],
+                                                               "lost_steps": ev.get("lost_steps") or 0}))
             elif kind == "checkpoint_corrupt":
                 self.log.warning("skipped corrupt checkpoint step %s: %s", ev["step"], ev.get("problems"))
             elif kind == "segment_start" and ev.get("resumed_from") is not None:

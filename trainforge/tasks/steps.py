@@ -86,7 +86,7 @@ def reprovision(record: JobRecord, spec: JobSpec) -> None:
         except (KeyError, ValueError):  # a host name the scheduler does not place on (the local backend)
             continue
     release_gang(record.job_id)
-    provision_gang(record.job_id, spec)
+    provision_gang(record.job_id, spec, record.data["plan"]["layout"])
 
 
 def _scheduler_status(job_id: str) -> Any:

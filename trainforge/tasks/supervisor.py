@@ -119,7 +119,8 @@ class SegmentSupervisor:
             dead_hosts.setdefault(beat.get("host", "?"), []).append(rank)
             if self._once("rank_lost", rank, pid):
                 inc = self._record("rank_lost", rank, f"rank {rank} lost: {why}", beats,
-                                   action="restart in segment" if alive is False else "SIGKILL, then restart",
+                                   action="restart (torchrun in segment, else segment retry)" if alive is False
+                                   else "SIGKILL, then restart",
                                    host=beat.get("host"), evidence={"pid": pid, "heartbeat_age_s": round(age, 2)})
                 if alive:
                     _kill(pid, signal.SIGKILL)

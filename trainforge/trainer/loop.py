@@ -28,6 +28,7 @@ from trainforge.jobconfig import WorkerConfig
 from trainforge.trainer.checkpoint import Checkpointer
 from trainforge.trainer.distributed import DistContext
 from trainforge.trainer.faults import FaultInjector
+from trainforge.trainer.health import current_monitor
 from trainforge.trainer.metrics import StepMeter
 from trainforge.trainer.parallel.parallelize import parallelize
 
@@ -85,7 +86,7 @@ class DataFeed:
                                f"{cfg.dataset['version']}")
         self.reader = open_reader(ds.path, ds.manifest)  # local shards, or streamed through the cache tiers
         self.order = SampleOrder(ds.manifest.num_samples, cfg.dataset["eval_fraction"], ds.version,
-                                 cfg.training["seed"])
+                                 cfg.training["seed"], skip=frozenset(cfg.extra.get("skip_samples", ())))
         self.global_batch = cfg.training["global_batch_size"]
         self.micro = cfg.layout["micro_batch_size"]
         self.dp_rank, self.dp_degree = dp_rank, dp_degree
@@ -115,6 +116,7 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
     tr = cfg.training
     events = EventWriter(cfg.run_dir, ctx.is_main)
     faults = FaultInjector.from_env(cfg.run_dir, ctx.rank)
+    monitor = current_monitor()  # heartbeats, divergence policy, termination notice (trainer/health.py)
     torch.manual_seed(tr["seed"])
     model = build_model(cfg).to(ctx.device)
     layout = cfg.layout
@@ -142,6 +144,7 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
         ckpt.load(ref, pm.model, optimizer)
         start = ref.step
     events.emit("segment_start", step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None)
+    monitor.attach(ctx, start)
 
     feed = DataFeed(cfg, dp_rank=pm.dp_rank, dp_degree=pm.dims.dp)
     live = AsyncEventWriter(events)  # per-step metrics: written off the step's critical path
@@ -151,10 +154,13 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
     sched = tr["lr_schedule"]
     tokens_per_step = tr["global_batch_size"] * tr["seq_len"]
     last_loss = float("nan")
+    preempted = False
     for step in range(start, end):
-        faults.maybe_fire(step)
+        monitor.begin_step(step)
+        faults.maybe_fire(step, pm.model)
         t0 = time.perf_counter()
         batches = feed.step(step)
+        monitor.local_done()
         lr = lr_at(step, total, opt["lr"], sched["warmup_steps"], sched["decay"], sched["min_lr_ratio"])
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -169,16 +175,19 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
         live.emit("metrics", step=step + 1, loss=last_loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
                   tokens_per_s=tokens_per_step / dt, samples_per_s=tr["global_batch_size"] / dt,
                   **meter.end_step(step + 1, dt, feed.last_wait_s))
-        if not math.isfinite(last_loss):
-            raise FloatingPointError(f"loss is {last_loss} at step {step + 1}")
+        preempted = monitor.end_step(step, last_loss, grad_norm, dt)  # raises on divergence (policy)
         done = step + 1
-        if done % cfg.checkpoint_interval == 0 or done == end:
+        if done % cfg.checkpoint_interval == 0 or done == end or preempted:
             blocked = ckpt.save(done, pm.model, optimizer, _manifest_fields(cfg, ctx, done, last_loss))
             events.emit("checkpoint_staged", step=done, blocked_s=blocked)
+        if preempted:  # termination notice: the emergency checkpoint commits in close(), then the segment ends
+            end = done
+            break
+    monitor.set_phase("closing")
     ckpt.close()
     meter.close()
     live.close()
-    reason = "finished" if end == total else "segment_max_steps"
+    reason = "preempted" if preempted else "finished" if end == total else "segment_max_steps"
     events.emit("segment_end", step=end, reason=reason)
     del pm, model, optimizer
     return {"step": end, "reason": reason, "loss": last_loss}
@@ -191,7 +200,7 @@ def _manifest_fields(cfg: WorkerConfig, ctx: DistContext, step: int, loss: float
         "world_size": ctx.world_size,
         "layout": cfg.layout,
         "sampler": {"position": step * cfg.training["global_batch_size"], "seed": cfg.training["seed"],
-                    "dataset_version": cfg.dataset["version"]},
+                    "dataset_version": cfg.dataset["version"], "skip": sorted(cfg.extra.get("skip_samples", []))},
         "rng": {"files": [f"rng-rank{r:05d}.safetensors" for r in range(ctx.world_size)]},
         "metrics": {"train_loss": loss},
         "dataset": {"ref": cfg.dataset["ref"], "version": cfg.dataset["version"],
