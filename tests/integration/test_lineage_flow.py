@@ -11,6 +11,7 @@ Run: .venv/bin/python -m pytest tests/integration/test_lineage_flow.py   (two fl
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -88,6 +89,10 @@ def test_lineage_promotion_fine_tune_withdrawal(prefect_api):
     doc["dataset"] = {**doc["dataset"], "ref": "catalog://rand-cc0@main", "license": "CC0-1.0"}
     second = run_flow(doc)
     name_b, version_b = second["model"]["model_name"], second["model"]["version"]
+    # the workers started from model A's weights: the registered safetensors, byte for byte
+    config_b = json.loads((JobStore().get(second["job_id"]).folder / "worker-config.json").read_text())
+    init = Path(config_b["extra"]["init_weights"])
+    assert init.read_bytes() == Path(first["model"]["path"]).read_bytes()
     deps_b = {(d["name"], d["license_class"]) for d in
               cli("lineage", "datasets-of", f"{name_b}/{version_b}")["datasets"]}
     assert deps_b == {("demo-text", "permissive"), ("rand-cc0", "public-domain")}

@@ -49,8 +49,10 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
         log.warning(warning)
     plan = steps.plan(jobspec, dataset)
     record = _open_record(jobspec, job_id, resume, spec, source)
+    init_weights = steps.resolve_init_weights(jobspec, str(record.folder)) if jobspec.init_from else None
     config = prepare.worker_config(jobspec, record.job_id, record.folder, Path(base_dir), dataset, plan,
-                                   prepare.code_commit(prepare.code_dir(jobspec, Path(base_dir)), jobspec.code.commit))
+                                   prepare.code_commit(prepare.code_dir(jobspec, Path(base_dir)), jobspec.code.commit),
+                                   init_weights)
     config_path = record.folder / "worker-config.json"
     config_path.write_text(config.to_json())
     lineage = _lineage(jobspec, dataset, config.code_commit, record.job_id)

@@ -104,7 +104,7 @@ def storage_url() -> str:
 
 
 def worker_config(spec: JobSpec, job_id: str, run_dir: Path, base_dir: Path, dataset: dict[str, Any],
-                  plan: dict[str, Any], commit: str) -> WorkerConfig:
+                  plan: dict[str, Any], commit: str, init_weights: str | None = None) -> WorkerConfig:
     interval = spec.checkpoint.interval_steps
     if interval == "auto":
         interval = auto_checkpoint_interval(spec, plan)
@@ -118,7 +118,7 @@ def worker_config(spec: JobSpec, job_id: str, run_dir: Path, base_dir: Path, dat
         dataset=dataset, checkpoint_interval=int(interval),
         segment_max_steps=spec.fault_tolerance.segment_max_steps,
         collective_timeout_s=120.0, code_commit=commit, config_hash=spec.config_hash(),
-        extra={"engine": spec.parallelism.engine,
+        extra={"engine": spec.parallelism.engine, "init_weights": init_weights,
                "code": {"mode": spec.code.mode, "framework": spec.code.framework, "args": list(spec.code.args)}},
     )
 
@@ -136,3 +136,56 @@ def auto_checkpoint_interval(spec: JobSpec, plan: dict[str, Any], cluster: Clust
                               precision=spec.training.precision.value,
                               async_stall_fraction=0.1 if spec.checkpoint.async_save else 1.0)
     return max(1, min(spec.training.total_steps, result.interval_steps))
+
+
+class InitWeightsError(ValueError):
+    """`init_from` names weights that cannot be found or read."""
+
+
+def resolve_init_weights(spec: JobSpec, run_dir: Path) -> str | None:
+    """Fine-tuning: materialise the parent's weights as one safetensors file the workers load before step 0.
+
+    `JOB@STEP` exports that committed checkpoint of an earlier job (verified against its manifest);
+    `models:/team.name/3` (or `team.name/3`) downloads the registered model version's safetensors from MLflow."""
+    if not spec.init_from:
+        return None
+    from trainforge.registry.lineage import parse_target
+
+    target = parse_target(spec.init_from)
+    out = run_dir / "init"
+    if target.startswith("checkpoint:"):
+        import json
+
+        from trainforge.registry.jobs import JobStore
+        from trainforge.tasks.checkpoints import export_safetensors
+
+        job, _, step = target.removeprefix("checkpoint:").rpartition("@")
+        try:
+            parent = JobStore().get(job)
+        except LookupError as exc:
+            raise InitWeightsError(f"init_from {spec.init_from!r}: {exc}") from None
+        config_path = parent.folder / "worker-config.json"
+        if not config_path.is_file():
+            raise InitWeightsError(f"init_from {spec.init_from!r}: job {job} never trained, it has no checkpoints")
+        try:
+            export_safetensors(config_path, json.loads(config_path.read_text()), int(step), out)
+        except Exception as exc:
+            raise InitWeightsError(f"init_from {spec.init_from!r}: cannot export step {step} of {job}: {exc}") from None
+        return str(out / "model.safetensors")
+    if target.startswith("model:"):
+        from trainforge.registry.tracking import Tracker
+
+        name, _, version = target.removeprefix("model:").rpartition("/")
+        try:
+            source = Tracker().model_version(name, version).source
+            import mlflow.artifacts
+
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(out)))
+        except Exception as exc:
+            raise InitWeightsError(f"init_from {spec.init_from!r}: model version not readable: {exc}") from None
+        found = sorted(local.rglob("model.safetensors")) if local.is_dir() else [local]
+        if not found:
+            raise InitWeightsError(f"init_from {spec.init_from!r}: the model version has no model.safetensors")
+        return str(found[0])
+    raise InitWeightsError(f"init_from {spec.init_from!r} names a {target.split(':')[0]}, not a checkpoint "
+                           "(JOB@STEP) or a model version (models:/name/N)")

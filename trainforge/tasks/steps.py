@@ -33,6 +33,12 @@ def resolve_dataset(spec: JobSpec, base_dir: str) -> dict[str, Any]:
     return prepare.resolve_dataset(spec, Path(base_dir))
 
 
+@task(name="resolve-init-weights", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def resolve_init_weights(spec: JobSpec, run_dir: str) -> str | None:
+    """Fine-tuning: the parent checkpoint or model version as one safetensors file for the workers."""
+    return prepare.resolve_init_weights(spec, Path(run_dir))
+
+
 @task(name="plan", cache_policy=NO_CACHE)
 def plan(spec: JobSpec, dataset: dict[str, Any], cluster: ClusterSpec | None = None) -> dict[str, Any]:
     result = prepare.make_plan(spec, cluster)

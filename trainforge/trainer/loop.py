@@ -62,6 +62,23 @@ def load_entrypoint(entrypoint: str, code_dir: str) -> Any:
         raise UserCodeError(f"cannot load entrypoint {entrypoint!r}: {type(exc).__name__}: {exc}") from exc
 
 
+def load_init_weights(model: torch.nn.Module, path: str) -> None:
+    """Load a safetensors file of full (unsharded) weights; nothing is unpickled. Shape or name mismatches are the
+    user's to fix (init_from names a model of another architecture)."""
+    from safetensors.torch import load_file
+
+    state = load_file(path)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if missing or unexpected or wrong:
+        raise UserCodeError(f"init_from weights {path} do not fit the model: missing {missing[:5]}, unexpected "
+                            f"{unexpected[:5]}, wrong shape {wrong[:5]}; init_from must name a model of the same "
+                            "architecture (model section)")
+    model.load_state_dict(state, strict=True)
+
+
 def build_model(cfg: WorkerConfig) -> torch.nn.Module:
     factory = load_entrypoint(cfg.entrypoint, cfg.code_dir)
     model = factory({**cfg.model, "max_seq_len": cfg.training["seq_len"]})
@@ -119,6 +136,9 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
     monitor = current_monitor()  # heartbeats, divergence policy, termination notice (trainer/health.py)
     torch.manual_seed(tr["seed"])
     model = build_model(cfg).to(ctx.device)
+    if cfg.extra.get("init_weights"):
+        # Fine-tuning (spec init_from): the parent's weights; this job's own committed checkpoint, if any, wins below.
+        load_init_weights(model, cfg.extra["init_weights"])
     layout = cfg.layout
     if cfg.extra.get("engine", layout.get("engine", "native")) == "deepspeed":
         from trainforge.trainer.parallel.deepspeed_engine import train_deepspeed

@@ -94,28 +94,6 @@ def start_health(cfg: WorkerConfig, rank: int) -> HealthPolicy:
     return policy
 
 
-def init_process_group(timeout_s: float) -> None:
-    """The default group on the agent's store with keys prefixed per restart attempt: the store outlives an
-    attempt, and without the prefix a restarted worker reads the dead attempt's addresses and fails or hangs
-    connecting (ENVIRONMENT.md, elastic restarts). The timeout comes from the plan (health policy)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1 or "MASTER_ADDR" not in os.environ:
-        return
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    timeout = timedelta(seconds=timeout_s)
-    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
-    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{restart}", base),
-                            rank=int(os.environ["RANK"]), world_size=world, timeout=timeout)
-
-
 def main() -> int:
     cfg = WorkerConfig.load(os.environ[ENV_VAR])
     rank = int(os.environ.get("RANK", "0"))
@@ -129,9 +107,8 @@ def main() -> int:
         from trainforge.trainer.distributed import DistContext, shutdown
         from trainforge.trainer.loop import train
 
-        timeout_s = min(cfg.collective_timeout_s, policy.collective_timeout_s)
-        init_process_group(timeout_s)
-        ctx = DistContext.from_env(timeout_s)
+        # The process group lives on the agent's store, prefixed per restart attempt (DistContext.from_env).
+        ctx = DistContext.from_env(min(cfg.collective_timeout_s, policy.collective_timeout_s))
         # train() owns the model: it is freed before the process group is destroyed (gloo shutdown trap).
         result = train(cfg, ctx)
         logging.getLogger(__name__).info("segment done: %s", result)
