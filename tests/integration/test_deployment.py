@@ -79,9 +79,12 @@ def test_train_job_deployment_runs_through_a_process_worker(tmp_path, _isolated_
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         from prefect.deployments import run_deployment
+        from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        run = run_deployment("train-job/train-job", timeout=420, parameters={
-            "spec": doc, "source": "tiny-cpu.yaml", "base_dir": str(REPO / "examples")})
+        # Another test's session-wide Prefect harness may hold the API URL in a settings context: override it.
+        with temporary_settings(updates={PREFECT_API_URL: api}):
+            run = run_deployment("train-job/train-job", timeout=420, parameters={
+                "spec": doc, "source": "tiny-cpu.yaml", "base_dir": str(REPO / "examples")})
         assert run.state is not None and run.state.is_completed(), (
             f"{run.state}\n{(tmp_path / 'worker.log').read_text()[-3000:]}")
         jobs = list((_isolated_home / "jobs").glob("tiny-cpu-*/job.json"))
