@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -62,9 +63,12 @@ def test_codec_roundtrip(codec):
 
 
 def test_unchanged_bytes_are_stored_once(store, tmp_path):
-    frozen, trained = os.urandom(4 << 20), os.urandom(4 << 20)
+    # Seeded bytes: chunk boundaries are content-defined, so random data made this test flaky (a rare long chunk
+    # straddling the frozen/trained boundary); fixed content gives the same chunks every run.
+    rng = random.Random(7)
+    frozen, trained, retrained = (rng.randbytes(4 << 20) for _ in range(3))
     writer, first = commit(store, tmp_path, 10, {"a.distcp": frozen + trained})
-    _, second = commit(store, tmp_path, 20, {"a.distcp": frozen + os.urandom(4 << 20)}, known=writer.known)
+    _, second = commit(store, tmp_path, 20, {"a.distcp": frozen + retrained}, known=writer.known)
     assert first.bytes_written == 8 << 20
     assert second.chunks_reused > 0
     assert second.bytes_written < 0.7 * second.bytes_logical
@@ -133,3 +137,31 @@ def test_materialize_reuses_a_matching_local_copy(store, tmp_path):
     assert materialize(store, ref, out) == []
     (out / "a.distcp").write_bytes(b"stale")
     assert materialize(store, ref, out)  # a stale local copy is not trusted
+
+
+def test_a_step_saved_again_after_quarantine_commits(tmp_path):
+    """A resume from an older checkpoint replays a step whose commit was found corrupt: the new commit replaces
+    it (create-only manifest write would otherwise fail) and the evidence stays under new names."""
+    from trainforge.infra.storage import LocalObjectStore
+    from trainforge.registry.manifest import (
+        list_committed,
+        quarantine,
+        retire_quarantined,
+        step_prefix,
+        write_manifest,
+    )
+
+    store = LocalObjectStore(tmp_path)
+    job = "teams/t/jobs/j"
+    prefix = step_prefix(job, 8)
+    write_manifest(store, prefix, {"step": 8, "files": [], "attempt": 1})
+    (ref,) = list_committed(store, job)
+    quarantine(store, ref, ["__0_0.distcp: sha256 mismatch"])
+    assert list_committed(store, job) == []
+    assert retire_quarantined(store, prefix) is True
+    write_manifest(store, prefix, {"step": 8, "files": [], "attempt": 2})
+    (again,) = list_committed(store, job)
+    assert again.manifest["attempt"] == 2
+    kept = [k.rsplit("/", 1)[1] for k in store.list(prefix + "/")]
+    assert any(k.startswith("manifest.corrupt-") for k in kept) and any(k.startswith("quarantine.retired-") for k in kept)
+    assert retire_quarantined(store, prefix) is False

@@ -103,6 +103,23 @@ def quarantined_steps(store: ObjectStore, job_prefix: str) -> set[int]:
     return _scan(store, job_prefix)[1]
 
 
+def retire_quarantined(store: ObjectStore, prefix: str) -> bool:
+    """A step saved again after its earlier commit was found corrupt (a resume from an older checkpoint replays
+    it): keep the evidence under new names and free the manifest name, so the create-only commit can succeed."""
+    import time
+
+    qkey, mkey = f"{prefix}/{QUARANTINE}", f"{prefix}/{MANIFEST}"
+    if not store.exists(qkey):
+        return False
+    stamp = f"{time.time():.0f}"
+    if store.exists(mkey):
+        store.put_bytes(f"{prefix}/manifest.corrupt-{stamp}.json", store.get_bytes(mkey))
+        store.delete(mkey)
+    store.put_bytes(f"{prefix}/quarantine.retired-{stamp}.json", store.get_bytes(qkey))
+    store.delete(qkey)
+    return True
+
+
 def quarantine(store: ObjectStore, ref: CheckpointRef, problems: list[str]) -> None:
     """Mark a committed checkpoint corrupt: listings skip it from now on; the files stay for inspection until
     retention collects them."""

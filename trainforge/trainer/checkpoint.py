@@ -43,6 +43,7 @@ from trainforge.registry.manifest import (
     CheckpointRef,
     latest_intact,
     materialize,
+    retire_quarantined,
     step_prefix,
     write_manifest,
 )
@@ -214,8 +215,14 @@ class Checkpointer:
                 manifest = {**fields, "step": step, "files": files, "committed_at": time.time(),
                             "dedup": total.__dict__, "codec": self.codec}
                 prefix = step_prefix(self.job_prefix, step)
-                write_manifest(self.store, prefix, manifest)
-                committed = True
+                try:
+                    if retire_quarantined(self.store, prefix):
+                        logger.warning("checkpoint step %d: replacing a commit that was quarantined as corrupt", step)
+                    write_manifest(self.store, prefix, manifest)
+                    committed = True
+                except Exception as exc:  # still reach the broadcast below: peers wait in it
+                    logger.exception("checkpoint step %d: commit failed", step)
+                    errors = [f"rank 0 commit: {type(exc).__name__}: {exc}"]
         committed = self._broadcast(committed)
         if committed:
             self._known = referenced_chunks(entries)
