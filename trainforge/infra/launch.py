@@ -51,6 +51,12 @@ def worker_environment(base: dict[str, str], *, config_path: str, segment_attemp
         "PYTHONUNBUFFERED": "1",
     })
     env.update(secrets or {})
+    job_key, job_secret = env.get("TRAINFORGE_JOB_S3_ACCESS_KEY_ID"), env.get("TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY")
+    if job_key and job_secret:
+        # Least privilege: with a per-job identity, the platform's own object-store credentials never reach user
+        # code; everything the workers do in S3 goes through the job's prefix-scoped identity.
+        env.update({"AWS_ACCESS_KEY_ID": job_key, "AWS_SECRET_ACCESS_KEY": job_secret})
+        env.pop("AWS_SESSION_TOKEN", None)
     return env
 
 

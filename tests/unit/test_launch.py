@@ -1,0 +1,34 @@
+"""Pure launch builders: the torchrun command line and the worker environment.
+
+Run: .venv/bin/python -m pytest tests/unit/test_launch.py
+"""
+
+from trainforge.infra.launch import LaunchSpec, torchrun_command, worker_environment
+
+
+def test_torchrun_command_uses_static_rendezvous_and_per_rank_logs():
+    cmd = torchrun_command(LaunchSpec(nproc_per_node=2, master_port=29511, max_restarts=1, log_dir="/tmp/l"))
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    assert "--nproc-per-node=2" in cmd and "--max-restarts=1" in cmd and "--master-port=29511" in cmd
+    assert not any(a.startswith("--rdzv-backend") or a == "--standalone" for a in cmd)  # c10d restarts hang
+    assert "--log-dir=/tmp/l" in cmd and "--redirects=3" in cmd
+    assert cmd[-2:] == ["-m", "trainforge.trainer.worker"]
+
+
+def test_worker_environment_injects_config_threads_and_secrets():
+    env = worker_environment({"PATH": "/bin"}, config_path="/j/worker-config.json", segment_attempt=2,
+                             threads_per_worker=1, secrets={"HF_TOKEN": "x"})
+    assert env["TRAINFORGE_JOB_CONFIG"] == "/j/worker-config.json"
+    assert env["TRAINFORGE_SEGMENT_ATTEMPT"] == "2" and env["OMP_NUM_THREADS"] == "1" and env["HF_TOKEN"] == "x"
+
+
+def test_platform_s3_credentials_are_replaced_by_the_jobs_own_identity():
+    base = {"AWS_ACCESS_KEY_ID": "platform-admin", "AWS_SECRET_ACCESS_KEY": "admin-secret",
+            "AWS_SESSION_TOKEN": "tok", "TRAINFORGE_JOB_S3_ACCESS_KEY_ID": "job-key",
+            "TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY": "job-secret"}
+    env = worker_environment(base, config_path="c", segment_attempt=0, threads_per_worker=1)
+    assert env["AWS_ACCESS_KEY_ID"] == "job-key" and env["AWS_SECRET_ACCESS_KEY"] == "job-secret"
+    assert "admin-secret" not in env.values() and "AWS_SESSION_TOKEN" not in env
+    # without a job identity nothing changes (the embedded default has no S3 at all)
+    plain = worker_environment({"AWS_ACCESS_KEY_ID": "a"}, config_path="c", segment_attempt=0, threads_per_worker=1)
+    assert plain["AWS_ACCESS_KEY_ID"] == "a"
