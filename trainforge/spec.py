@@ -30,6 +30,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -179,6 +180,35 @@ class DatasetSpec(_Model):
     """SPDX identifier of the data's license (e.g. `CC-BY-4.0`). Omitted: taken from the dataset's manifest."""
     eval_fraction: Float = Field(default=0.01, ge=0.0, lt=0.5)
     """Fraction of samples held out for evaluation (a deterministic split by sample index)."""
+    transforms: tuple[str, ...] = ()
+    """Online preprocessing: per-sample transforms, each `"module:function"` called as `fn(sample, index)` on the
+    token array of one sample and returning a fixed-length array; applied in order, in DataLoader worker
+    processes when `num_workers` > 0. They must be deterministic in (sample, index) so a resumed run sees the
+    same data."""
+    num_workers: Int = Field(default=0, ge=0, le=32)
+    """DataLoader worker processes per rank that read and preprocess each step's batch ahead of the training
+    step (pipelined; at most 2 batches per worker wait in memory). 0 = read in the training process."""
+
+    @model_serializer(mode="wrap")
+    def _omit_default_pipeline(self, handler: Any) -> Any:
+        # absent == default: specs written before online preprocessing keep their config_hash
+        d = handler(self)
+        if isinstance(d, dict):
+            if not d.get("transforms"):
+                d.pop("transforms", None)
+            if not d.get("num_workers"):
+                d.pop("num_workers", None)
+        return d
+
+    @field_validator("transforms")
+    @classmethod
+    def _transform_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            module, _, func = name.partition(":")
+            if not module or not func:
+                raise FieldProblem(f"transform {_short(name)} is not 'module:function'",
+                                   fix="name an importable function, e.g. mypkg.prep:augment")
+        return v
 
     @field_validator("ref")
     @classmethod

@@ -49,6 +49,8 @@ class StepSource:
     dp_rank: int
     dp_degree: int
     transforms: Sequence[str] = ()
+    skip: Sequence[int] = ()
+    """Sample ids removed from the stream (the sampler's divergence-rollback skip list)."""
     _state: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _open(self) -> dict[str, Any]:
@@ -57,7 +59,8 @@ class StepSource:
 
             ds = load_version_dir(Path(self.path), self.ref)
             self._state.update(reader=open_reader(ds.path, ds.manifest),
-                               order=SampleOrder(ds.manifest.num_samples, self.eval_fraction, ds.version, self.seed),
+                               order=SampleOrder(ds.manifest.num_samples, self.eval_fraction, ds.version, self.seed,
+                                                 skip=frozenset(self.skip)),
                                fns=[load_transform(t) for t in self.transforms])
         return self._state
 
@@ -98,9 +101,10 @@ class StepLoader:
     """Iterate (step, batch) for steps [start, end) with batches made in worker processes, in step order."""
 
     def __init__(self, source: StepSource, start: int, end: int, *, num_workers: int = 2, prefetch: int = 2,
-                 mp_context: str | None = None):
+                 mp_context: str | None = None, timeout_s: float = 300.0):
         self.source, self.start, self.end = source, start, end
         self.num_workers, self.prefetch, self.mp_context = num_workers, prefetch, mp_context
+        self.timeout_s = timeout_s  # a worker that produces nothing for this long fails the loop (never hangs)
         self.wait_s: list[float] = []
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
@@ -110,7 +114,7 @@ class StepLoader:
         else:
             loader = tud.DataLoader(ds, batch_size=None, num_workers=self.num_workers,
                                     prefetch_factor=self.prefetch, multiprocessing_context=self.mp_context,
-                                    collate_fn=_identity)
+                                    collate_fn=_identity, timeout=self.timeout_s if self.timeout_s else 0)
             it = iter(loader)
         while True:
             t0 = time.perf_counter()

@@ -40,9 +40,12 @@ def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
     if spec.dataset.license and spec.dataset.license != ds.license:
         warnings.append(f"spec says license {spec.dataset.license!r} but the dataset version records "
                         f"{ds.license!r}; the dataset's own license is recorded")
-    return {"ref": spec.dataset.ref, "pinned_ref": ds.ref, "name": ds.name, "version": ds.version, "license": license_,
-            "path": str(ds.path), "num_samples": ds.manifest.num_samples, "sample_len": ds.manifest.sample_len,
-            "vocab_size": ds.manifest.vocab_size, "eval_fraction": spec.dataset.eval_fraction, "warnings": warnings}
+    out = {"ref": spec.dataset.ref, "pinned_ref": ds.ref, "name": ds.name, "version": ds.version, "license": license_,
+           "path": str(ds.path), "num_samples": ds.manifest.num_samples, "sample_len": ds.manifest.sample_len,
+           "vocab_size": ds.manifest.vocab_size, "eval_fraction": spec.dataset.eval_fraction, "warnings": warnings}
+    if spec.dataset.transforms or spec.dataset.num_workers:  # online preprocessing (absent: read in the trainer)
+        out.update(transforms=list(spec.dataset.transforms), num_workers=spec.dataset.num_workers)
+    return out
 
 
 def make_plan(spec: JobSpec, cluster: ClusterSpec | None = None) -> dict[str, Any]:

@@ -94,30 +94,77 @@ class StepBatches:
 
 
 class DataFeed:
-    """This rank's micro-batches for each step, from the deterministic global order."""
+    """This rank's micro-batches for each step, from the deterministic global order.
+
+    Without online preprocessing (the default) the shards are read here, synchronously. With the spec's
+    `dataset.num_workers` > 0, each step's batch (indices -> tokens -> `dataset.transforms`) is made ahead of
+    time by DataLoader worker processes (`datasets.pipeline.StepLoader`, bounded queue), pipelined with training;
+    the batches are the same bytes in the same order either way. `last_wait_s` is the time the step waited.
+    """
 
     def __init__(self, cfg: WorkerConfig, dp_rank: int, dp_degree: int):
-        ds = load_version_dir(Path(cfg.dataset["path"]), cfg.dataset["ref"])
-        if ds.version != cfg.dataset["version"]:
-            raise RuntimeError(f"dataset at {cfg.dataset['path']} is version {ds.version}, expected "
-                               f"{cfg.dataset['version']}")
-        self.reader = open_reader(ds.path, ds.manifest)  # local shards, or streamed through the cache tiers
-        self.order = SampleOrder(ds.manifest.num_samples, cfg.dataset["eval_fraction"], ds.version,
-                                 cfg.training["seed"], skip=frozenset(cfg.extra.get("skip_samples", ())))
+        from trainforge.datasets.pipeline import StepSource
+
+        dset = cfg.dataset
+        ds = load_version_dir(Path(dset["path"]), dset["ref"])
+        if ds.version != dset["version"]:
+            raise RuntimeError(f"dataset at {dset['path']} is version {ds.version}, expected "
+                               f"{dset['version']}")
+        skip = frozenset(cfg.extra.get("skip_samples", ()))
         self.global_batch = cfg.training["global_batch_size"]
         self.micro = cfg.layout["micro_batch_size"]
         self.dp_rank, self.dp_degree = dp_rank, dp_degree
         self.seq_len = cfg.training["seq_len"]
         self.last_wait_s = 0.0  # time the last step() spent getting data (data-wait)
+        self.num_workers = int(dset.get("num_workers", 0))
+        self.total_steps = cfg.total_steps
+        self.order = SampleOrder(ds.manifest.num_samples, dset["eval_fraction"], ds.version, cfg.training["seed"],
+                                 skip=skip)
+        self.source: StepSource | None = None
+        self._loader: Any = None
+        self._next_step: int | None = None
+        if self.num_workers or dset.get("transforms"):
+            self.source = StepSource(dset["path"], dset["ref"], dset["eval_fraction"], cfg.training["seed"],
+                                     self.global_batch, dp_rank, dp_degree, transforms=tuple(dset.get("transforms", ())),
+                                     skip=tuple(sorted(skip)))
+        if self.num_workers == 0:  # the workers open their own readers; the training process opens none
+            self.reader = open_reader(ds.path, ds.manifest)  # local shards, or streamed through the cache tiers
+
+    def _rows(self, step: int) -> Any:
+        if self.num_workers:
+            if self._loader is None or self._next_step != step:  # first step, or a jump: (re)start the workers
+                from trainforge.datasets.pipeline import StepLoader
+
+                self.close()
+                self._loader = iter(StepLoader(self.source, step, max(self.total_steps, step + 1),  # type: ignore[arg-type]
+                                               num_workers=self.num_workers, prefetch=2))
+            got, rows = next(self._loader)
+            if got != step:
+                raise RuntimeError(f"data pipeline returned step {got} for step {step}")
+            self._next_step = step + 1
+            return rows
+        if self.source is not None:
+            return self.source(step)  # transforms, in this process
+        idx = self.order.rank_slice(step, self.global_batch, self.dp_rank, self.dp_degree)
+        self.reader.prefetch(self.order.rank_slice(step + 1, self.global_batch, self.dp_rank, self.dp_degree))
+        return self.reader.get(idx)
 
     def step(self, step: int) -> StepBatches:
         t0 = time.perf_counter()
-        idx = self.order.rank_slice(step, self.global_batch, self.dp_rank, self.dp_degree)
-        self.reader.prefetch(self.order.rank_slice(step + 1, self.global_batch, self.dp_rank, self.dp_degree))
-        tokens = torch.from_numpy(self.reader.get(idx))[:, : self.seq_len + 1]
+        tokens = torch.from_numpy(self._rows(step))[:, : self.seq_len + 1]
         self.last_wait_s = time.perf_counter() - t0
         chunks = tokens.split(self.micro)
         return StepBatches([c[:, :-1] for c in chunks], [c[:, 1:] for c in chunks])
+
+    def close(self) -> None:
+        """Stop the preprocessing workers (if any); a later step() starts them again."""
+        loader, self._loader, self._next_step = self._loader, None, None
+        if loader is not None:
+            loader.close()  # the generator's exit drops the DataLoader iterator, which joins its workers
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
