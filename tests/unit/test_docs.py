@@ -1,0 +1,73 @@
+"""Every command quoted in docs/ prints the numbers the text quotes.
+
+Convention (docs/design.md, "How numbers are checked"): a fenced block whose info string is `console` and whose
+first line is `$ COMMAND` (continued with a trailing backslash) is followed by expected output lines, usually an
+excerpt. The test runs the command from the repository root and checks that every number in the expected lines
+appears among the numbers of the real output. A number written `~N` is approximate (a timing) and not checked;
+a line `...` only marks elided output. Only cheap, deterministic commands are allowed: `trainforge plan`,
+`trainforge validate`, `trainforge simulate` on the shared traces, and `python -c`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+BIN = Path(sys.executable).parent
+ALLOWED = (("trainforge", "plan"), ("trainforge", "validate"), ("trainforge", "simulate"), ("python", "-c"))
+NUMBER = re.compile(r"(?<![\w.~])-?\d[\d,]*(?:\.\d+)?")
+FENCE = re.compile(r"^```console\n(.*?)^```", re.S | re.M)
+
+
+def _numbers(text: str) -> list[str]:
+    return [m.group(0).replace(",", "") for m in NUMBER.finditer(text)]
+
+
+def _blocks() -> list[tuple[str, str, list[str]]]:
+    found = []
+    for page in sorted(DOCS.glob("*.md")):
+        for m in FENCE.finditer(page.read_text()):
+            lines = m.group(1).splitlines()
+            if not lines or not lines[0].startswith("$ "):
+                continue
+            cmd = lines[0][2:]
+            i = 1
+            while cmd.endswith("\\") and i < len(lines):
+                cmd = cmd[:-1].rstrip() + " " + lines[i].strip()
+                i += 1
+            found.append((f"{page.name}:{cmd[:60]}", cmd, [ln for ln in lines[i:] if ln.strip() != "..."]))
+    return found
+
+
+BLOCKS = _blocks()
+
+
+def test_docs_quote_commands():
+    pages = {b[0].split(":")[0] for b in BLOCKS}
+    assert {"design.md", "capacity.md", "network.md", "scheduler.md"} <= pages
+    assert all(expected for _, _, expected in BLOCKS), "every quoted command shows its output"
+
+
+@pytest.mark.parametrize(("cmd", "expected"), [b[1:] for b in BLOCKS], ids=[b[0] for b in BLOCKS])
+def test_quoted_command_prints_quoted_numbers(cmd: str, expected: list[str], tmp_path: Path):
+    argv = shlex.split(cmd)
+    assert tuple(argv[:2]) in ALLOWED, f"not a cheap deterministic command: {cmd}"
+    for arg in argv[2:]:
+        if arg.startswith("../shared/") and not (ROOT / arg).exists():
+            pytest.skip(f"{arg} is not on this machine")
+    argv[0] = str(BIN / "trainforge") if argv[0] == "trainforge" else sys.executable
+    env = {**os.environ, "COLUMNS": "200", "TRAINFORGE_HOME": str(tmp_path), "NO_COLOR": "1"}
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{out[-2000:]}"
+    have = set(_numbers(out))
+    missing = [(line, n) for line in expected for n in _numbers(line) if n not in have]
+    assert not missing, f"{cmd}: numbers quoted in docs but not printed: {missing}\n--- output ---\n{out[-3000:]}"
