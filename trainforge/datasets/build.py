@@ -9,6 +9,7 @@ if any row is bad (and `skip_bad` is off) or anything fails, no version is publi
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -69,6 +70,40 @@ class BuildConfig:
     skip_bad: bool = False
     """Skip bad rows (counted in the provenance) instead of failing the build."""
     provenance: dict[str, Any] = field(default_factory=dict)
+    tokenizer: str = "byte"
+    """"byte" (built-in byte-level) or "bpe" (a byte-level BPE trained on this source, saved with the version)."""
+    vocab_size: int = 8192
+    """Size of the BPE vocabulary to train (tokenizer "bpe"; a small corpus may yield fewer ids)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerChoice:
+    """The tokenizer of one build: its manifest id, vocabulary size, token dtype and (BPE) its JSON."""
+
+    name: str
+    vocab_size: int
+    token_dtype: str
+    pad: int
+    json: str | None = None
+
+    def save(self, folder: Path) -> None:
+        if self.json is not None:
+            (folder / tokenizer.TOKENIZER_FILE).write_text(self.json)
+
+
+def choose_tokenizer(files: list[Path], cfg: BuildConfig) -> TokenizerChoice:
+    """Byte-level, or train the BPE (offline, before any worker starts) on the source's good documents."""
+    if cfg.tokenizer == "byte":
+        return TokenizerChoice(tokenizer.NAME, tokenizer.VOCAB_SIZE, "uint16", tokenizer.PAD)
+    if cfg.tokenizer != "bpe":
+        raise BuildError(f"unknown tokenizer {cfg.tokenizer!r}: use 'byte' or 'bpe'")
+    try:
+        text = tokenizer.train_bpe((d for d in iter_documents(files, cfg.text_field) if isinstance(d, str)),
+                                   cfg.vocab_size)
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
+    enc = tokenizer.BpeEncoder(text)
+    return TokenizerChoice(tokenizer.bpe_id(text), enc.vocab_size, np.dtype(enc.dtype).name, tokenizer.BPE_PAD, text)
 
 
 def source_files(source: Path) -> list[Path]:
@@ -161,8 +196,19 @@ def _parquet(path: Path, name: str, text_field: str) -> Iterator[str | BadRow]:
             yield _check_text(name, row, value)
 
 
+_worker_bpe: tokenizer.BpeEncoder | None = None
+
+
+def _init_worker(tokenizer_json: str | None) -> None:
+    """Pool initializer: load this build's BPE once per worker process (None: byte-level)."""
+    global _worker_bpe
+    _worker_bpe = tokenizer.BpeEncoder(tokenizer_json) if tokenizer_json is not None else None
+
+
 def encode_batch(texts: list[str]) -> list[np.ndarray]:
     """Tokenize documents (runs in a worker process)."""
+    if _worker_bpe is not None:
+        return [_worker_bpe.encode(t) for t in texts]
     return [tokenizer.encode(t) for t in texts]
 
 
@@ -176,8 +222,9 @@ class _InlineExecutor(Executor):
 class _ShardWriter:
     """Packs token streams into samples and writes shards of at most `samples_per_shard` samples."""
 
-    def __init__(self, folder: Path, sample_len: int, dtype: type, max_shard_bytes: int, pack: bool):
-        self.folder, self.sample_len, self.dtype, self.pack = folder, sample_len, dtype, pack
+    def __init__(self, folder: Path, sample_len: int, dtype: type, max_shard_bytes: int, pack: bool,
+                 pad: int = tokenizer.PAD):
+        self.folder, self.sample_len, self.dtype, self.pack, self.pad = folder, sample_len, dtype, pack, pad
         self.per_shard = max(1, max_shard_bytes // (sample_len * np.dtype(dtype).itemsize))
         self.carry = np.zeros(0, dtype)
         self.pending: list[np.ndarray] = []
@@ -189,7 +236,7 @@ class _ShardWriter:
         doc = doc.astype(self.dtype, copy=False)
         self.tokens += len(doc)
         if not self.pack:
-            row = np.full(self.sample_len, tokenizer.PAD, self.dtype)
+            row = np.full(self.sample_len, self.pad, self.dtype)
             row[: min(len(doc), self.sample_len)] = doc[: self.sample_len]
             self._push(row[None])
             return
@@ -218,15 +265,24 @@ class _ShardWriter:
         return self.shards
 
 
-def tokenize_into(folder: Path, files: list[Path], cfg: BuildConfig, stats: dict[str, Any]) -> list[ShardInfo]:
+def tokenize_into(folder: Path, files: list[Path], cfg: BuildConfig, stats: dict[str, Any],
+                  tok: TokenizerChoice | None = None) -> list[ShardInfo]:
     """Read, tokenize (in a process pool) and pack `files` into shards in `folder`. Raises BuildError listing
-    every bad row unless cfg.skip_bad."""
+    every bad row unless cfg.skip_bad. A BPE's JSON is saved in `folder` next to the shards."""
+    tok = tok or choose_tokenizer(files, cfg)
+    tok.save(folder)
     workers = cfg.num_workers or os.cpu_count() or 1
-    dtype = np.uint16 if tokenizer.VOCAB_SIZE <= 1 << 16 else np.uint32
-    writer = _ShardWriter(folder, cfg.seq_len + 1, dtype, cfg.max_shard_bytes, cfg.pack)
+    dtype = np.dtype(tok.token_dtype).type
+    writer = _ShardWriter(folder, cfg.seq_len + 1, dtype, cfg.max_shard_bytes, cfg.pack, tok.pad)
     bad: list[BadRow] = []
     docs = 0
-    executor: Executor = ProcessPoolExecutor(workers) if workers > 1 else _InlineExecutor()
+    if workers > 1:  # a BPE's workers are spawned: never forked after the tokenizers library's threads ran
+        ctx = multiprocessing.get_context("spawn") if tok.json is not None else None
+        executor: Executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                                 initargs=(tok.json,))
+    else:
+        _init_worker(tok.json)
+        executor = _InlineExecutor()
     in_flight: deque[Future[list[np.ndarray]]] = deque()
 
     def drain(limit: int) -> None:
@@ -249,6 +305,7 @@ def tokenize_into(folder: Path, files: list[Path], cfg: BuildConfig, stats: dict
         if batch:
             in_flight.append(executor.submit(encode_batch, batch))
         drain(0)
+    _init_worker(None)
     if bad and not cfg.skip_bad:
         raise BuildError(f"{len(bad)} bad row(s) in the source; nothing was committed "
                          "(fix them, or pass --skip-bad to leave them out)", bad)
@@ -263,8 +320,10 @@ def tokenize_into(folder: Path, files: list[Path], cfg: BuildConfig, stats: dict
 
 
 def _provenance(source: Path, files: list[Path], cfg: BuildConfig, stats: dict[str, Any]) -> dict[str, Any]:
+    extra = {"bpe_vocab_size_requested": cfg.vocab_size} if cfg.tokenizer == "bpe" else {}  # byte: ids unchanged
     return {"source": str(source), "files": len(files), "builder": "trainforge-datasets-build-v1",
-            "packing": "concat" if cfg.pack else "pad", "text_field": cfg.text_field, **stats, **cfg.provenance}
+            "packing": "concat" if cfg.pack else "pad", "text_field": cfg.text_field, **extra, **stats,
+            **cfg.provenance}
 
 
 def build_dataset(source: Path, name: str, cfg: BuildConfig, *, catalog: EmbeddedCatalog | None = None,
@@ -272,16 +331,17 @@ def build_dataset(source: Path, name: str, cfg: BuildConfig, *, catalog: Embedde
     """Build `source` into a new version of dataset `name` and move branch `ref` to it."""
     catalog = catalog or EmbeddedCatalog()
     files = source_files(source)
+    tok = choose_tokenizer(files, cfg)
     stats: dict[str, Any] = {}
     prov: dict[str, Any] = {}  # filled by the build step; commit() reads it after build() returns
 
     def build(folder: Path) -> list[ShardInfo]:
-        shards = tokenize_into(folder, files, cfg, stats)
+        shards = tokenize_into(folder, files, cfg, stats, tok)
         prov.update(_provenance(source, files, cfg, stats))
         return shards
 
-    return catalog.commit(name, build, sample_len=cfg.seq_len + 1, token_dtype="uint16",
-                          vocab_size=tokenizer.VOCAB_SIZE, tokenizer=tokenizer.NAME, license=cfg.license,
+    return catalog.commit(name, build, sample_len=cfg.seq_len + 1, token_dtype=tok.token_dtype,
+                          vocab_size=tok.vocab_size, tokenizer=tok.name, license=cfg.license,
                           provenance=prov, ref=ref)
 
 
@@ -294,9 +354,11 @@ def build_version_dir(source: Path, out: Path, name: str, cfg: BuildConfig) -> R
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     try:
         stats: dict[str, Any] = {}
-        shards = tokenize_into(tmp, files, cfg, stats)
-        manifest = DatasetManifest(name=name, shards=tuple(shards), sample_len=cfg.seq_len + 1, token_dtype="uint16",
-                                   vocab_size=tokenizer.VOCAB_SIZE, tokenizer=tokenizer.NAME, license=cfg.license,
+        tok = choose_tokenizer(files, cfg)
+        shards = tokenize_into(tmp, files, cfg, stats, tok)
+        manifest = DatasetManifest(name=name, shards=tuple(shards), sample_len=cfg.seq_len + 1,
+                                   token_dtype=tok.token_dtype, vocab_size=tok.vocab_size, tokenizer=tok.name,
+                                   license=cfg.license,
                                    provenance=_provenance(source, files, cfg, stats))
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest.to_dict(), indent=1, sort_keys=True))
         tmp.rename(out)

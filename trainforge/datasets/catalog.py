@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainforge.datasets import tokenizer
 from trainforge.datasets.manifest import MANIFEST_FILE, DatasetManifest, ShardInfo
 from trainforge.home import home
 from trainforge.infra.storage import (
@@ -157,6 +158,8 @@ class EmbeddedCatalog:
             return
         for shard in manifest.shards:
             self.store.put_file(f"{prefix}/{shard.file}", folder / shard.file)
+        if tokenizer.is_bpe(manifest.tokenizer):  # the trained BPE travels with the version
+            self.store.put_file(f"{prefix}/{tokenizer.TOKENIZER_FILE}", folder / tokenizer.TOKENIZER_FILE)
         # the manifest is the commit point; ObjectExistsError: committed concurrently with identical content
         with contextlib.suppress(ObjectExistsError):
             self.store.put_file(f"{prefix}/{MANIFEST_FILE}", folder / MANIFEST_FILE, if_none_match=True)
@@ -247,6 +250,9 @@ class EmbeddedCatalog:
             data = self.store.get_bytes(self._manifest_key(name, version))
             source = {"store_url": self.store.url, "prefix": f"{name}/versions/{version}"}
             _atomic_write(folder / SOURCE_FILE, json.dumps(source).encode())
+            if tokenizer.is_bpe(json.loads(data)["tokenizer"]):
+                _atomic_write(folder / tokenizer.TOKENIZER_FILE,
+                              self.store.get_bytes(f"{name}/versions/{version}/{tokenizer.TOKENIZER_FILE}"))
             _atomic_write(folder / MANIFEST_FILE, data)
         return load_version_dir(folder, ref)
 
