@@ -5,7 +5,7 @@ first line is `$ COMMAND` (continued with a trailing backslash) is followed by e
 excerpt. The test runs the command from the repository root and checks that every number in the expected lines
 appears among the numbers of the real output. A number written `~N` is approximate (a timing) and not checked;
 a line `...` only marks elided output. Only cheap, deterministic commands are allowed: `trainforge plan`,
-`trainforge validate`, `trainforge simulate` on the shared traces, and `python -c`.
+`trainforge validate`, `trainforge render` (manifests, offline), `trainforge simulate` on the shared traces, and `python -c`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 BIN = Path(sys.executable).parent
-ALLOWED = (("trainforge", "plan"), ("trainforge", "validate"), ("trainforge", "simulate"), ("python", "-c"))
+ALLOWED = (("trainforge", "plan"), ("trainforge", "validate"), ("trainforge", "render"), ("trainforge", "simulate"),
+           ("python", "-c"))
 NUMBER = re.compile(r"(?<![\w.~])-?\d[\d,]*(?:\.\d+)?")
 FENCE = re.compile(r"^```console\n(.*?)^```", re.S | re.M)
 
