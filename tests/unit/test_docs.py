@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -57,18 +58,36 @@ def test_docs_quote_commands():
     assert all(expected for _, _, expected in BLOCKS), "every quoted command shows its output"
 
 
+def _run(cmd: str, home: Path) -> tuple[int, str]:
+    argv = shlex.split(cmd)
+    argv[0] = str(BIN / "trainforge") if argv[0] == "trainforge" else sys.executable
+    env = {**os.environ, "COLUMNS": "200", "TRAINFORGE_HOME": str(home), "NO_COLOR": "1"}
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> dict[str, tuple[int, str]]:
+    """Every quoted command, run once and concurrently (they are independent; ~1 s of CPU each)."""
+    cmds = sorted({cmd for _, cmd, _ in BLOCKS if _runnable(cmd)})
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {cmd: pool.submit(_run, cmd, tmp_path_factory.mktemp("home")) for cmd in cmds}
+        return {cmd: f.result() for cmd, f in futures.items()}
+
+
+def _runnable(cmd: str) -> bool:
+    argv = shlex.split(cmd)
+    return tuple(argv[:2]) in ALLOWED and all((ROOT / a).exists() for a in argv[2:] if a.startswith("../shared/"))
+
+
 @pytest.mark.parametrize(("cmd", "expected"), [b[1:] for b in BLOCKS], ids=[b[0] for b in BLOCKS])
-def test_quoted_command_prints_quoted_numbers(cmd: str, expected: list[str], tmp_path: Path):
+def test_quoted_command_prints_quoted_numbers(cmd: str, expected: list[str], outputs):
     argv = shlex.split(cmd)
     assert tuple(argv[:2]) in ALLOWED, f"not a cheap deterministic command: {cmd}"
-    for arg in argv[2:]:
-        if arg.startswith("../shared/") and not (ROOT / arg).exists():
-            pytest.skip(f"{arg} is not on this machine")
-    argv[0] = str(BIN / "trainforge") if argv[0] == "trainforge" else sys.executable
-    env = {**os.environ, "COLUMNS": "200", "TRAINFORGE_HOME": str(tmp_path), "NO_COLOR": "1"}
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{out[-2000:]}"
+    if not _runnable(cmd):
+        pytest.skip("a trace under ../shared/ is not on this machine")
+    rc, out = outputs[cmd]
+    assert rc == 0, f"{cmd} exited {rc}:\n{out[-2000:]}"
     have = set(_numbers(out))
     missing = [(line, n) for line in expected for n in _numbers(line) if n not in have]
     assert not missing, f"{cmd}: numbers quoted in docs but not printed: {missing}\n--- output ---\n{out[-3000:]}"
