@@ -190,13 +190,27 @@ class Checkpointer:
         self.stats["saves"].append({"step": step, "blocked_s": blocked})
         return blocked
 
-    def _replicate_upload_commit(self, step: int, folder: Path, fields: dict[str, Any], writing: Future[Any]) -> None:
+    def commit_files(self, step: int, names: list[str], manifest_fields: dict[str, Any]) -> None:
+        """Commit files another engine already wrote into `step_folder(step)` (this rank's `names`, relative paths;
+        e.g. DeepSpeed's own checkpoint): uploaded, gathered and committed in the background exactly like `save`'s
+        DCP files (same chunks, manifest last, create-only). Every rank calls it for the same step."""
+        done: Future[Any] = Future()
+        done.set_result(None)
+        self._pending.append(self._uploader.submit(self._replicate_upload_commit, step, self._folder(step),
+                                                   manifest_fields, done, names))
+
+    def step_folder(self, step: int) -> Path:
+        return self._folder(step)
+
+    def _replicate_upload_commit(self, step: int, folder: Path, fields: dict[str, Any], writing: Future[Any],
+                                 rank_files: list[str] | None = None) -> None:
         entries: list[dict[str, Any]] = []
         stats = UploadStats()
         error = None
         try:
             writing.result()  # this rank's files are on local disk (DCP's finish step ran on every rank)
-            names = [n for n in _rank_files(self.ctx.rank) if (folder / n).is_file()]
+            wanted = _rank_files(self.ctx.rank) if rank_files is None else rank_files
+            names = [n for n in wanted if (folder / n).is_file()]
             if self.replica is not None:
                 self.replica.put(step, {n: (folder / n).read_bytes() for n in names})
             entries = self._upload(folder, names, stats)
@@ -325,18 +339,23 @@ class Checkpointer:
         return CheckpointRef(step, step_prefix(self.job_prefix, step),
                              {"step": step, "source": "memory", "folder": str(folder), "files": []})
 
+    def local_folder(self, ref: CheckpointRef) -> Path:
+        """The node-local folder holding `ref`'s files: from memory replicas, or every file sha256-verified against
+        the manifest (rank 0 verified its node's copy in `latest`; each other node's local rank 0 does it here)."""
+        if ref.manifest.get("source") == "memory":
+            return Path(ref.manifest["folder"])
+        folder = self._folder(ref.step)
+        if self.ctx.local_rank == 0 and not self.ctx.is_main:  # other nodes: rank 0 filled only its own
+            problems = materialize(self.store, ref, folder)
+            if problems:
+                raise CheckpointCorruptError(f"checkpoint step {ref.step}: {'; '.join(problems)}")
+        self._barrier()
+        self._known = referenced_chunks(ref.files)
+        return folder
+
     def load(self, ref: CheckpointRef, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         t0 = time.perf_counter()
-        if ref.manifest.get("source") == "memory":
-            folder = Path(ref.manifest["folder"])
-        else:
-            folder = self.staging / f"step-{ref.step:010d}"
-            if self.ctx.local_rank == 0 and not self.ctx.is_main:  # other nodes: rank 0 filled only its own
-                problems = materialize(self.store, ref, folder)
-                if problems:
-                    raise CheckpointCorruptError(f"checkpoint step {ref.step}: {'; '.join(problems)}")
-            self._barrier()
-            self._known = referenced_chunks(ref.files)
+        folder = self.local_folder(ref)
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeLoadPlanner(),
@@ -350,7 +369,13 @@ class Checkpointer:
 
 def load_model_weights(folder: Path, model: torch.nn.Module) -> None:
     """Single-process read of a checkpoint's model weights (evaluation, export): no process group needed.
-    Works for any layout it was saved under (DDP, FSDP shards, TP): DCP reassembles the full tensors."""
+    Works for any layout it was saved under (DDP, FSDP shards, TP): DCP reassembles the full tensors; a DeepSpeed
+    engine's checkpoint is consolidated from its ZeRO partitions instead."""
+    from trainforge.trainer.parallel.deepspeed_engine import is_deepspeed_checkpoint, load_deepspeed_weights
+
+    if is_deepspeed_checkpoint(folder):
+        load_deepspeed_weights(folder, model)
+        return
     sd = model.state_dict()
     state = {"model": sd}
     dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeLoadPlanner(), no_dist=True)

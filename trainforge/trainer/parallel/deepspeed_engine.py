@@ -4,23 +4,38 @@ The config is generated from the spec (`deepspeed_config`, pure); `build_deepspe
 AdamW to `deepspeed.initialize`. ZeRO stage from the layout's sharding: none -> 1 (optimizer states sharded),
 shard-grad-op -> 2, full-shard -> 3 (an explicit `zero_stage` in the layout wins). DeepSpeed runs the micro-batch
 accumulation itself (`engine.backward` scales by 1/accumulation, `engine.step` steps on the boundary). On CPU it
-uses gloo (its CPU accelerator without oneCCL). Checkpoints: DeepSpeed's partitioned optimizer is not a
-torch.optim.Optimizer, so the platform's DCP checkpointer cannot save it; this engine does not checkpoint yet.
+uses gloo (its CPU accelerator without oneCCL).
+
+Checkpoints: DeepSpeed's partitioned optimizer is not a torch.optim.Optimizer that DCP can save, so every rank
+writes DeepSpeed's own checkpoint (`engine.save_checkpoint(step_folder, tag="ds")`: model states, each rank's
+ZeRO partition of the fp32 master weights and optimizer state) plus its RNG state into the node-local staging
+folder, and the platform's Checkpointer commits those files (`commit_files`: deduplicated chunks, sha256 per file,
+manifest last, create-only) like its own. Resume takes the newest committed checkpoint whose files all verify
+against the manifest (`Checkpointer.latest` / `local_folder`), drops any file in the folder that the manifest does
+not list, and only then calls `engine.load_checkpoint(load_module_strict=True)`: DeepSpeed's files are torch
+pickles, loaded only from the job's own verified checkpoint. The LR is a pure function of the step and the data
+order of (seed, position), so model, ZeRO partitions, LR and data position all continue exactly.
+Evaluation/export consolidate the ZeRO partitions with `get_fp32_state_dict_from_zero_checkpoint`
+(`load_deepspeed_weights`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from trainforge.trainer.parallel.parallelize import cross_entropy
 
 logger = logging.getLogger(__name__)
 ZERO_STAGE = {"none": 1, "shard-grad-op": 2, "full-shard": 3, "hybrid-shard": 3}
+DS_TAG = "ds"  # DeepSpeed's checkpoint tag: its files live in `<step folder>/ds/`
 
 
 def deepspeed_config(layout: dict[str, Any], training: dict[str, Any], world_size: int) -> dict[str, Any]:
@@ -67,25 +82,128 @@ def deepspeed_step(engine: Any, inputs: list[torch.Tensor], targets: list[torch.
     return total
 
 
+def deepspeed_rank_files(folder: Path, rank: int) -> list[str]:
+    """The files of DeepSpeed's checkpoint in `folder` that `rank` wrote (relative names), plus its RNG file.
+    Each rank writes its ZeRO partition (`[bf16_]zero_pp_rank_{r}_mp_rank_XX_*`); the model states
+    (`mp_rank_XX_model_states.pt`) come from rank 0 under ZeRO-1/2 (under ZeRO-3 they are per rank and matched
+    above). DeepSpeed's recovery scripts (zero_to_fp32.py) are not part of the checkpoint."""
+    own = re.compile(rf"^(?:bf16_)?zero_pp_rank_{rank}_mp_rank_\d+_.*\.pt$")
+    rank0 = re.compile(r"^mp_rank_\d+_model_states\.pt$")
+    ds = folder / DS_TAG
+    names = sorted(f"{DS_TAG}/{p.name}" for p in ds.iterdir() if p.is_file()
+                   and (own.match(p.name) or (rank == 0 and rank0.match(p.name)))) if ds.is_dir() else []
+    return [*names, f"rng-rank{rank:05d}.safetensors"]
+
+
+def save_deepspeed(engine: Any, ckpt: Any, step: int, fields: dict[str, Any]) -> float:
+    """DeepSpeed writes its checkpoint for `step` into the node-local staging folder (every rank, synchronously);
+    the Checkpointer uploads and commits it in the background. Returns the seconds the loop was blocked."""
+    from safetensors.torch import save_file
+
+    from trainforge.trainer.checkpoint import capture_rng
+
+    t0 = time.perf_counter()
+    folder = ckpt.step_folder(step)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in deepspeed_rank_files(folder, ckpt.ctx.rank):  # leftovers of an attempt that died uncommitted
+        (folder / name).unlink(missing_ok=True)
+    save_file(capture_rng(), str(folder / f"rng-rank{ckpt.ctx.rank:05d}.safetensors"))
+    engine.save_checkpoint(str(folder), tag=DS_TAG, save_latest=False)  # ends with a barrier on every rank
+    ckpt.commit_files(step, deepspeed_rank_files(folder, ckpt.ctx.rank), fields)
+    return time.perf_counter() - t0
+
+
+def load_deepspeed(engine: Any, ckpt: Any, ref: Any) -> None:
+    """Restore model, ZeRO partitions (fp32 master weights + optimizer state), DeepSpeed's step counters and this
+    rank's RNG from a committed checkpoint. Only files the manifest lists (and that were sha256-verified) are
+    loaded: DeepSpeed's checkpoint files are pickles."""
+    from safetensors.torch import load_file
+
+    from trainforge.trainer.checkpoint import CheckpointCorruptError, restore_rng
+
+    if ref.manifest.get("engine") != "deepspeed" or ref.manifest.get("source") == "memory":
+        raise CheckpointCorruptError(f"checkpoint step {ref.step} was not written by the deepspeed engine "
+                                     f"(engine {ref.manifest.get('engine', 'native')!r}); it cannot resume here")
+    folder = ckpt.local_folder(ref)  # every listed file sha256-verified against the manifest on this node
+    listed = {f["name"] for f in ref.files}
+    if ckpt.ctx.local_rank == 0 and (folder / DS_TAG).is_dir():
+        for p in (folder / DS_TAG).iterdir():  # DeepSpeed globs its folder: nothing unverified may be there
+            if f"{DS_TAG}/{p.name}" not in listed:
+                p.unlink()
+    if dist.is_initialized():
+        dist.barrier()
+    path, _ = engine.load_checkpoint(str(folder), tag=DS_TAG, load_module_strict=True, load_optimizer_states=True,
+                                     load_lr_scheduler_states=True)
+    if path is None:
+        raise CheckpointCorruptError(f"checkpoint step {ref.step}: DeepSpeed found no checkpoint in {folder}")
+    rng_file = folder / f"rng-rank{ckpt.ctx.rank:05d}.safetensors"
+    if rng_file.is_file():
+        restore_rng(load_file(str(rng_file)))
+
+
+def is_deepspeed_checkpoint(folder: Path) -> bool:
+    return (folder / DS_TAG).is_dir() and any((folder / DS_TAG).glob("*model_states.pt"))
+
+
+def load_deepspeed_weights(folder: Path, model: torch.nn.Module) -> None:
+    """Single-process: consolidate a DeepSpeed checkpoint's ZeRO partitions into a plain fp32 state dict and load
+    it strictly (evaluation, export). `folder` must be a materialized, sha256-verified committed checkpoint."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG)
+    own = model.state_dict()
+    model.load_state_dict({k: v.to(own[k].dtype) if k in own else v for k, v in state.items()}, strict=True)
+
+
 def train_deepspeed(cfg: Any, ctx: Any, model: torch.nn.Module, events: Any) -> dict[str, Any]:
-    from trainforge.trainer.loop import DataFeed, lr_at
+    from trainforge.infra.storage import open_store
+    from trainforge.trainer.checkpoint import Checkpointer
+    from trainforge.trainer.faults import FaultInjector
+    from trainforge.trainer.loop import DataFeed, _manifest_fields, lr_at
 
     tr, opt, sched = cfg.training, cfg.training["optimizer"], cfg.training["lr_schedule"]
     engine = build_deepspeed(model.to(ctx.device), cfg.layout, tr, ctx.world_size)
-    logger.warning("deepspeed engine: checkpoints are not written (DCP cannot save DeepSpeed's optimizer)")
+    faults = FaultInjector.from_env(cfg.run_dir, ctx.rank)
+    store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
+
+    def on_commit(step: int, prefix: str, manifest: dict[str, Any]) -> None:
+        events.emit("checkpoint", step=step, prefix=prefix, metrics=manifest.get("metrics", {}))
+
+    # No in-memory replicas: a DeepSpeed checkpoint is loaded only after its sha256s match the manifest.
+    ckpt = Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir), on_commit, async_save=False,
+                        replicate=False)
+    ref, skipped = ckpt.latest()
+    for bad_step, problems in skipped:
+        events.emit("checkpoint_corrupt", step=bad_step, problems=problems)
+    start = 0
+    if ref is not None:
+        load_deepspeed(engine, ckpt, ref)
+        start = ref.step
+    events.emit("segment_start", step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None)
     feed = DataFeed(cfg, dp_rank=ctx.rank, dp_degree=ctx.world_size)
-    events.emit("segment_start", step=0, world_size=ctx.world_size, resumed_from=None)
+    total = cfg.total_steps
+    end = total if cfg.segment_max_steps is None else min(total, start + cfg.segment_max_steps)
+    zero_stage = engine.zero_optimization_stage()
     loss = float("nan")
-    for step in range(cfg.total_steps):
+    for step in range(start, end):
+        faults.maybe_fire(step, engine.module)
         t0 = time.perf_counter()
+        lr = lr_at(step, total, opt["lr"], sched["warmup_steps"], sched["decay"], sched["min_lr_ratio"])
         for group in engine.optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg.total_steps, opt["lr"], sched["warmup_steps"], sched["decay"],
-                                sched["min_lr_ratio"])
+            group["lr"] = lr
         b = feed.step(step)
         loss = ctx.all_reduce_mean(deepspeed_step(engine, b.inputs, b.targets))
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {step + 1}")
-        events.emit("metrics", step=step + 1, loss=loss, step_time_s=time.perf_counter() - t0)
-    events.emit("segment_end", step=cfg.total_steps, reason="finished")
+        events.emit("metrics", step=step + 1, loss=loss, lr=lr, step_time_s=time.perf_counter() - t0)
+        done = step + 1
+        if done % cfg.checkpoint_interval == 0 or done == end:
+            fields = {**_manifest_fields(cfg, ctx, done, loss), "engine": "deepspeed",
+                      "deepspeed": {"tag": DS_TAG, "zero_stage": zero_stage}}
+            blocked = save_deepspeed(engine, ckpt, done, fields)
+            events.emit("checkpoint_staged", step=done, blocked_s=blocked)
+    ckpt.close()  # waits for the last commit
+    reason = "finished" if end == total else "segment_max_steps"
+    events.emit("segment_end", step=end, reason=reason)
     del engine, model
-    return {"step": cfg.total_steps, "reason": "finished", "loss": loss}
+    return {"step": end, "reason": reason, "loss": loss}
