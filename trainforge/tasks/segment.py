@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trainforge.events import last_event
-from trainforge.infra.backends.local import LocalGang, free_port
+from trainforge.infra.backends.local import LocalGang, LocalMultiNodeGang, free_port
 from trainforge.infra.launch import LaunchSpec, worker_environment
 from trainforge.jobconfig import WorkerConfig
 from trainforge.registry.jobs import JobRecord
@@ -96,7 +96,11 @@ def segment_config(record: JobRecord, config: WorkerConfig, attempt: int, policy
 
 def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, nproc: int, max_restarts: int,
                 extra_env: dict[str, str] | None = None, cancel: threading.Event | None = None,
-                scheduler_status: Callable[[], dict[str, Any] | None] | None = None) -> SegmentResult:
+                scheduler_status: Callable[[], dict[str, Any] | None] | None = None, nnodes: int = 1,
+                node_names: list[str] | None = None) -> SegmentResult:
+    """One launch of the gang. `nnodes` > 1 runs one torchrun agent per node (`nproc` / `nnodes` workers each)
+    on this host, sharing one rendezvous; `node_names` (the scheduler's placement, in rank order) names them, so
+    a lost node is reported under the name the scheduler knows."""
     attempt = next_attempt(record)
     segments = record.data.get("segments", [])
     segments.append({"attempt": attempt, "started_at": time.time(), "state": "running"})
@@ -108,9 +112,22 @@ def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, n
     config_path = segment_config(record, config, attempt, policy)
     env = worker_environment(base_env, config_path=str(config_path),
                              segment_attempt=attempt, threads_per_worker=threads)
-    gang = LocalGang(LaunchSpec(nproc_per_node=nproc, master_port=free_port(), max_restarts=max_restarts,
-                                log_dir=str(log_dir)), env, log_dir / "agent.log")
-    supervisor = SegmentSupervisor(record, attempt, policy, scheduler_status=scheduler_status)
+    gang: LocalGang | LocalMultiNodeGang
+    rank_hosts: dict[int, str] = {}
+    if nnodes == 1:
+        gang = LocalGang(LaunchSpec(nproc_per_node=nproc, master_port=free_port(), max_restarts=max_restarts,
+                                    log_dir=str(log_dir)), env, log_dir / "agent.log")
+    else:
+        per_node, port = nproc // nnodes, free_port()
+        names = node_names or [f"node-{i}" for i in range(nnodes)]
+        rank_hosts = {i * per_node + r: names[i] for i in range(nnodes) for r in range(per_node)}
+        gang = LocalMultiNodeGang([
+            LocalGang(LaunchSpec(nproc_per_node=per_node, nnodes=nnodes, node_rank=i, master_port=port,
+                                 max_restarts=max_restarts, log_dir=str(log_dir / f"node-{i}")), env,
+                      log_dir / ("agent.log" if i == 0 else f"agent-node-{i}.log"))
+            for i in range(nnodes)])
+    supervisor = SegmentSupervisor(record, attempt, policy, scheduler_status=scheduler_status,
+                                   rank_hosts=rank_hosts)
     t0 = time.monotonic()
     started = time.time()
     gang.start()
@@ -127,6 +144,9 @@ def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, n
                 break
             time.sleep(0.2)
         supervisor.poll()  # a rank torchrun saw die before our last pass
+        if code != 0 and nnodes > 1:
+            gang.terminate(grace_s=0.5)  # a lost node: the survivors' gang is broken, stop them (after the
+            # supervisor saw who died first)
     except BaseException:
         gang.terminate()
         _finish(record, attempt, "cancelled")

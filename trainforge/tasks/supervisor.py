@@ -62,8 +62,10 @@ class Incident:
 
 class SegmentSupervisor:
     def __init__(self, record: JobRecord, attempt: int, policy: HealthPolicy, *,
-                 scheduler_status: Callable[[], dict[str, Any] | None] | None = None):
+                 scheduler_status: Callable[[], dict[str, Any] | None] | None = None,
+                 rank_hosts: dict[int, str] | None = None):
         self.record, self.attempt, self.policy = record, attempt, policy
+        self.rank_hosts = rank_hosts or {}  # the launch's node of each rank (several "nodes" on one host)
         self.run_dir = record.folder
         self.events = EventWriter(record.folder, True)
         self.scheduler_status = scheduler_status
@@ -88,6 +90,9 @@ class SegmentSupervisor:
         """One supervision pass. Returns a reason when the gang must be stopped now (e.g. straggler eviction)."""
         now = time.time()
         beats = read_heartbeats(self.run_dir, self.attempt)
+        for rank, beat in beats.items():
+            if rank in self.rank_hosts:
+                beat["host"] = self.rank_hosts[rank]
         restarts = max((b.get("restart", 0) for b in beats.values()), default=0)
         if restarts > self._restarts:  # torchrun restarted the gang: a fresh start-up budget
             self._restarts, self._progress_at = restarts, now
@@ -95,6 +100,7 @@ class SegmentSupervisor:
         if self._fatal_gen != restarts:  # after a fatal incident the peers' deaths are its consequence
             self._check_liveness(current, now)
             self._check_progress(current, now)
+        self._check_node_scope(current, now)
         self._check_stragglers(current, now)
         self._check_preemption(current, now)
         self._check_recovered(current, now)
@@ -103,7 +109,6 @@ class SegmentSupervisor:
         return self.terminate_requested
 
     def _check_liveness(self, beats: dict[int, dict[str, Any]], now: float) -> None:
-        dead_hosts: dict[str, list[int]] = {}
         for rank, beat in beats.items():
             if beat.get("phase") in ("done", "failed"):
                 continue
@@ -116,7 +121,6 @@ class SegmentSupervisor:
                 why = f"no heartbeat for {age:.1f}s (> {self.policy.heartbeat_timeout_s:g}s): frozen or unreachable"
             else:
                 continue
-            dead_hosts.setdefault(beat.get("host", "?"), []).append(rank)
             if self._once("rank_lost", rank, pid):
                 inc = self._record("rank_lost", rank, f"rank {rank} lost: {why}", beats,
                                    action="restart (torchrun in segment, else segment retry)" if alive is False
@@ -125,9 +129,17 @@ class SegmentSupervisor:
                 if alive:
                     _kill(pid, signal.SIGKILL)
                 inc.evidence["pid_alive"] = alive
-        for host, ranks in dead_hosts.items():
-            on_host = [r for r, b in beats.items() if b.get("host") == host]
-            if len(on_host) > 1 and sorted(ranks) == sorted(on_host):
+
+    def _check_node_scope(self, beats: dict[int, dict[str, Any]], now: float) -> None:
+        """A host with a lost rank whose every rank is now gone was lost whole: its incidents get scope `node`
+        (the ranks of a dying node are not all gone in the same pass, so this is checked again every pass)."""
+        hosts = {i.host for i in self.incidents if i.kind == "rank_lost" and i.scope == "process" and i.host}
+        for host in hosts:
+            on_host = [b for b in beats.values() if b.get("host") == host]
+            if len(on_host) > 1 and all(
+                    b.get("phase") not in ("done", "failed")
+                    and (not _alive(int(b["pid"])) or now - float(b["time"]) > self.policy.heartbeat_timeout_s)
+                    for b in on_host):
                 for inc in self.incidents:
                     if inc.kind == "rank_lost" and inc.host == host:
                         inc.scope = "node"

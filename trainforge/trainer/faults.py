@@ -7,7 +7,11 @@ Kinds, each at the start of 0-based step `step` on rank `rank`:
 - `stop`: SIGSTOP this worker (a frozen host: no heartbeat, no exit);
 - `nan`: poison this rank's weights with NaN (a bad batch / numerical blow-up: divergence);
 - `sigterm`: a termination notice to this worker (spot reclamation);
-- `slow`: sleep `ms` milliseconds in every step from `step` on (a straggler; persistent, not once).
+- `slow`: sleep `ms` milliseconds in every step from `step` on (a straggler; persistent, not once);
+- `node`: SIGKILL this worker's torchrun agent and every worker it runs (a whole node lost: with the local
+  backend's multi-node layout each agent is one "node");
+- `storeout`: the object store is down for `s` seconds in this worker: every object-store write raises
+  (an outage during a checkpoint upload; list it for every rank to take the whole store down).
 A fault fires once per job (a marker file in the run folder remembers it, with the time it fired: the chaos suite
 measures detection latency from it), so the retried segment runs clean, as a replaced node would; `always=1`
 fires it on every attempt (a persistent fault that exhausts the retry budget).
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ENV_VAR = "TRAINFORGE_FAULT"
-KINDS = ("kill", "raise", "hang", "stop", "nan", "sigterm", "slow")
+KINDS = ("kill", "raise", "hang", "stop", "nan", "sigterm", "slow", "node", "storeout")
 
 
 class InjectedFault(RuntimeError):
@@ -37,6 +41,7 @@ class Fault:
     step: int
     always: bool = False
     ms: int = 0
+    s: float = 0.0
 
     @property
     def marker(self) -> str:
@@ -51,7 +56,7 @@ def parse_faults(text: str) -> list[Fault]:
             raise ValueError(f"unknown fault kind {kind!r} in ${ENV_VAR}={text!r}; kinds: {', '.join(KINDS)}")
         values = dict(p.split("=", 1) for p in params)
         faults.append(Fault(kind, int(values.get("rank", 0)), int(values["step"]), values.get("always") == "1",
-                            int(values.get("ms", 0))))
+                            int(values.get("ms", 0)), float(values.get("s", 0))))
     return faults
 
 
@@ -103,8 +108,60 @@ class FaultInjector:
             os.kill(os.getpid(), signal.SIGSTOP)
         elif fault.kind == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
+        elif fault.kind == "node":
+            kill_node()
+        elif fault.kind == "storeout":
+            store_outage(fault.s)
         elif fault.kind == "nan" and model is not None:
             import torch
 
             with torch.no_grad():
                 next(iter(model.parameters())).fill_(float("nan"))
+
+
+def kill_node() -> None:
+    """SIGKILL the torchrun agent that runs this worker, then every worker of that agent, this one last: nothing of
+    the node reports anything (as when a host loses power)."""
+    import psutil
+
+    me = psutil.Process()
+    agent = me.parent()
+    peers = [p for p in agent.children(recursive=True) if p.pid != me.pid] if agent is not None else []
+    for proc in ([agent] if agent is not None else []) + peers:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            continue
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StoreOutage(OSError):
+    pass
+
+
+_OUTAGE_UNTIL = 0.0
+
+
+def store_outage(seconds: float) -> None:
+    """Every object-store write in this process raises for `seconds` (local and S3 backends alike); reads work."""
+    global _OUTAGE_UNTIL
+    from trainforge.infra.storage.local import LocalObjectStore
+    from trainforge.infra.storage.s3 import S3ObjectStore
+
+    _OUTAGE_UNTIL = time.time() + seconds
+    for cls in (LocalObjectStore, S3ObjectStore):
+        for name in ("put_bytes", "put_file"):
+            original = getattr(cls, name)
+            if not getattr(original, "_outage", False):
+                setattr(cls, name, _refusing(original))
+
+
+def _refusing(original: Any) -> Any:
+    def put(self: Any, key: str, *args: Any, **kwargs: Any) -> None:
+        if time.time() < _OUTAGE_UNTIL:
+            raise StoreOutage(f"injected object-store outage: PUT {key} refused ({_OUTAGE_UNTIL - time.time():.1f}s "
+                              "left)")
+        original(self, key, *args, **kwargs)
+
+    put._outage = True  # type: ignore[attr-defined]
+    return put

@@ -74,3 +74,33 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
+
+
+@dataclass
+class LocalMultiNodeGang:
+    """A multi-node gang emulated on this host: one torchrun agent per "node" (`--nnodes=N --node-rank=i`) sharing
+    one static rendezvous, exactly how the agents of a real multi-node job meet. Node i runs global ranks
+    i * nproc_per_node ... (i + 1) * nproc_per_node - 1, so losing one agent with its workers is losing a node."""
+
+    nodes: list[LocalGang]
+
+    def start(self) -> None:
+        for gang in self.nodes:
+            gang.start()
+
+    def poll(self) -> int | None:
+        """None while any node runs and none failed; else the first failing node's code (the survivors are
+        stopped by `terminate`, after the supervisor has looked at them), or 0 when every node finished."""
+        codes = [gang.poll() for gang in self.nodes]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            return failed[0]
+        return None if None in codes else 0
+
+    @property
+    def pid(self) -> int:
+        return self.nodes[0].pid
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        for gang in self.nodes:
+            gang.terminate(grace_s)
