@@ -42,6 +42,8 @@ def build(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Leave bad rows out instead of failing."),
     max_shard_mb: float = typer.Option(64.0, help="Upper bound on a shard's size."),
     gate: bool = typer.Option(True, "--gate/--no-gate", help="Run the quality gate before moving the branch."),
+    tokenizer: str = typer.Option("byte", help="byte (built in) or bpe (trained on SOURCE, saved with the version)."),
+    vocab_size: int = typer.Option(8192, help="BPE vocabulary size (--tokenizer bpe)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Tokenize SOURCE in parallel into a new immutable dataset version."""
@@ -51,7 +53,8 @@ def build(
     if seq_len < 1:
         fail(f"--seq-len must be positive, got {seq_len}", EXIT_UNREADABLE)
     cfg = BuildConfig(license=license, seq_len=seq_len, text_field=text_field, num_workers=workers, pack=pack,
-                      skip_bad=skip_bad, max_shard_bytes=int(max_shard_mb * 2**20))
+                      skip_bad=skip_bad, max_shard_bytes=int(max_shard_mb * 2**20), tokenizer=tokenizer,
+                      vocab_size=vocab_size)
     report: dict[str, Any] | None = None
     try:
         if out.startswith("file://"):

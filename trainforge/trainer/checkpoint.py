@@ -111,7 +111,9 @@ class Checkpointer:
         self._writing: Future[Any] | None = None
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-upload")
         self._puts = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckpt-put")
-        self._pending: list[Future[None]] = []
+        self._pending: list[tuple[int, Future[None]]] = []
+        self.skipped: list[tuple[int, str]] = []
+        """Checkpoints that failed to commit but were superseded by a later committed one (reported, not fatal)."""
         self._hooked: set[int] = set()
         self._lock = threading.Lock()
         self._known: set[str] = set()  # chunks of the last committed checkpoint (safe to reference again)
@@ -183,8 +185,8 @@ class Checkpointer:
             done.set_result(None)
             self._writing = done
         writing = self._writing
-        self._pending.append(self._uploader.submit(self._replicate_upload_commit, step, folder, manifest_fields,
-                                                   writing))
+        self._pending.append((step, self._uploader.submit(self._replicate_upload_commit, step, folder,
+                                                          manifest_fields, writing)))
         blocked = time.perf_counter() - t0 + self._unreported_wait
         self._unreported_wait = 0.0
         self.stats["saves"].append({"step": step, "blocked_s": blocked})
@@ -196,8 +198,8 @@ class Checkpointer:
         DCP files (same chunks, manifest last, create-only). Every rank calls it for the same step."""
         done: Future[Any] = Future()
         done.set_result(None)
-        self._pending.append(self._uploader.submit(self._replicate_upload_commit, step, self._folder(step),
-                                                   manifest_fields, done, names))
+        self._pending.append((step, self._uploader.submit(self._replicate_upload_commit, step, self._folder(step),
+                                                          manifest_fields, done, names)))
 
     def step_folder(self, step: int) -> Path:
         return self._folder(step)
@@ -282,13 +284,27 @@ class Checkpointer:
                 continue
 
     def wait(self) -> None:
-        """Block until every background commit finished; re-raise the first failure."""
+        """Block until every background commit finished. A failed commit that a later checkpoint superseded (an
+        object-store outage during one upload, say) is reported in `skipped`, not raised: nothing is lost, and
+        no resume ever reads it. A failure of the newest commit is raised: the segment's end state isn't durable."""
         self._wait_staging()
+        failures: list[tuple[int, BaseException]] = []
         try:
-            for fut in self._pending:
-                fut.result()
+            for step, fut in self._pending:
+                try:
+                    fut.result()
+                except Exception as exc:
+                    failures.append((step, exc))
+                    continue
+                for failed_step, exc in failures:
+                    logger.warning("checkpoint step %d was not committed (%s); step %d supersedes it",
+                                   failed_step, exc, step)
+                    self.skipped.append((failed_step, f"{type(exc).__name__}: {exc}"))
+                failures.clear()
         finally:
             self._pending.clear()
+        if failures:
+            raise failures[0][1]
 
     def close(self) -> None:
         try:

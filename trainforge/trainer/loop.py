@@ -252,6 +252,8 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
             break
     monitor.set_phase("closing")
     ckpt.close()
+    for bad_step, why in ckpt.skipped:  # superseded by a later commit: reported, never resumed from
+        events.emit("checkpoint_skipped", step=bad_step, reason=why)
     meter.close()
     live.close()
     reason = "preempted" if preempted else "finished" if end == total else "segment_max_steps"
