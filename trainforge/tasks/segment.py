@@ -221,7 +221,17 @@ def _failure(record: JobRecord, attempt: int, log_dir: Path, code: int, supervis
 
 
 def _rank_log(log_dir: Path, rank: int) -> Path | None:
-    found = sorted(log_dir.glob(f"*/attempt_*/{rank}/stderr.log"))
+    """torchrun's log of a global rank: `<run>/attempt_N/<local rank>/stderr.log`, under `node-<i>/` when the
+    segment ran one agent per node (global rank = node * ranks per node + local rank)."""
+    nodes = sorted(log_dir.glob("node-*"), key=lambda p: int(p.name.split("-")[1]))
+    if nodes:
+        per_node = len({p.name for p in nodes[0].glob("*/attempt_*/*") if p.name.isdigit()}) or 1
+        node, local = divmod(rank, per_node)
+        if node >= len(nodes):
+            return None
+        found = sorted(nodes[node].glob(f"*/attempt_*/{local}/stderr.log"))
+    else:
+        found = sorted(log_dir.glob(f"*/attempt_*/{rank}/stderr.log"))
     return found[-1] if found else None
 
 
