@@ -1,6 +1,7 @@
 """The production server stack on one machine, on loopback: PostgreSQL (a private cluster, Debian's binaries),
 SeaweedFS S3 (checkpoints, datasets, MLflow artifacts), the MLflow tracking server on PostgreSQL with S3 artifacts,
-and the Prefect server on PostgreSQL. `trainforge servers up|down|status` drives it.
+the Prefect server on PostgreSQL, and a Prefect process worker on the `trainforge` pool (with prefect.yaml's
+deployments registered by `prefect deploy --all`). `trainforge servers up|down|status` drives it.
 
 Every server is a detached process in its own session (so `up` can exit and `down` can signal the whole tree);
 pids, ports and the generated S3 credentials live in `<root>/state.json` (mode 0600). `up` writes
@@ -29,7 +30,8 @@ from trainforge.home import home
 from trainforge.infra.storage.seaweedfs import LOOPBACK, _free_ports, find_weed
 
 BIN = Path(sys.executable).parent
-COMPONENTS = ("postgres", "seaweedfs", "mlflow", "prefect")
+COMPONENTS = ("postgres", "seaweedfs", "mlflow", "prefect", "worker")
+POOL = "trainforge"
 DATABASES = ("mlflow", "prefect", "trainforge")
 BUCKETS = ("trainforge", "mlflow")
 
@@ -118,6 +120,7 @@ class ServerStack:
             self._save(state)
             self._wait_http("mlflow", f"{state['mlflow']['url']}/health", state, ready_timeout_s)
             self._wait_http("prefect", f"{state['prefect']['url']}/api/health", state, ready_timeout_s)
+            self._start_worker(state, ready_timeout_s)
         except BaseException:
             self._save(state)
             self.down()
@@ -293,6 +296,38 @@ class ServerStack:
         cmd = [str(BIN / "prefect"), "server", "start", "--host", LOOPBACK, "--port", str(port), "--no-ui"]
         self._spawn("prefect", cmd, env, state, port=port, url=f"http://{LOOPBACK}:{port}")
 
+    def _start_worker(self, state: dict[str, Any], timeout_s: float) -> None:
+        """Create the process pool, register prefect.yaml's deployments from the repository root, and start a
+        process worker whose flow runs see the stack's settings (storage, MLflow, lineage, scheduler)."""
+        repo = repo_root()
+        env = {**os.environ, **self.environment(state), "TRAINFORGE_REPO": str(repo),
+               "PREFECT_HOME": str(self.root / "prefect"), "DO_NOT_TRACK": "1"}
+        prefect = str(BIN / "prefect")
+        pool = subprocess.run([prefect, "work-pool", "create", POOL, "--type", "process", "--overwrite"], env=env,
+                              cwd=repo, capture_output=True, text=True, timeout=timeout_s)
+        if pool.returncode:
+            raise StackError(f"prefect work-pool create failed: {(pool.stdout + pool.stderr)[-2000:]}")
+        deploy = subprocess.run([prefect, "--no-prompt", "deploy", "--all"], env=env, cwd=repo, capture_output=True,
+                                text=True, timeout=timeout_s)
+        (self.root / "deploy.log").write_text(deploy.stdout + deploy.stderr)
+        if deploy.returncode:
+            raise StackError(f"prefect deploy --all failed:\n{(deploy.stdout + deploy.stderr)[-2000:]}")
+        self._spawn("worker", [prefect, "worker", "start", "--pool", POOL, "--name", f"trainforge-{os.getpid()}"],
+                    env, state, pool=POOL, repo=str(repo))
+        self._wait_worker(state, timeout_s)
+
+    def _wait_worker(self, state: dict[str, Any], timeout_s: float) -> None:
+        """Ready = the server lists the worker as online on the pool (it heartbeats on start)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not _alive(state["worker"]["pid"]):
+                raise StackError(f"worker exited while starting:\n{_tail(Path(state['worker']['log']))}")
+            if _worker_online(state["prefect"]["url"]):
+                state["worker"]["ready_s"] = round(time.time() - state["started_at"], 1)
+                return
+            time.sleep(0.5)
+        raise StackError(f"worker not online within {timeout_s:g}s:\n{_tail(Path(state['worker']['log']))}")
+
     # -- env file -----------------------------------------------------------------------------------------
     def environment(self, state: dict[str, Any] | None = None) -> dict[str, str]:
         state = state or self.state()
@@ -334,7 +369,8 @@ class ServerStack:
             pid = info.get("pid")
             if _alive(pid):
                 stopped.append(name)
-            _kill_group(pid, grace_s)
+            # A worker ignores SIGTERM once its server is gone: SIGINT, and before the Prefect server (order).
+            _kill_group(pid, grace_s, first=signal.SIGINT if name == "worker" else signal.SIGTERM)
             if info.get("sock_dir"):
                 shutil.rmtree(info["sock_dir"], ignore_errors=True)
         if state:
@@ -374,6 +410,10 @@ class ServerStack:
             elif name == "seaweedfs" and info:
                 url = info["endpoint"]
                 healthy = _alive(pid) and _http_ok(f"{url}/healthz") or (_alive(pid) and self._s3_ok(state))
+            elif name == "worker" and info:
+                prefect_url = (state.get("prefect") or {}).get("url", "")
+                url = f"pool {info.get('pool', POOL)} @ {prefect_url}"
+                healthy = _alive(pid) and _worker_online(prefect_url)
             elif info:
                 url = info["url"]
                 healthy = _alive(pid) and _http_ok(f"{url}/api/health" if name == "prefect" else f"{url}/health")
@@ -401,10 +441,32 @@ def _pg_ok(port: int) -> bool:
         return False
 
 
-def _kill_group(pid: int | None, grace_s: float) -> None:
+def repo_root() -> Path:
+    """The checkout holding prefect.yaml: $TRAINFORGE_REPO, else the folder above the trainforge package."""
+    env = os.environ.get("TRAINFORGE_REPO")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2]
+
+
+def _worker_online(prefect_url: str, timeout: float = 3.0) -> bool:
+    """Whether the Prefect server lists an ONLINE worker on the trainforge pool."""
+    if not prefect_url:
+        return False
+    req = urllib.request.Request(f"{prefect_url}/api/work_pools/{POOL}/workers/filter", data=b"{}",
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            workers = json.loads(resp.read())
+    except (OSError, ValueError):
+        return False
+    return any(str(w.get("status", "")).upper() == "ONLINE" for w in workers)
+
+
+def _kill_group(pid: int | None, grace_s: float, first: int = signal.SIGTERM) -> None:
     if not pid:
         return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+    for sig, wait in ((first, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):
