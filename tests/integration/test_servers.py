@@ -49,6 +49,10 @@ def test_stack_up_runs_a_job_end_to_end_and_down_leaves_nothing(stack, monkeypat
     assert env["PREFECT_API_URL"].endswith("/api") and env["TRAINFORGE_LINEAGE_URL"].startswith("postgresql+psycopg2://")
     assert all(r["healthy"] for r in stack.status())
     assert stack.up() == env_file  # idempotent: a healthy stack is left alone
+    from trainforge.commands.production import doctor_checks
+
+    mode, checks = doctor_checks(stack.root)
+    assert mode == "stack" and all(c["ok"] for c in checks), checks
     pids = {name: stack.state()[name]["pid"] for name in COMPONENTS}
 
     for key, value in env.items():
@@ -104,9 +108,11 @@ def test_stack_up_runs_a_job_end_to_end_and_down_leaves_nothing(stack, monkeypat
     # Prefect: the flow run is in the server's API (PostgreSQL-backed).
     from prefect.client.orchestration import get_client
 
-    with get_client(sync_client=True) as client:
+    with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}), get_client(sync_client=True) as client:
         run = client.read_flow_run(result["flow_run_id"])
+        gc = client.read_deployment_by_name("checkpoint-gc/checkpoint-gc")  # registered by `up`, with its schedule
     assert run.state is not None and run.state.is_completed()
+    assert [s.schedule.cron for s in gc.schedules] == ["17 * * * *"]
 
     stopped = stack.down()
     assert sorted(stopped) == sorted(COMPONENTS)
