@@ -139,16 +139,19 @@ class StoreOutage(OSError):
     pass
 
 
-_OUTAGE_UNTIL = 0.0
+_OUTAGE_UNTIL: float | None = 0.0
+_OUTAGE_SECONDS = 0.0
 
 
 def store_outage(seconds: float) -> None:
-    """Every object-store write in this process raises for `seconds` (local and S3 backends alike); reads work."""
-    global _OUTAGE_UNTIL
+    """Arm an outage: from the first object-store write after the fault fires, every write in this process raises
+    for `seconds` (local and S3 backends alike); reads work. Starting the window at the first write (not at the
+    fault's step) makes the next checkpoint's upload meet the outage however slow the steps are."""
+    global _OUTAGE_UNTIL, _OUTAGE_SECONDS
     from trainforge.infra.storage.local import LocalObjectStore
     from trainforge.infra.storage.s3 import S3ObjectStore
 
-    _OUTAGE_UNTIL = time.time() + seconds
+    _OUTAGE_SECONDS, _OUTAGE_UNTIL = seconds, None
     for cls in (LocalObjectStore, S3ObjectStore):
         for name in ("put_bytes", "put_file"):
             original = getattr(cls, name)
@@ -158,7 +161,10 @@ def store_outage(seconds: float) -> None:
 
 def _refusing(original: Any) -> Any:
     def put(self: Any, key: str, *args: Any, **kwargs: Any) -> None:
-        if time.time() < _OUTAGE_UNTIL:
+        global _OUTAGE_UNTIL
+        if _OUTAGE_UNTIL is None and _OUTAGE_SECONDS:
+            _OUTAGE_UNTIL = time.time() + _OUTAGE_SECONDS  # the window opens at the first write
+        if _OUTAGE_UNTIL is not None and time.time() < _OUTAGE_UNTIL:
             raise StoreOutage(f"injected object-store outage: PUT {key} refused ({_OUTAGE_UNTIL - time.time():.1f}s "
                               "left)")
         original(self, key, *args, **kwargs)
