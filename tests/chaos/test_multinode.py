@@ -28,9 +28,9 @@ def test_whole_node_lost_is_replaced_through_the_scheduler():
                   max_retries=1)
     m = measure(job, "node lost (2 of 4 ranks, segment retry)", "node", "rank_lost")
     lost_node = job.placements[0][1]
-    lost = [i for i in job.record.data["incidents"] if i["kind"] == "rank_lost"]
-    assert lost and {i["rank"] for i in lost} <= {2, 3} and lost[0]["scope"] == "node"
-    assert lost[0]["host"] == lost_node
+    # Ranks of the surviving node torn down by their agent may be reported too; the lost node's are a node loss.
+    lost = [i for i in job.record.data["incidents"] if i["kind"] == "rank_lost" and i["host"] == lost_node]
+    assert lost and {i["rank"] for i in lost} <= {2, 3} and all(i["scope"] == "node" for i in lost)
     assert lost_node in unhealthy_nodes()
     assert lost_node not in job.placements[1] and len(job.placements[1]) == 2
     assert m["detection_s"] is not None and m["detection_s"] < 5

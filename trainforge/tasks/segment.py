@@ -145,6 +145,8 @@ def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, n
             time.sleep(0.2)
         supervisor.poll()  # a rank torchrun saw die before our last pass
         if code != 0 and nnodes > 1:
+            for i in gang.killed_nodes():  # the agent itself died: the whole node was lost, not one process
+                supervisor.node_lost(names[i])
             gang.terminate(grace_s=0.5)  # a lost node: the survivors' gang is broken, stop them (after the
             # supervisor saw who died first)
     except BaseException:

@@ -130,6 +130,22 @@ class SegmentSupervisor:
                     _kill(pid, signal.SIGKILL)
                 inc.evidence["pid_alive"] = alive
 
+    def node_lost(self, host: str) -> None:
+        """The launcher saw the host's agent die of a signal: every incident of that host is a node loss (a pass of
+        the supervisor may have seen only some of its ranks gone before the segment ended)."""
+        found = False
+        for inc in self.incidents:
+            if inc.kind == "rank_lost" and inc.host == host:
+                inc.scope, found = "node", True
+        if not found:
+            ranks = sorted(r for r, h in self.rank_hosts.items() if h == host)
+            beats = read_heartbeats(self.run_dir, self.attempt)
+            inc = self._record("rank_lost", ranks[0] if ranks else None,
+                               f"node {host} lost: its agent and workers died without a report", beats,
+                               action="segment retry on a replacement node", host=host,
+                               evidence={"ranks": ranks})
+            inc.scope = "node"
+
     def _check_node_scope(self, beats: dict[int, dict[str, Any]], now: float) -> None:
         """A host with a lost rank whose every rank is now gone was lost whole: its incidents get scope `node`
         (the ranks of a dying node are not all gone in the same pass, so this is checked again every pass)."""

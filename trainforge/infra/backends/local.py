@@ -101,6 +101,11 @@ class LocalMultiNodeGang:
     def pid(self) -> int:
         return self.nodes[0].pid
 
+    def killed_nodes(self) -> list[int]:
+        """Nodes whose agent itself died of a signal (SIGKILL: the host went away), as opposed to an agent that
+        exited with an error after one of its workers failed."""
+        return [i for i, gang in enumerate(self.nodes) if (code := gang.poll()) is not None and code < 0]
+
     def terminate(self, grace_s: float = 5.0) -> None:
         for gang in self.nodes:
             gang.terminate(grace_s)
