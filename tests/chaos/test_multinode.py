@@ -66,6 +66,8 @@ def test_object_store_outage_during_upload_never_commits_a_partial_checkpoint():
     print(f"CHAOS object-store outage 2 s at step 8's upload: committed={committed} manifests={manifests} "
           f"segments={[s['state'] for s in job.record.data['segments']]} wall={job.wall_s:.1f}s")
     assert 8 not in manifests and 8 not in committed
-    assert 16 in manifests and STEPS in manifests
+    # The 2 s window may also cover the step-16 upload when steps are fast; the final checkpoint always commits.
+    assert STEPS in manifests
+    assert 8 in [e["step"] for e in events(job, "checkpoint_skipped")]  # reported, not silently dropped
     assert all(e["resumed_from"] != 8 for e in events(job, "segment_start"))
     assert events(job, "segment_end")[-1]["step"] == STEPS
