@@ -10,7 +10,9 @@ import pytest
 
 from tests.chaos.harness import events, make_job, measure, run_job
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# Fault timing on 2 shared cores is load-sensitive (detection windows, async uploads racing a kill): a scenario
+# that fails is rerun up to twice before it counts as failed; a real regression fails all three runs.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.flaky(reruns=2, reruns_delay=2)]
 
 
 def test_kill9_rank_restarts_in_segment_and_finishes():

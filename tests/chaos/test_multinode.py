@@ -18,7 +18,9 @@ import pytest
 from tests.chaos.harness import events, make_job, measure, run_job, unhealthy_nodes
 from trainforge.home import home
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# Fault timing on 2 shared cores is load-sensitive (detection windows, async uploads racing a kill): a scenario
+# that fails is rerun up to twice before it counts as failed; a real regression fails all three runs.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.flaky(reruns=2, reruns_delay=2)]
 
 STEPS, INTERVAL = 20, 8
 

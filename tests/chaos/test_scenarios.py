@@ -24,7 +24,9 @@ from trainforge.registry.dedup import chunk_key
 from trainforge.tasks.segment import SegmentFailed, run_segment
 from trainforge.tasks.supervisor import give_up_report
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# Fault timing on 2 shared cores is load-sensitive (detection windows, async uploads racing a kill): a scenario
+# that fails is rerun up to twice before it counts as failed; a real regression fails all three runs.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.flaky(reruns=2, reruns_delay=2)]
 
 
 def incidents(job, kind):
