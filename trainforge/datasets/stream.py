@@ -236,11 +236,15 @@ class ShardFetcher:
         key = self._key(info)
         with self._lock:
             fut = self._inflight.get(key)
-            if fut is None or (fut.done() and (fut.exception() is not None or not fut.result().exists())):
+            fresh = fut is None or (fut.done() and (fut.exception() is not None or not fut.result().exists()))
+            if fresh:
                 fut = self._pool.submit(self._fetch, info)
                 self._inflight[key] = fut
-                fut.add_done_callback(lambda f, k=key: self._forget(k, f))
-            return fut
+        if fresh:
+            # Outside the lock: a fetch that already finished runs the callback right here, and `_forget` takes
+            # the same (non-reentrant) lock — registering it under the lock deadlocked when the fetch was fast.
+            fut.add_done_callback(lambda f, k=key: self._forget(k, f))
+        return fut
 
     def _forget(self, key: str, fut: Future[Path]) -> None:
         with self._lock:
