@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,25 +43,10 @@ def cpu_transform(sample: np.ndarray, index: int) -> np.ndarray:
 
 
 def run_worker(spec_path: Path, home: Path, env: dict[str, str]) -> list[dict]:
-    from trainforge.infra.backends.local import free_port
-    from trainforge.registry.jobs import JobStore, new_job_id
-    from trainforge.spec import read_document
-    from trainforge.tasks import prepare
+    """The trainer as a segment runs it (shared with bench/spine_overhead.py); its per-step metrics events."""
+    from spine_overhead import run_worker as run_trainer  # bench/ is on sys.path when run as a script
 
-    os.environ["TRAINFORGE_HOME"] = str(home)
-    spec = prepare.validate_spec(read_document(spec_path), str(spec_path), spec_path.parent)
-    ds = prepare.resolve_dataset(spec, spec_path.parent)
-    plan = prepare.make_plan(spec)
-    job_id = new_job_id(spec.name)
-    record = JobStore().create(job_id)
-    config = prepare.worker_config(spec, job_id, record.folder, spec_path.parent, ds, plan, "bench")
-    path = record.folder / "worker-config.json"
-    path.write_text(config.to_json())
-    cmd = [PY, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
-           "-m", "trainforge.trainer.worker"]
-    subprocess.run(cmd, env={**env, "TRAINFORGE_JOB_CONFIG": str(path), "TRAINFORGE_HOME": str(home)},
-                   capture_output=True, text=True, timeout=600, check=True)
-    events = [json.loads(line) for line in (record.folder / "events.jsonl").read_text().splitlines()]
+    events, _ = run_trainer(spec_path, home, env)
     return [e for e in events if e["type"] == "metrics"]
 
 

@@ -36,8 +36,9 @@ def torchrun(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=True)
 
 
-def managed_worker(spec_path: Path, home: Path, steps: int, env: dict[str, str]) -> tuple[float, float]:
-    """Run the trainer exactly as a segment does, without the flow; return (median step s, wall s)."""
+def run_worker(spec_path: Path, home: Path, env: dict[str, str]) -> tuple[list[dict], float]:
+    """Run the trainer exactly as a segment does, without the flow: (its events, wall seconds). Shared by the
+    data-wait bench."""
     from trainforge.registry.jobs import JobStore, new_job_id
     from trainforge.spec import read_document
     from trainforge.tasks import prepare
@@ -55,7 +56,12 @@ def managed_worker(spec_path: Path, home: Path, steps: int, env: dict[str, str])
     torchrun(["-m", "trainforge.trainer.worker"], {**env, "TRAINFORGE_JOB_CONFIG": str(path),
                                                    "TRAINFORGE_HOME": str(home)})
     wall = time.perf_counter() - t0
-    events = [json.loads(line) for line in (record.folder / "events.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (record.folder / "events.jsonl").read_text().splitlines()], wall
+
+
+def managed_worker(spec_path: Path, home: Path, steps: int, env: dict[str, str]) -> tuple[float, float]:
+    """Median steady-state step time and wall time of the managed trainer."""
+    events, wall = run_worker(spec_path, home, env)
     step_times = [e["step_time_s"] for e in events if e["type"] == "metrics"][3:]
     return statistics.median(step_times), wall
 
