@@ -10,8 +10,10 @@ Kinds, each at the start of 0-based step `step` on rank `rank`:
 - `slow`: sleep `ms` milliseconds in every step from `step` on (a straggler; persistent, not once);
 - `node`: SIGKILL this worker's torchrun agent and every worker it runs (a whole node lost: with the local
   backend's multi-node layout each agent is one "node");
-- `storeout`: the object store is down for `s` seconds in this worker: every object-store write raises
-  (an outage during a checkpoint upload; list it for every rank to take the whole store down).
+- `storeout`: the object store is down in this worker: every object-store write raises (an outage during a
+  checkpoint upload; list it for every rank to take the whole store down). The window opens at the first write
+  after the fault fires and lasts `s` seconds, or until this worker reaches step `until` (a window measured in
+  training progress: the same uploads meet it however fast or slow the machine is).
 A fault fires once per job (a marker file in the run folder remembers it, with the time it fired: the chaos suite
 measures detection latency from it), so the retried segment runs clean, as a replaced node would; `always=1`
 fires it on every attempt (a persistent fault that exhausts the retry budget).
@@ -42,6 +44,7 @@ class Fault:
     always: bool = False
     ms: int = 0
     s: float = 0.0
+    until: int | None = None
 
     @property
     def marker(self) -> str:
@@ -55,8 +58,11 @@ def parse_faults(text: str) -> list[Fault]:
         if kind not in KINDS:
             raise ValueError(f"unknown fault kind {kind!r} in ${ENV_VAR}={text!r}; kinds: {', '.join(KINDS)}")
         values = dict(p.split("=", 1) for p in params)
+        until = int(values["until"]) if "until" in values else None
+        if kind == "storeout" and not (float(values.get("s", 0)) > 0 or until is not None):
+            raise ValueError(f"storeout needs a window in ${ENV_VAR}={text!r}: s=SECONDS or until=STEP")
         faults.append(Fault(kind, int(values.get("rank", 0)), int(values["step"]), values.get("always") == "1",
-                            int(values.get("ms", 0)), float(values.get("s", 0))))
+                            int(values.get("ms", 0)), float(values.get("s", 0)), until))
     return faults
 
 
@@ -87,6 +93,8 @@ class FaultInjector:
                 if step >= fault.step:
                     time.sleep(fault.ms / 1000)
                 continue
+            if fault.kind == "storeout" and fault.until is not None and step == fault.until:
+                end_store_outage()
             if fault.step != step:
                 continue
             marker = self.marker_dir / fault.marker
@@ -111,7 +119,7 @@ class FaultInjector:
         elif fault.kind == "node":
             kill_node()
         elif fault.kind == "storeout":
-            store_outage(fault.s)
+            store_outage(fault.s if fault.until is None else float("inf"))
         elif fault.kind == "nan" and model is not None:
             import torch
 
@@ -159,14 +167,21 @@ def store_outage(seconds: float) -> None:
                 setattr(cls, name, _refusing(original))
 
 
+def end_store_outage() -> None:
+    """Close the outage window (a `storeout` fault with `until=STEP` reaching that step)."""
+    global _OUTAGE_UNTIL, _OUTAGE_SECONDS
+    _OUTAGE_SECONDS, _OUTAGE_UNTIL = 0.0, 0.0
+
+
 def _refusing(original: Any) -> Any:
     def put(self: Any, key: str, *args: Any, **kwargs: Any) -> None:
         global _OUTAGE_UNTIL
         if _OUTAGE_UNTIL is None and _OUTAGE_SECONDS:
             _OUTAGE_UNTIL = time.time() + _OUTAGE_SECONDS  # the window opens at the first write
         if _OUTAGE_UNTIL is not None and time.time() < _OUTAGE_UNTIL:
-            raise StoreOutage(f"injected object-store outage: PUT {key} refused ({_OUTAGE_UNTIL - time.time():.1f}s "
-                              "left)")
+            left = _OUTAGE_UNTIL - time.time()
+            raise StoreOutage(f"injected object-store outage: PUT {key} refused"
+                              + (f" ({left:.1f}s left)" if left != float("inf") else ""))
         original(self, key, *args, **kwargs)
 
     put._outage = True  # type: ignore[attr-defined]
