@@ -1,4 +1,5 @@
-"""`trainforge render` (a job's Kubernetes manifests) and `trainforge servers up|down|status` (the server stack).
+"""`trainforge render` (a job's Kubernetes manifests), `trainforge up|down` (the server stack; also `servers
+up|down|status`), `trainforge doctor` and `trainforge automations install|list|remove` (dataset-release triggers).
 
 `submit --backend kubernetes` (trainforge/commands/jobs.py) calls `submit_kubernetes` below.
 """
@@ -7,10 +8,13 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from trainforge.cli import app
 from trainforge.commands.common import (
@@ -156,11 +160,13 @@ def _stack(root: Path | None) -> Any:
 
 
 @servers_app.command("up")
+@app.command("up")
 def servers_up(
     root: Path | None = typer.Option(None, help="State folder (default: $TRAINFORGE_HOME/servers)."),
     timeout: float = typer.Option(180.0, help="Seconds to wait for each server to be ready."),
 ) -> None:
-    """Start every server (idempotent) and write the env file that points trainforge at them."""
+    """Start every server (idempotent): PostgreSQL, SeaweedFS S3, MLflow, Prefect and a worker with prefect.yaml's
+    deployments and dataset-release automations; write the env file that points trainforge at them."""
     stack = _stack(root)
     t0 = time.monotonic()
     try:
@@ -173,6 +179,7 @@ def servers_up(
 
 
 @servers_app.command("down")
+@app.command("down")
 def servers_down(root: Path | None = typer.Option(None, help="State folder.")) -> None:
     """Stop every server of the stack (no orphans); data stays under the state folder."""
     stopped = _stack(root).down()
@@ -192,6 +199,107 @@ def servers_status(root: Path | None = typer.Option(None, help="State folder."),
             console.print(f"  {mark} {r['name']:10} pid {r['pid'] or '-':>7}  {r['url']}  {r['detail']}")
     if not all(r["healthy"] for r in rows):
         raise typer.Exit(1)
+
+
+# ------------------------------------------------------------------------------------------------ automations
+
+automations_app = typer.Typer(help="Dataset-release triggers: Prefect automations that run the subscribed training "
+                              "jobs when a dataset version is released (prefect.yaml `dataset_triggers`).",
+                              no_args_is_help=True)
+app.add_typer(automations_app, name="automations")
+
+
+def _default_config() -> Path:
+    from trainforge.infra.servers import repo_root
+
+    return repo_root() / "prefect.yaml"
+
+
+@contextmanager
+def _prefect_api(api: str | None) -> Iterator[str]:
+    """Point Prefect's client at `api` (else $PREFECT_API_URL). Refuses the ephemeral server: automations there
+    would vanish with the command."""
+    import os
+
+    url = api or os.environ.get("PREFECT_API_URL")
+    if not url:
+        fail("no Prefect server: set PREFECT_API_URL (after `trainforge up`: set -a; . "
+             "$TRAINFORGE_HOME/servers/stack.env; set +a) or pass --api http://HOST:PORT/api")
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    # A settings context (e.g. a test harness) would win over the environment: set it explicitly.
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield url
+
+
+def _api_error(exc: Exception, url: str) -> str:
+    return f"the Prefect server at {url} did not answer as expected ({type(exc).__name__}: {str(exc)[:300]})"
+
+
+@automations_app.command("install")
+def automations_install(
+    config: Path | None = typer.Option(None, help="File with the `dataset_triggers` section (default: the "
+                                       "repository's prefect.yaml)."),
+    api: str | None = typer.Option(None, help="Prefect API URL (default: $PREFECT_API_URL)."),
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+) -> None:
+    """Create one Prefect automation per `dataset_triggers` entry: on `trainforge.dataset.released` for the
+    dataset and branch the spec trains on, run the train-job deployment with the spec pinned to the released
+    version. Replaces the automations it installed before (idempotent)."""
+    from trainforge.infra.automations import TriggerConfigError, install_automations, load_subscriptions
+
+    path = config or _default_config()
+    try:
+        subs = load_subscriptions(path)
+    except TriggerConfigError as exc:
+        fail(str(exc))
+    with _prefect_api(api) as url:
+        try:
+            installed = install_automations(subs)
+        except TriggerConfigError as exc:
+            fail(str(exc))
+        except Exception as exc:  # noqa: BLE001 - a server problem, reported without a traceback
+            fail(_api_error(exc, url))
+    if as_json:
+        print_json(installed)
+        return
+    for a in installed:
+        console.print(f"  [green]✓[/] {escape(a['name'])}  ({escape(a['spec'])} -> {a['deployment']})")
+    console.print(f"{len(installed)} automation(s) installed on {url}")
+
+
+@automations_app.command("list")
+def automations_list(api: str | None = typer.Option(None, help="Prefect API URL (default: $PREFECT_API_URL)."),
+                     as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """trainforge's dataset-release automations on the Prefect server."""
+    from trainforge.infra.automations import installed_automations
+
+    with _prefect_api(api) as url:
+        try:
+            rows = installed_automations()
+        except Exception as exc:  # noqa: BLE001
+            fail(_api_error(exc, url))
+    if as_json:
+        print_json(rows)
+        return
+    for r in rows:
+        console.print(f"  {'[green]on [/]' if r['enabled'] else '[dim]off[/]'} {escape(r['name'])}  "
+                      f"[dim]{escape(r['description'])}[/]")
+    console.print(f"{len(rows)} automation(s) on {url}")
+
+
+@automations_app.command("remove")
+def automations_remove(api: str | None = typer.Option(None, help="Prefect API URL (default: $PREFECT_API_URL).")
+                       ) -> None:
+    """Delete every automation `automations install` created."""
+    from trainforge.infra.automations import remove_automations
+
+    with _prefect_api(api) as url:
+        try:
+            n = remove_automations()
+        except Exception as exc:  # noqa: BLE001
+            fail(_api_error(exc, url))
+    console.print(f"removed {n} automation(s) from {url}")
 
 
 # ------------------------------------------------------------------------------------------------- doctor
@@ -233,13 +341,73 @@ def _sql_reachable(url: str) -> str | None:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
 
+def prefect_object_checks(api_url: str, config: Path | None = None) -> list[dict[str, Any]]:
+    """prefect.yaml's deployments and its `dataset_triggers` automations exist on the Prefect server at `api_url`
+    (and the automations are current: same spec, pointing at the deployment that exists now)."""
+    import yaml
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from trainforge.infra.automations import TriggerConfigError, installed_automations, load_subscriptions
+
+    config = config or _default_config()
+    deploy_fix = (f"register them: `prefect --no-prompt deploy --all` in {config.parent} with PREFECT_API_URL="
+                  f"{api_url} (`trainforge up` does it)")
+    install_fix = f"`trainforge automations install --api {api_url}` (`trainforge up` does it)"
+    try:
+        doc = yaml.safe_load(config.read_text()) or {}
+        wanted = [d["name"] for d in doc.get("deployments") or [] if isinstance(d, dict) and d.get("name")]
+    except (OSError, yaml.YAMLError, TypeError) as exc:
+        return [_check("deployments", False, f"cannot read {config}: {exc}", "fix or restore prefect.yaml")]
+    out = []
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            with get_client(sync_client=True) as client:
+                found = client.read_deployments(deployment_filter=DeploymentFilter(
+                    name=DeploymentFilterName(any_=wanted))) if wanted else []
+            have = {d.name: d for d in found}
+            automations = installed_automations()
+    except Exception as exc:  # noqa: BLE001 - reported as a problem
+        return [_check("deployments", False, f"could not query {api_url}: {type(exc).__name__}: {exc}",
+                       "is the Prefect server up? `trainforge servers status`")]
+    missing = [n for n in wanted if n not in have]
+    out.append(_check("deployments", not missing, f"{len(wanted) - len(missing)}/{len(wanted)} of prefect.yaml's "
+                      "deployments registered" + (f"; missing: {', '.join(missing)}" if missing else ""),
+                      deploy_fix))
+    try:
+        subs = load_subscriptions(config)
+    except TriggerConfigError as exc:
+        out.append(_check("automations", False, str(exc), "fix the `dataset_triggers` section of prefect.yaml"))
+        return out
+    by_name = {a["name"]: a for a in automations}
+    ids = {str(d.id) for d in found}
+    problems, stale = [], []
+    for sub in subs:
+        a = by_name.get(sub.automation_name)
+        if a is None:
+            problems.append(f"missing: {sub.automation_name!r}")
+        elif not set(a["deployment_ids"]) <= ids:
+            problems.append(f"{sub.automation_name!r} runs a deployment that is not registered any more")
+        elif f"sha256={sub.spec_sha256}" not in (a["description"] or ""):
+            stale.append(f"{sub.source} changed since the automation was installed")
+    extra = sorted(set(by_name) - {s.automation_name for s in subs})
+    if extra:
+        stale.append(f"installed but not in {config.name}: {', '.join(extra)}")
+    detail = (f"{len(subs) - len(problems)}/{len(subs)} dataset-release automation(s) installed"
+              + "".join(f"; {p}" for p in problems + stale))
+    out.append(_check("automations", not problems, detail, install_fix, warn=bool(stale)))
+    return out
+
+
 def stack_checks(stack: Any) -> list[dict[str, Any]]:
     """One check per server of a started stack, plus the env file and this shell's settings."""
     import os
 
     state = stack.state()
     out = []
-    for row in stack.status():
+    rows = stack.status()
+    for row in rows:
         name, info = row["name"], state.get(row["name"]) or {}
         if row["healthy"]:
             out.append(_check(name, True, f"ok {row['url']} (pid {row['pid']})"))
@@ -257,6 +425,8 @@ def stack_checks(stack: Any) -> list[dict[str, Any]]:
             why = f"running (pid {row['pid']}) but not ONLINE on its pool at the Prefect server"
             fix = f"is the Prefect server up? see {log}; `trainforge servers down && trainforge servers up`"
         out.append(_check(name, False, why, fix))
+    if any(r["name"] == "prefect" and r["healthy"] for r in rows):
+        out.extend(prefect_object_checks(f"{state['prefect']['url']}/api"))
     if not stack.env_path.is_file():
         out.append(_check("env file", False, f"{stack.env_path} is missing",
                           "`trainforge servers up` writes it (it is removed by `down`)"))
@@ -313,6 +483,8 @@ def embedded_checks() -> list[dict[str, Any]]:
         why = _http_health(f"{api.rstrip('/')}/health")
         out.append(_check("prefect", why is None, f"{api}" + (f": {why}" if why else ""),
                           "start the Prefect server (`trainforge servers up`) or unset PREFECT_API_URL"))
+        if why is None:  # a configured server should carry the deployments and the dataset-release automations
+            out.extend(prefect_object_checks(api))
     else:
         out.append(_check("prefect", True, "no PREFECT_API_URL: flows run on Prefect's ephemeral server"))
     for var in ("TRAINFORGE_LINEAGE_URL", "TRAINFORGE_SCHEDULER_URL"):

@@ -7,6 +7,11 @@
 A version that fails its gate is published (content-addressed, with its report) but no branch or tag moves to it
 and the flow fails with the report, so jobs cannot pick it up. The tasks are thin wrappers over
 trainforge.datasets (kept next to the flow because they have no other user).
+
+A released version is announced as the Prefect event `trainforge.dataset.released` on the resource
+`trainforge.dataset.<name>` (labels branch, tag, version; payload with the version): the automations that
+`trainforge automations install` creates from prefect.yaml's `dataset_triggers` run the subscribed training jobs
+on it (trainforge/infra/automations.py).
 """
 
 from __future__ import annotations
@@ -74,6 +79,22 @@ def publish_version(name: str, version: str, branch: str, tag: str | None) -> No
         catalog.tag(name, tag, version)
 
 
+def announce_release(name: str, version: str, branch: str, tag: str | None) -> None:
+    """Emit the release event (dependent training jobs subscribe to it). The version is already published when
+    this runs, so a failure to emit is logged, not raised: the release itself stands."""
+    from prefect.events import emit_event
+
+    from trainforge.infra.automations import release_event
+
+    try:
+        emitted = emit_event(**release_event(name, version, branch, tag))
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        get_run_logger().warning("released %s, but the release event was not emitted: %s", name, exc)
+        return
+    if emitted is not None:
+        get_run_logger().info("emitted %s for %s (event %s)", emitted.event, emitted.resource.id, emitted.id)
+
+
 @flow(name="dataset-release", log_prints=False)
 def dataset_release(name: str, source: str | None = None, import_ref: str | None = None, license: str = "",
                     tag: str | None = None, branch: str = "main", seq_len: int = 1024, text_field: str = "text",
@@ -94,6 +115,7 @@ def dataset_release(name: str, source: str | None = None, import_ref: str | None
                                 + "\n".join(report["failures"]))
     publish_version(name, version, branch, tag)
     logger.info("released %s@%s = %s", name, tag or branch, version)
+    announce_release(name, version, branch, tag)
     result = {"name": name, "version": version, "branch": branch, "tag": tag,
               "ref": f"catalog://{name}@{tag or branch}", "quality": {"passed": True}}
     logger.info(json.dumps(result))

@@ -1,7 +1,8 @@
 """The production server stack on one machine, on loopback: PostgreSQL (a private cluster, Debian's binaries),
 SeaweedFS S3 (checkpoints, datasets, MLflow artifacts), the MLflow tracking server on PostgreSQL with S3 artifacts,
 the Prefect server on PostgreSQL, and a Prefect process worker on the `trainforge` pool (with prefect.yaml's
-deployments registered by `prefect deploy --all`). `trainforge servers up|down|status` drives it.
+deployments registered by `prefect deploy --all` and the dataset-release automations by `trainforge automations
+install`). `trainforge up|down` (aliases `servers up|down`), `servers status` and `doctor` drive it.
 
 Every server is a detached process in its own session (so `up` can exit and `down` can signal the whole tree);
 pids, ports and the generated S3 credentials live in `<root>/state.json` (mode 0600). `up` writes
@@ -312,6 +313,15 @@ class ServerStack:
         (self.root / "deploy.log").write_text(deploy.stdout + deploy.stderr)
         if deploy.returncode:
             raise StackError(f"prefect deploy --all failed:\n{(deploy.stdout + deploy.stderr)[-2000:]}")
+        # The dataset-release automations (prefect.yaml `dataset_triggers`) point at the deployments just
+        # registered, so they are installed after them; a child process, so this process's settings stay as they are.
+        auto = subprocess.run([sys.executable, "-m", "trainforge", "automations", "install", "--config",
+                               str(repo / "prefect.yaml")], env=env, cwd=repo, capture_output=True, text=True,
+                              timeout=timeout_s)
+        with open(self.root / "deploy.log", "a") as log:
+            log.write(auto.stdout + auto.stderr)
+        if auto.returncode:
+            raise StackError(f"trainforge automations install failed:\n{(auto.stdout + auto.stderr)[-2000:]}")
         self._spawn("worker", [prefect, "worker", "start", "--pool", POOL, "--name", f"trainforge-{os.getpid()}"],
                     env, state, pool=POOL, repo=str(repo))
         self._wait_worker(state, timeout_s)
