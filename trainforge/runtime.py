@@ -1,0 +1,394 @@
+"""The platform's services for a script-mode job (`code.mode: script`), as plain functions.
+
+A user's own training script runs under the platform's torchrun with the distributed environment injected
+(trainforge.infra.launch.script_environment). This module gives it what the managed loop gets, without a wrapper
+class around the user's model or loop:
+
+    from trainforge import runtime
+
+    job = runtime.init()                                   # process group from the injected env (PyTorch)
+    model = DDP(MyModel(job.model))                        # the script builds and wraps its own model
+    opt = torch.optim.AdamW(model.parameters())
+    start = runtime.load_checkpoint({"model": model, "optimizer": opt}) or 0
+    for step, tokens in runtime.data_loader(start_step=start):    # this rank's rows of the global batch
+        ...train on tokens...
+        runtime.log_metrics(step + 1, loss=loss)            # events.jsonl -> MLflow, heartbeats, divergence
+        if runtime.checkpoint_due(step + 1):
+            runtime.save_checkpoint(step + 1, {"model": model, "optimizer": opt})
+    runtime.finish()                                        # commits, segment_end, clean gloo shutdown
+
+- Checkpoints are the platform's: DCP (async, any layout; loadable under another world size), committed with the
+  manifest written last, deduplicated, sha256-verified, replicated in peers' memory for in-segment restarts,
+  resumed from the newest intact commit (trainforge.trainer.checkpoint.Checkpointer).
+- Data comes from the job's pinned dataset version in the platform's deterministic order: a pure function of
+  (seed, dataset version, position), so a resumed segment continues on exactly the samples it would have seen.
+  Rows are numpy int64 arrays of `seq_len + 1` tokens, so JAX and TensorFlow scripts use the loader too.
+- Metrics go to the job's events file (rank 0 writes), which the flow streams to MLflow; every call also
+  advances this rank's heartbeat so the segment supervisor sees progress (no progress = a hang).
+- Segments: `data_loader` and `steps` stop at the segment's end (`fault_tolerance.segment_max_steps`);
+  `finish` reports where the segment ended, and the flow starts the next one from the last commit.
+
+The functions keep their state in this module (one job per process). JAX and TensorFlow scripts call
+`init(process_group=False)` and use `data_loader`, `log_metrics` and `finish`; the checkpoint functions are
+PyTorch-only (DCP).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import numbers
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainforge.jobconfig import ENV_VAR, WorkerConfig
+
+
+class RuntimeUsageError(RuntimeError):
+    """The script called the runtime wrongly (before init, with a bad state dict, ...): the user's to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """What a script needs to know about its job (read-only)."""
+
+    job_id: str
+    rank: int
+    world_size: int
+    local_rank: int
+    framework: str
+    total_steps: int
+    """The spec's training.max_steps (optimizer steps over the whole job)."""
+    checkpoint_interval: int
+    segment_max_steps: int | None
+    global_batch_size: int
+    seq_len: int
+    seed: int
+    training: dict[str, Any]
+    """The spec's training section (optimizer, lr_schedule, precision, ...)."""
+    model: dict[str, Any]
+    """The spec's model numbers as the planner resolved them (layers, hidden, heads, vocab, ...)."""
+    layout: dict[str, Any]
+    """The plan's layout (dp, micro_batch_size, ...): the script applies it itself."""
+    run_dir: str
+    device: Any = None
+    """torch.device of this rank (None with process_group=False)."""
+
+
+@dataclass
+class _State:
+    cfg: WorkerConfig
+    job: Job
+    events: Any
+    metrics: Any
+    ctx: Any = None
+    ckpt: Any = None
+    start: int | None = None
+    last_step: int = 0
+    last_loss: float | None = None
+    last_log: float | None = None
+    finished: bool = False
+
+
+_STATE: _State | None = None
+
+
+def _state() -> _State:
+    if _STATE is None:
+        raise RuntimeUsageError("trainforge.runtime.init() must be called first (once, on every rank)")
+    return _STATE
+
+
+def _config() -> WorkerConfig:
+    path = os.environ.get(ENV_VAR)
+    if not path:
+        raise RuntimeUsageError(f"${ENV_VAR} is not set: trainforge.runtime works inside a platform job; submit the "
+                                "script with `code.mode: script` (trainforge submit SPEC) instead of running it "
+                                "directly")
+    return WorkerConfig.load(path)
+
+
+def init(*, process_group: bool | None = None, timeout_s: float | None = None) -> Job:
+    """Read the job, start the process group from the injected environment (PyTorch: gloo on CPU, NCCL + gloo
+    on GPUs, with the platform's per-restart store and collective timeout), and set up checkpoints and events.
+    Every rank calls it once, before any other function here. `process_group` defaults to True for PyTorch
+    scripts and False for JAX / TensorFlow ones (they start their own runtime from JAX_* / TF_CONFIG).
+    A script that already called `dist.init_process_group` keeps its group."""
+    global _STATE
+    if _STATE is not None and not _STATE.finished:
+        return _STATE.job
+    from trainforge.events import AsyncEventWriter, EventWriter
+    from trainforge.trainer.health import HealthPolicy, current_monitor
+
+    cfg = _config()
+    code = cfg.extra.get("code", {})
+    framework = code.get("framework", "pytorch")
+    if process_group is None:
+        process_group = framework == "pytorch"
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    ctx = ckpt = device = None
+    events = EventWriter(cfg.run_dir, rank == 0)
+    if process_group:
+        from trainforge.infra.storage import open_store
+        from trainforge.trainer.checkpoint import Checkpointer
+        from trainforge.trainer.distributed import DistContext
+
+        policy = HealthPolicy.from_dict(cfg.extra.get("health")).with_env()
+        ctx = DistContext.from_env(timeout_s or min(cfg.collective_timeout_s, policy.collective_timeout_s))
+        rank, world, local_rank, device = ctx.rank, ctx.world_size, ctx.local_rank, ctx.device
+
+        def on_commit(step: int, prefix: str, manifest: dict[str, Any]) -> None:
+            events.emit("checkpoint", step=step, prefix=prefix, metrics=manifest.get("metrics", {}))
+
+        store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
+        ckpt = Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir), on_commit)
+    tr = cfg.training
+    job = Job(job_id=cfg.job_id, rank=rank, world_size=world, local_rank=local_rank, framework=framework,
+              total_steps=cfg.total_steps, checkpoint_interval=cfg.checkpoint_interval,
+              segment_max_steps=cfg.segment_max_steps, global_batch_size=tr["global_batch_size"],
+              seq_len=tr["seq_len"], seed=tr["seed"], training=dict(tr), model=dict(cfg.model),
+              layout=dict(cfg.layout), run_dir=cfg.run_dir, device=device)
+    _STATE = _State(cfg=cfg, job=job, events=events, metrics=AsyncEventWriter(events), ctx=ctx, ckpt=ckpt)
+    current_monitor().set_phase("starting")
+    return job
+
+
+# ------------------------------------------------------------------------------------------------ steps
+
+
+def _begin(start: int, resumed_from: int | None) -> None:
+    """The segment starts at `start`: reported once (the flow records resumes in lineage), heartbeats switch to
+    `training` so the supervisor measures step progress from here."""
+    st = _state()
+    if st.start is not None:
+        return
+    from trainforge.trainer.health import current_monitor
+
+    st.start, st.last_step = start, start
+    st.events.emit("segment_start", step=start, world_size=st.job.world_size, resumed_from=resumed_from,
+                   mode="script")
+    # No process-group handle: the monitor's per-step agreement would be a collective inside log_metrics, which
+    # a script may call on some ranks only.
+    current_monitor().attach(None, start)
+    st.last_log = time.perf_counter()
+
+
+def segment_end() -> int:
+    """The step this segment ends at: the job's last step, or earlier with fault_tolerance.segment_max_steps."""
+    st = _state()
+    start = st.start if st.start is not None else 0
+    limit = st.cfg.segment_max_steps
+    return st.cfg.total_steps if limit is None else min(st.cfg.total_steps, start + limit)
+
+
+def steps() -> range:
+    """The optimizer steps (0-based) this segment runs: from the resumed checkpoint (or 0) to `segment_end()`."""
+    st = _state()
+    _begin(st.start if st.start is not None else 0, None)
+    return range(st.start or 0, segment_end())
+
+
+def checkpoint_due(step: int) -> bool:
+    """True when `step` (optimizer steps done) should be checkpointed: every checkpoint.interval_steps, and at the
+    segment's end (so the next segment resumes exactly there)."""
+    st = _state()
+    return step % st.cfg.checkpoint_interval == 0 or step == segment_end()
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+
+
+def _model_and_optimizer(state: Mapping[str, Any], what: str) -> tuple[Any, Any]:
+    import torch
+
+    if not isinstance(state, Mapping) or set(state) != {"model", "optimizer"}:
+        got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+        raise RuntimeUsageError(f"{what}(state): state must be {{'model': nn.Module, 'optimizer': Optimizer}}, got "
+                                f"{got}; put everything else that must survive a restart in a function of the step")
+    model, optimizer = state["model"], state["optimizer"]
+    if not isinstance(model, torch.nn.Module):
+        raise RuntimeUsageError(f"{what}(state): state['model'] is a {type(model).__name__}, not a torch.nn.Module")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise RuntimeUsageError(f"{what}(state): state['optimizer'] is a {type(optimizer).__name__}, not a "
+                                "torch.optim.Optimizer")
+    return model, optimizer
+
+
+def _checkpointer(what: str) -> Any:
+    st = _state()
+    if st.ckpt is None:
+        raise RuntimeUsageError(f"{what}: platform checkpoints are PyTorch (DCP) and need init() with a process "
+                                f"group; this is a {st.job.framework} job started with process_group=False")
+    return st.ckpt
+
+
+def load_checkpoint(state: Mapping[str, Any]) -> int | None:
+    """Restore model, optimizer and this rank's RNG from the job's newest intact committed checkpoint (after an
+    in-segment restart: from the peers' memory). Returns its step, or None for a fresh job. Any layout the
+    checkpoint was saved under loads (DCP reshards). Every rank calls it, before training."""
+    st = _state()
+    ckpt = _checkpointer("load_checkpoint")
+    model, optimizer = _model_and_optimizer(state, "load_checkpoint")
+    ref, skipped = ckpt.latest()
+    for bad_step, problems in skipped:
+        st.events.emit("checkpoint_corrupt", step=bad_step, problems=problems)
+    if ref is None:
+        _begin(0, None)
+        return None
+    ckpt.load(ref, model, optimizer)
+    _begin(ref.step, ref.step)
+    return int(ref.step)
+
+
+def save_checkpoint(step: int, state: Mapping[str, Any]) -> float:
+    """Checkpoint after `step` optimizer steps: staged asynchronously (the call blocks only while the state is
+    copied), then written, uploaded and committed in the background; a `checkpoint` event follows the commit.
+    Every rank calls it for the same step. Returns the seconds the caller was blocked."""
+    st = _state()
+    ckpt = _checkpointer("save_checkpoint")
+    model, optimizer = _model_and_optimizer(state, "save_checkpoint")
+    if st.start is None:
+        _begin(0, None)
+    cfg, job = st.cfg, st.job
+    fields = {
+        "job_id": cfg.job_id, "team": cfg.team, "world_size": job.world_size, "layout": cfg.layout, "mode": "script",
+        "framework": job.framework,
+        "sampler": {"position": step * job.global_batch_size, "seed": job.seed,
+                    "dataset_version": cfg.dataset.get("version"), "skip": sorted(cfg.extra.get("skip_samples", []))},
+        "rng": {"files": [f"rng-rank{r:05d}.safetensors" for r in range(job.world_size)]},
+        "metrics": {} if st.last_loss is None else {"train_loss": st.last_loss},
+        "dataset": {"ref": cfg.dataset.get("ref"), "version": cfg.dataset.get("version"),
+                    "license": cfg.dataset.get("license")},
+        "code_commit": cfg.code_commit, "config_hash": cfg.config_hash, "model": cfg.model,
+    }
+    blocked = float(ckpt.save(step, model, optimizer, fields))
+    st.events.emit("checkpoint_staged", step=step, blocked_s=blocked)
+    st.last_step = max(st.last_step, step)
+    return blocked
+
+
+# -------------------------------------------------------------------------------------------------- data
+
+
+def data_loader(*, start_step: int | None = None, end_step: int | None = None, dp_rank: int | None = None,
+                dp_degree: int | None = None, num_workers: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """(step, rows) for each optimizer step from `start_step` (default: where the segment resumed) to `end_step`
+    (default: the segment's end). `rows` is this data-parallel rank's contiguous share of the step's global batch:
+    an int64 array [global_batch_size / dp_degree, seq_len + 1] (inputs are rows[:, :-1], targets rows[:, 1:]).
+    dp_rank / dp_degree default to the rank and world size (pure data parallelism); a script with model
+    parallelism passes its data-parallel coordinates. The order is the platform's deterministic sampler over the
+    job's pinned dataset version (with the spec's transforms, in `dataset.num_workers` processes if set)."""
+    from trainforge.datasets.catalog import load_version_dir
+    from trainforge.datasets.pipeline import StepLoader, StepSource
+
+    st = _state()
+    cfg, job = st.cfg, st.job
+    if start_step is None:
+        start_step = st.start if st.start is not None else 0
+    _begin(start_step, None)
+    end = segment_end() if end_step is None else end_step
+    dp_rank = job.rank if dp_rank is None else dp_rank
+    dp_degree = job.world_size if dp_degree is None else dp_degree
+    if not 0 <= dp_rank < dp_degree:
+        raise RuntimeUsageError(f"data_loader: dp_rank {dp_rank} is not in [0, dp_degree={dp_degree})")
+    if job.global_batch_size % dp_degree:
+        raise RuntimeUsageError(f"data_loader: training.global_batch_size ({job.global_batch_size}) is not divisible "
+                                f"by dp_degree ({dp_degree}); change the batch size in the spec or the degree")
+    dset = cfg.dataset
+    ds = load_version_dir(Path(dset["path"]), dset["ref"])
+    if ds.version != dset["version"]:  # the pinned version is what the run records; never train on another
+        raise RuntimeError(f"dataset at {dset['path']} is version {ds.version}, the job pinned {dset['version']}")
+    source = StepSource(dset["path"], dset["ref"], dset["eval_fraction"], job.seed, job.global_batch_size, dp_rank,
+                        dp_degree, transforms=tuple(dset.get("transforms", ())),
+                        skip=tuple(sorted(cfg.extra.get("skip_samples", ()))))
+    workers = int(dset.get("num_workers", 0)) if num_workers is None else num_workers
+    width = job.seq_len + 1
+    for step, rows in StepLoader(source, start_step, end, num_workers=workers):
+        yield step, np.asarray(rows[:, :width], dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------------------------- metrics
+
+
+def _number(name: str, value: Any) -> float:
+    item = getattr(value, "item", None)
+    if callable(item) and not isinstance(value, numbers.Real):  # torch / numpy / jax scalars and 1-element arrays
+        try:
+            value = item()
+        except (ValueError, RuntimeError) as exc:
+            raise RuntimeUsageError(f"log_metrics: {name} is not a scalar ({exc})") from None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RuntimeUsageError(f"log_metrics: {name}={value!r} is not a number; log scalars only")
+    return float(value)
+
+
+def log_metrics(step: int, **metrics: Any) -> None:
+    """Record scalar metrics for `step` (optimizer steps done): rank 0 appends them to the job's events file
+    (streamed to MLflow by the flow, checked by the alert rules); on every rank the call is this rank's step
+    progress for the supervisor's hang detection, and a `loss` goes through the divergence policy (NaN/Inf or a
+    spike stops the segment; with `rollback` the next segment skips the batch's samples). Call it once per step
+    on every rank, with the same (all-reduced) loss on each."""
+    from trainforge.trainer.health import current_monitor
+
+    st = _state()
+    values = {k: _number(k, v) for k, v in metrics.items()}
+    if st.start is None:
+        _begin(max(0, step - 1), None)
+    now = time.perf_counter()
+    dt = now - (st.last_log or now)
+    st.last_log = now
+    values.setdefault("step_time_s", dt)
+    st.metrics.emit("metrics", step=step, **values)
+    st.last_step = max(st.last_step, step)
+    monitor = current_monitor()
+    if "loss" in values:
+        st.last_loss = values["loss"]
+        # Divergence policy on this rank (no collective: see _begin); raises DivergenceError, which the worker
+        # reports as `divergence` for the flow's rollback.
+        monitor.end_step(step - 1, values["loss"], values.get("grad_norm"), dt)
+    else:
+        monitor.begin_step(step)
+
+
+# --------------------------------------------------------------------------------------------------- end
+
+
+def finish(step: int | None = None) -> dict[str, Any]:
+    """End the segment: wait until every checkpoint is committed (raises if the last one failed), report
+    `segment_end` (the flow starts the next segment, or finishes the job, from it), and shut the process group
+    down cleanly. Call it on every rank after the model is out of scope (e.g. after the function that trained
+    returned): gloo aborts at exit if a DDP/FSDP model outlives its process group. `step` defaults to the
+    highest step logged or checkpointed."""
+    global _STATE
+    from trainforge.trainer.health import current_monitor
+
+    st = _state()
+    if st.finished:
+        raise RuntimeUsageError("finish() was already called")
+    monitor = current_monitor()
+    monitor.set_phase("closing")
+    end = st.last_step if step is None else step
+    if st.ckpt is not None:
+        st.ckpt.close()
+        for bad_step, why in st.ckpt.skipped:
+            st.events.emit("checkpoint_skipped", step=bad_step, reason=why)
+    st.metrics.close()
+    reason = "finished" if end >= st.cfg.total_steps else "segment_max_steps"
+    st.events.emit("segment_end", step=end, reason=reason, mode="script")
+    st.finished = True
+    monitor.close("done")
+    if st.ctx is not None:
+        from trainforge.trainer.distributed import shutdown
+
+        st.ckpt = None
+        gc.collect()
+        shutdown(st.ctx)
+    _STATE = None
+    return {"step": end, "reason": reason, "loss": st.last_loss if st.last_loss is not None else math.nan}
