@@ -107,6 +107,9 @@ def test_release_to_main_runs_the_subscribed_training_job(deployed, tmp_path):
         assert params["spec"]["dataset"]["ref"] == f"catalog://demo-text@{out['version']}"
         assert params["spec"]["name"] == "tiny-cpu"
         assert params["source"] == "examples/tiny-cpu.yaml" and params["base_dir"] == "examples"
+        from trainforge.datasets.refs import resolve_reference
+
+        assert resolve_reference(params["spec"]["dataset"]["ref"]).version == out["version"]  # resolvable as pinned
 
         checks = {c["name"]: c for c in prefect_object_checks(deployed)}
         assert checks["deployments"]["ok"] and "4/4" in checks["deployments"]["detail"]
@@ -122,6 +125,12 @@ def test_release_to_main_runs_the_subscribed_training_job(deployed, tmp_path):
     checks = {c["name"]: c for c in prefect_object_checks(deployed)}
     assert not checks["automations"]["ok"] and "missing" in checks["automations"]["detail"]
     assert "trainforge automations install" in checks["automations"]["fix"]
+
+
+def test_up_and_down_are_top_level_commands():
+    for cmd in ("up", "down", "doctor"):
+        result = runner.invoke(app, [cmd, "--help"])
+        assert result.exit_code == 0 and "--root" in result.output, (cmd, result.output)
 
 
 def test_bad_subscriptions_are_refused_with_the_entry_named(tmp_path):
