@@ -28,9 +28,10 @@ class around the user's model or loop:
 - Segments: `data_loader` and `steps` stop at the segment's end (`fault_tolerance.segment_max_steps`);
   `finish` reports where the segment ended, and the flow starts the next one from the last commit.
 
-The functions keep their state in this module (one job per process). JAX and TensorFlow scripts call
-`init(process_group=False)` and use `data_loader`, `log_metrics` and `finish`; the checkpoint functions are
-PyTorch-only (DCP).
+The functions keep their state in this module (one job per process). For a JAX job `init()` starts
+`jax.distributed` from the injected JAX_* variables instead of a torch process group; a TensorFlow job's strategy
+reads TF_CONFIG itself. JAX and TensorFlow scripts use `data_loader`, `log_metrics` and `finish`; the checkpoint
+functions are PyTorch-only (DCP), such scripts keep their own checkpoints.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import gc
 import math
 import numbers
 import os
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -117,9 +119,10 @@ def _config() -> WorkerConfig:
 def init(*, process_group: bool | None = None, timeout_s: float | None = None) -> Job:
     """Read the job, start the process group from the injected environment (PyTorch: gloo on CPU, NCCL + gloo
     on GPUs, with the platform's per-restart store and collective timeout), and set up checkpoints and events.
-    Every rank calls it once, before any other function here. `process_group` defaults to True for PyTorch
-    scripts and False for JAX / TensorFlow ones (they start their own runtime from JAX_* / TF_CONFIG).
-    A script that already called `dist.init_process_group` keeps its group."""
+    Every rank calls it once, before any other function here. `process_group` (default: True for PyTorch and JAX,
+    False for TensorFlow, whose strategy reads TF_CONFIG) starts the framework's distributed runtime: a torch
+    process group, or `jax.distributed.initialize` from the injected JAX_* variables. A PyTorch script that already
+    called `dist.init_process_group` keeps its group."""
     global _STATE
     if _STATE is not None and not _STATE.finished:
         return _STATE.job
@@ -130,12 +133,15 @@ def init(*, process_group: bool | None = None, timeout_s: float | None = None) -
     code = cfg.extra.get("code", {})
     framework = code.get("framework", "pytorch")
     if process_group is None:
-        process_group = framework == "pytorch"
+        # TensorFlow: the script's MultiWorkerMirroredStrategy reads TF_CONFIG itself, when the script creates it.
+        process_group = framework in ("pytorch", "jax")
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     ctx = ckpt = device = None
     events = EventWriter(cfg.run_dir, rank == 0)
-    if process_group:
+    if process_group and framework == "jax":
+        _init_jax()
+    elif process_group:
         from trainforge.infra.storage import open_store
         from trainforge.trainer.checkpoint import Checkpointer
         from trainforge.trainer.distributed import DistContext
@@ -158,6 +164,20 @@ def init(*, process_group: bool | None = None, timeout_s: float | None = None) -
     _STATE = _State(cfg=cfg, job=job, events=events, metrics=AsyncEventWriter(events), ctx=ctx, ckpt=ckpt)
     current_monitor().set_phase("starting")
     return job
+
+
+def _init_jax() -> None:
+    """jax.distributed from the injected environment (infra/launch.jax_script_env): JAX reads only the coordinator
+    address from the environment, so the process count and id are passed here."""
+    import jax
+
+    missing = [k for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if k not in os.environ]
+    if missing:
+        raise RuntimeUsageError(f"init(): {', '.join(missing)} not set; the platform injects them for "
+                                "`code.framework: jax` jobs (check the spec's code.framework)")
+    jax.distributed.initialize(coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+                               num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+                               process_id=int(os.environ["JAX_PROCESS_ID"]))
 
 
 # ------------------------------------------------------------------------------------------------ steps
@@ -224,8 +244,9 @@ def _model_and_optimizer(state: Mapping[str, Any], what: str) -> tuple[Any, Any]
 def _checkpointer(what: str) -> Any:
     st = _state()
     if st.ckpt is None:
-        raise RuntimeUsageError(f"{what}: platform checkpoints are PyTorch (DCP) and need init() with a process "
-                                f"group; this is a {st.job.framework} job started with process_group=False")
+        raise RuntimeUsageError(f"{what}: platform checkpoints are PyTorch (DCP) and need a torch process group "
+                                f"from init(); this {st.job.framework} job has none (JAX/TensorFlow scripts keep "
+                                "their own checkpoints, e.g. orbax / tf.train.Checkpoint)")
     return st.ckpt
 
 
@@ -384,6 +405,11 @@ def finish(step: int | None = None) -> dict[str, Any]:
     st.events.emit("segment_end", step=end, reason=reason, mode="script")
     st.finished = True
     monitor.close("done")
+    if st.job.framework == "jax" and "jax" in sys.modules:
+        import jax
+
+        if jax.process_count() > 1:
+            jax.distributed.shutdown()  # a barrier across processes: nobody exits while a peer still computes
     if st.ctx is not None:
         from trainforge.trainer.distributed import shutdown
 

@@ -9,6 +9,7 @@ checkpoint and ends with bitwise the losses and weights of the same job run in o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Iterator
@@ -28,16 +29,20 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "script_mode"
 pytestmark = [pytest.mark.timeout(600)]
 
 
-def _job(name: str, segment_max_steps: int | None) -> dict[str, Any]:
+def _job(name: str, segment_max_steps: int | None, spec_file: str = "train_torch.yaml",
+         workers: int = 2) -> dict[str, Any]:
     from trainforge.registry.jobs import JobStore
     from trainforge.tasks import prepare
     from trainforge.tasks.segment import run_segment
 
-    doc = yaml.safe_load((EXAMPLE / "train_torch.yaml").read_text())
+    doc = yaml.safe_load((EXAMPLE / spec_file).read_text())
     doc["name"] = name
     if segment_max_steps:
         doc["fault_tolerance"]["segment_max_steps"] = segment_max_steps
-    spec = prepare.validate_spec(doc, "train_torch.yaml", EXAMPLE)
+    if workers != 2:
+        doc["resources"].update(min_gpus=workers, gpus_per_node=workers)
+        doc["parallelism"]["dp"] = workers
+    spec = prepare.validate_spec(doc, spec_file, EXAMPLE)
     dataset = prepare.resolve_dataset(spec, EXAMPLE)
     plan = prepare.make_plan(spec)
     record = JobStore().create(name, name=spec.name, team=spec.team, spec=doc, source="train_torch.yaml")
@@ -48,21 +53,28 @@ def _job(name: str, segment_max_steps: int | None) -> dict[str, Any]:
     results = []
     for _ in range(3):  # segments until the job is done, like the train-job flow
         fresh = JobStore().get(name)
-        results.append(run_segment(fresh, path, config, nproc=2, max_restarts=0,
+        results.append(run_segment(fresh, path, config, nproc=workers, max_restarts=0,
                                    extra_env={"OMP_NUM_THREADS": "1"}))
         if results[-1].last_step is not None and results[-1].last_step >= config.total_steps:
             break
     return {"config": config, "record": record, "results": results}
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
+@contextlib.contextmanager
+def _home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A module-wide TRAINFORGE_HOME (the autouse per-test home is function-scoped) with the demo dataset."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRAINFORGE_HOME", str(tmp_path_factory.mktemp("script-home")))
         mp.delenv("TRAINFORGE_CLUSTER", raising=False)
         from trainforge.datasets.demo import ensure_demo_dataset
 
         ensure_demo_dataset()
+        yield
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
+    with _home(tmp_path_factory):
         yield {"clean": _job("script-clean", None), "resumed": _job("script-resumed", 6)}
 
 
@@ -162,3 +174,24 @@ def test_metrics_heartbeats_and_lr_from_the_script(jobs: dict[str, dict[str, Any
     segment = job["record"].folder / "worker-config-segment-0.json"
     assert json.loads(segment.read_text())["extra"]["code"]["mode"] == "script"
     assert asdict(job["config"])["entrypoint"] == "train_torch.py"
+
+
+def test_jax_script_two_processes_equal_one(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """examples/script_mode/train_jax.py: jax.distributed over 2 processes (started by runtime.init() from the
+    injected JAX_* variables, gloo collectives on CPU) trains on the global batch: its per-step losses equal the
+    same script on 1 process. Runs only where jax is installed."""
+    pytest.importorskip("jax")
+    with _home(tmp_path_factory):
+        two = _job("jax-two", None, "train_jax.yaml", workers=2)
+        one = _job("jax-one", None, "train_jax.yaml", workers=1)
+    assert [(r.last_step, r.reason) for r in two["results"]] == [(12, "finished")]
+    a, b = losses(two), losses(one)
+    assert sorted(a) == list(range(1, 13)) and sorted(b) == sorted(a)
+    # fp32; only the order of the cross-process reduction differs
+    torch.testing.assert_close(torch.tensor([a[k] for k in sorted(a)]), torch.tensor([b[k] for k in sorted(b)]),
+                               rtol=1e-5, atol=0.0)
+    assert a[12] < a[1]
+    from trainforge.trainer.health import read_heartbeats
+
+    beats = read_heartbeats(two["config"].run_dir, 0)
+    assert sorted(beats) == [0, 1] and all(b["phase"] == "done" and b["step"] == 12 for b in beats.values())

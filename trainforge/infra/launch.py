@@ -69,11 +69,17 @@ def torch_script_env(*, rank: int, world_size: int, local_rank: int, master_addr
             "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
 
 
-def jax_script_env(*, rank: int, world_size: int, master_addr: str, master_port: int) -> dict[str, str]:
-    """`jax.distributed.initialize()` reads these when called without arguments. The coordinator (process 0)
-    listens on a port of its own: master_port + 1, so it never collides with torch's store."""
+def jax_script_env(*, rank: int, world_size: int, local_rank: int, master_addr: str,
+                   master_port: int) -> dict[str, str]:
+    """What `jax.distributed.initialize` needs. JAX itself reads JAX_COORDINATOR_ADDRESS and JAX_LOCAL_DEVICE_IDS
+    from the environment (jax/_src/distributed.py); the process count and id it takes only as arguments or from a
+    cluster it detects (SLURM, Open MPI, ...), none of which this is, so they travel as JAX_NUM_PROCESSES /
+    JAX_PROCESS_ID and `trainforge.runtime.init()` passes them (a script may do the same itself). The coordinator
+    (process 0) listens on a port of its own, master_port + 1, so it never collides with torch's store.
+    JAX_LOCAL_DEVICE_IDS = the local rank: one process per accelerator, as torchrun starts them (on GPU nodes JAX
+    would otherwise give every process all of the node's devices; on CPU it is ignored)."""
     return {"JAX_COORDINATOR_ADDRESS": f"{master_addr}:{master_port + 1}", "JAX_NUM_PROCESSES": str(world_size),
-            "JAX_PROCESS_ID": str(rank)}
+            "JAX_PROCESS_ID": str(rank), "JAX_LOCAL_DEVICE_IDS": str(local_rank)}
 
 
 def tf_script_env(*, rank: int, worker_hosts: list[str]) -> dict[str, str]:
@@ -90,7 +96,8 @@ def script_environment(framework: str, env: dict[str, str]) -> dict[str, str]:
     out = torch_script_env(rank=rank, world_size=world, local_rank=int(env.get("LOCAL_RANK", "0")),
                            master_addr=addr, master_port=port)
     if framework == "jax":
-        out.update(jax_script_env(rank=rank, world_size=world, master_addr=addr, master_port=port))
+        out.update(jax_script_env(rank=rank, world_size=world, local_rank=int(env.get("LOCAL_RANK", "0")),
+                                  master_addr=addr, master_port=port))
     elif framework == "tensorflow":
         out.update(tf_script_env(rank=rank, worker_hosts=[f"{addr}:{port + 2 + r}" for r in range(world)]))
     elif framework != "pytorch":
