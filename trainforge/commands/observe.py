@@ -1,4 +1,5 @@
-"""`trainforge watch | compare | cost | profile`: live metrics, run comparisons, chargeback, on-demand profiling."""
+"""`trainforge watch | compare | report | metric | cost | profile`: live metrics, run comparisons, the per-job HTML
+report, the metrics API of HPO drivers, chargeback, on-demand profiling."""
 
 from __future__ import annotations
 
@@ -236,6 +237,31 @@ def write_plot(curves: dict[str, dict[str, list[tuple[int, float]]]], path: Path
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+# ---- report -----------------------------------------------------------------------------------------------------
+
+@app.command()
+def report(
+    job: str = typer.Argument(..., help="Job id or name."),
+    out: Path | None = typer.Option(None, help="Also write the report here (default: JOB_FOLDER/report.html)."),
+    mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log it as the report.html artifact of the "
+                                "job's MLflow run (replacing the one written at the end of the job)."),
+) -> None:
+    """Write a job's HTML report: loss, throughput, MFU and step-split charts, a timeline of segments, failures
+    and recoveries, checkpoint stalls, alerts and cost. Written automatically when a job ends; this rebuilds it
+    (also for a running job).
+
+    Example: trainforge report tiny-cpu --out tiny-cpu.html
+    """
+    from trainforge.registry.report import write_report
+
+    record = _record(job)
+    try:
+        path = write_report(record, out, log_to_mlflow=mlflow and bool(record.data.get("mlflow_run_id")))
+    except OSError as exc:
+        fail(f"could not write the report of {record.job_id}: {exc}")
+    console.print(f"report of {record.job_id} ({record.data.get('state')}): {path}")
 
 
 # ---- cost -------------------------------------------------------------------------------------------------------

@@ -149,6 +149,12 @@ def _start_tracking(spec: JobSpec, record: JobRecord, plan: dict[str, Any], data
 def _end_tracking(run_id: str, status: str) -> None:
     from trainforge.registry.tracking import Tracker
 
+    try:  # the per-job HTML report (registry/report.py), logged as an artifact before the run closes
+        from trainforge.registry.report import report_for_run
+
+        report_for_run(run_id)
+    except Exception as exc:  # a report must never mask the job's own outcome
+        get_run_logger().warning("could not write the job report of MLflow run %s: %s", run_id, exc)
     try:
         Tracker().end_run(run_id, status)
     except Exception:  # tracking must never mask the job's own outcome
