@@ -77,6 +77,7 @@ def test_script_environments() -> None:
     jax = script_environment("jax", base)
     assert (jax["JAX_COORDINATOR_ADDRESS"], jax["JAX_NUM_PROCESSES"], jax["JAX_PROCESS_ID"]) == (
         "10.0.0.1:29501", "2", "1")
+    assert jax["JAX_LOCAL_DEVICE_IDS"] == "1"  # one accelerator per process: this rank's own
     tf = json.loads(script_environment("tensorflow", base)["TF_CONFIG"])
     assert tf == {"cluster": {"worker": ["10.0.0.1:29502", "10.0.0.1:29503"]}, "task": {"type": "worker", "index": 1}}
     with pytest.raises(ValueError, match="unknown framework"):

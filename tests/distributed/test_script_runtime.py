@@ -176,14 +176,19 @@ def test_metrics_heartbeats_and_lr_from_the_script(jobs: dict[str, dict[str, Any
     assert asdict(job["config"])["entrypoint"] == "train_torch.py"
 
 
-def test_jax_script_two_processes_equal_one(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """examples/script_mode/train_jax.py: jax.distributed over 2 processes (started by runtime.init() from the
-    injected JAX_* variables, gloo collectives on CPU) trains on the global batch: its per-step losses equal the
-    same script on 1 process. Runs only where jax is installed."""
-    pytest.importorskip("jax")
+
+@pytest.mark.parametrize("framework,spec_file", [("jax", "train_jax.yaml"), ("tensorflow", "train_tf.yaml")])
+def test_framework_script_two_processes_equal_one(tmp_path_factory: pytest.TempPathFactory, framework: str,
+                                                  spec_file: str) -> None:
+    """examples/script_mode/train_jax.py (jax.distributed, started by runtime.init() from the injected JAX_*
+    variables; gloo collectives on CPU) and train_tf.py (MultiWorkerMirroredStrategy from the injected TF_CONFIG)
+    train on the global batch across 2 processes: their per-step losses equal the same script on 1 process (a
+    process that trained on its own rows only would see other data). Each runs only where its framework is
+    installed."""
+    pytest.importorskip("jax" if framework == "jax" else "tensorflow")
     with _home(tmp_path_factory):
-        two = _job("jax-two", None, "train_jax.yaml", workers=2)
-        one = _job("jax-one", None, "train_jax.yaml", workers=1)
+        two = _job(f"{framework}-two", None, spec_file, workers=2)
+        one = _job(f"{framework}-one", None, spec_file, workers=1)
     assert [(r.last_step, r.reason) for r in two["results"]] == [(12, "finished")]
     a, b = losses(two), losses(one)
     assert sorted(a) == list(range(1, 13)) and sorted(b) == sorted(a)
