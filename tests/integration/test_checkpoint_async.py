@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 
 import pytest
 import torch
@@ -133,3 +134,63 @@ def test_incremental_checkpoint_reuses_unchanged_chunks(tmp_path):
     full, incr = (c["dedup"] for c in commits)
     assert full["chunks_reused"] == 0 and full["bytes_written"] == full["bytes_logical"]
     assert incr["chunks_reused"] > 0 and incr["bytes_written"] < incr["bytes_logical"]
+
+
+def test_overlapped_copy_is_exactly_the_state_at_the_save_step(tmp_path, monkeypatch):
+    """The host copy of a save runs while the next forward/backward runs (held back here until they are done), and
+    the optimizer step waits for it: both restores (in-memory replica, object store) give back bit for bit the
+    parameters, BatchNorm statistics (which that forward pass changed) and AdamW state of the save step."""
+    store = LocalObjectStore(tmp_path / "store").scoped(JOB)
+    torch.manual_seed(0)
+
+    def build():
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 64))
+        return m, torch.optim.AdamW(m.parameters(), lr=0.01)
+
+    m, opt = build()
+    ck = checkpointer(tmp_path, store)
+    for _ in range(2):
+        step(m, opt)
+    gate = threading.Event()
+    copy = ck._stager.stage
+    ck._stager.stage = lambda state: (gate.wait(60), copy(state))[1]
+    ck.save(2, m, opt, {})
+    expected_model = snapshot(m)
+    expected_optim = {i: {k: v.clone() for k, v in s.items()} for i, s in opt.state_dict()["state"].items()}
+    opt.zero_grad()
+    m(torch.randn(8, 64)).pow(2).mean().backward()  # updates the BatchNorm running statistics in place
+    assert not torch.equal(m[1].running_mean, expected_model["1.running_mean"])
+    assert not ck._staging[1].done()  # the copy has not run yet: it overlaps forward/backward
+    threading.Timer(0.2, gate.set).start()
+    opt.step()  # the pre-step hook waits for the copy
+    (staged_step, blocked), = ck.take_staged()
+    assert staged_step == 2 and blocked >= 0.2  # the wait is counted for the save it belongs to
+    for _ in range(2):
+        step(m, opt)
+    ck.wait()
+
+    def check(m2, opt2):
+        for k, v in expected_model.items():
+            assert torch.equal(m2.state_dict()[k], v), k
+        got = opt2.state_dict()["state"]
+        for i, s in expected_optim.items():
+            for k, v in s.items():
+                assert torch.equal(got[i][k], v), (i, k)
+
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # an in-segment restart finds the replica in memory
+    m2, opt2 = build()
+    ck2 = checkpointer(tmp_path, store, "staging-mem")
+    ref, _ = ck2.latest()
+    assert ref.step == 2 and ck2.stats["restored_from"] == "memory"
+    ck2.load(ref, m2, opt2)
+    assert not (tmp_path / "staging-mem" / "memory").exists()  # read from the replica bytes, no folder written
+    check(m2, opt2)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    m3, opt3 = build()
+    ck3 = checkpointer(tmp_path, store, "staging-store")
+    ref, _ = ck3.latest()
+    assert ref.step == 2 and ck3.stats["restored_from"] == "object_store"
+    ck3.load(ref, m3, opt3)
+    check(m3, opt3)
+    for c in (ck, ck2, ck3):
+        c.close()

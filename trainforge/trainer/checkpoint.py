@@ -1,23 +1,30 @@
-"""Worker-side checkpoints: async DCP save (the loop blocks only for staging), replicate in memory, upload
-deduplicated chunks in the background, commit with the manifest last; verified, exact restore.
+"""Worker-side checkpoints: async DCP save (the loop blocks only while it waits for staging), replicate in memory,
+upload deduplicated chunks in the background, commit with the manifest last; verified, exact restore.
 
 Save, on every rank:
 1. `save()` waits for the previous save's local write (at most one in flight; the wait is counted as blocked),
-   then `dcp.async_save` on the checkpointer's own gloo group stages model + optimizer to CPU memory in a
-   background thread (DefaultStager); an optimizer pre-step hook waits for that staging before the weights
-   change (ENVIRONMENT.md DCP traps 1 and 3). Each rank writes its RNG state as safetensors.
-2. A background thread of DCP writes the staged state to the node-local staging folder.
-3. This checkpointer's upload thread then keeps the rank's shard in host memory with a copy on a peer
+   takes the state dict (references to the live tensors; non-parameter buffers, which a forward pass may change,
+   are cloned now), captures the RNG state, and hands the rest to this checkpointer's writer thread: nothing is
+   copied on the loop's thread. The writer thread copies the state into host buffers that are allocated once and
+   reused by every later save (DCP's `DefaultStager` caches them per storage; pinned, and copied on a side stream
+   after the compute stream's work, on GPUs), then writes it with DCP to the node-local staging folder on the
+   checkpointer's own gloo group (ENVIRONMENT.md DCP trap 1). Forward and backward do not change parameters or
+   optimizer state, so that copy overlaps them: an optimizer pre-step hook waits for it right before the weights
+   change (trap 3), and that wait — the time the loop is actually blocked — is recorded for the save it belongs to
+   (`take_staged`).
+2. This checkpointer's upload thread then keeps the rank's shard in host memory with a copy on a peer
    (checkpointing/replica.py), uploads the rank's files as content-addressed chunks (registry/dedup.py: chunks
    the previous committed checkpoint already holds are not sent again), and gathers every rank's file list on
    rank 0, which writes the manifest last with if-none-match: the commit.
-Restore: after an in-segment restart (torchrun --max-restarts) from the peers' memory; otherwise from the newest
-committed checkpoint whose chunks all verify (corrupt ones are quarantined and skipped), reusing the node-local
-staging copy when its sha256s match. Nothing is unpickled (checkpointing/safe_dcp.py).
+Restore: after an in-segment restart (torchrun --max-restarts) from the peers' memory, read by DCP straight from
+the replica bytes (checkpointing/memory_fs.py); otherwise from the newest committed checkpoint whose chunks all
+verify (corrupt ones are quarantined and skipped), reusing the node-local staging copy when its sha256s match.
+Nothing is unpickled (checkpointing/safe_dcp.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -32,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import load as load_safetensors
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -47,6 +55,7 @@ from trainforge.registry.manifest import (
     step_prefix,
     write_manifest,
 )
+from trainforge.trainer.checkpointing.memory_fs import SafeMemoryReader
 from trainforge.trainer.checkpointing.replica import MemoryReplica, replica_root
 from trainforge.trainer.checkpointing.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
 from trainforge.trainer.distributed import DistContext
@@ -84,6 +93,16 @@ def with_job_credentials(store: ObjectStore) -> ObjectStore:
     return store
 
 
+def _freeze_buffers(model_sd: dict[str, Any], model: torch.nn.Module) -> None:
+    """Clone, in place in `model_sd`, every tensor that is not a parameter (buffers: BatchNorm statistics, say).
+    Forward passes may update buffers while the host copy runs in the background; parameters change only in
+    `optimizer.step()`, which waits for it. Buffers are small, so the clone costs little."""
+    params = {getattr(p, "_local_tensor", p).data_ptr() for p in model.parameters()}
+    for key, value in model_sd.items():
+        if isinstance(value, torch.Tensor) and getattr(value, "_local_tensor", value).data_ptr() not in params:
+            model_sd[key] = value.detach().clone()
+
+
 def _rank_files(rank: int) -> list[str]:
     return [f"__{rank}_0.distcp", f"rng-rank{rank:05d}.safetensors", *([METADATA] if rank == 0 else [])]
 
@@ -105,9 +124,15 @@ class Checkpointer:
         timeout = timedelta(seconds=COMMIT_TIMEOUT_S)
         self._pg = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
         self._pg_commit = dist.new_group(backend="gloo", timeout=timeout) if self.distributed else None
-        self._stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                                    use_async_staging=True, use_non_blocking_copy=False))
-        self._staging: Future[None] | None = None
+        cuda = ctx.device.type == "cuda"
+        # Staging buffers are allocated on the first save and reused by every later one (the stager caches a host
+        # copy per source storage): fresh 100s of MB per save would be page faults on every checkpoint. Pinned on
+        # GPUs for fast device-to-host copies. The stager runs synchronously inside the writer thread below.
+        self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                    use_async_staging=False, use_non_blocking_copy=False))
+        self._copy_stream = torch.cuda.Stream(device=ctx.device) if cuda else None
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-stage-write")
+        self._staging: tuple[int, Future[None]] | None = None  # (step, staged) of the save whose copy may run
         self._writing: Future[Any] | None = None
         self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-upload")
         self._puts = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckpt-put")
@@ -119,6 +144,9 @@ class Checkpointer:
         self._known: set[str] = set()  # chunks of the last committed checkpoint (safe to reference again)
         self.stats: dict[str, Any] = {"staging_wait_s": 0.0, "inflight_wait_s": 0.0, "saves": [], "restored_from": None}
         self._unreported_wait = 0.0
+        self._records: dict[int, dict[str, Any]] = {}  # async saves whose staging wait is not counted yet
+        self._staged: list[tuple[int, float]] = []  # (step, blocked_s) ready for take_staged
+        self._memory: tuple[int, dict[str, torch.Tensor]] | None = None  # a restore's replica bytes, until loaded
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
         self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.replica = (MemoryReplica(replica_root(job_prefix) / f"attempt-{os.environ.get('TRAINFORGE_SEGMENT_ATTEMPT', '0')}",
@@ -140,57 +168,121 @@ class Checkpointer:
         if id(optimizer) in self._hooked:
             return
         self._hooked.add(id(optimizer))
-        optimizer.register_step_pre_hook(lambda *_: self._wait_staging())
 
-    def _wait_staging(self) -> None:
-        """Before the optimizer changes the weights, the previous save's CPU copy must be complete (trap 3)."""
-        fut, self._staging = self._staging, None
-        if fut is not None and not fut.done():
-            t0 = time.perf_counter()
+        def before_step(*_: Any) -> None:  # a pre-hook must return None
+            self.wait_staging()
+
+        optimizer.register_step_pre_hook(before_step)
+
+    def wait_staging(self) -> float:
+        """Block until the last save's host copy is complete; the loop must call it before anything changes the
+        parameters or optimizer state outside `optimizer.step()` (whose pre-hook calls it). Returns the seconds
+        waited, which are added to that save's blocked time."""
+        pending, self._staging = self._staging, None
+        if pending is None:
+            return 0.0
+        step, fut = pending
+        t0 = time.perf_counter()
+        try:
             fut.result()
+        finally:
             waited = time.perf_counter() - t0
             self.stats["staging_wait_s"] += waited
             self._unreported_wait += waited
-        elif fut is not None:
-            fut.result()
+            record = self._records.get(step)
+            if record is not None:
+                record["staging_wait_s"] += waited
+                record["blocked_s"] += waited
+                self._staged.append((step, record["blocked_s"]))
+        return waited
+
+    def take_staged(self) -> list[tuple[int, float]]:
+        """(step, seconds the loop was blocked by that save) for each save whose host copy has completed since the
+        last call: the save call itself (including any wait for the previous save's write) plus the wait for the
+        copy before the next optimizer step. The loop reports each as a `checkpoint_staged` event."""
+        out, self._staged = self._staged, []
+        for step, _ in out:
+            self._records.pop(step, None)
+        return out
 
     # ------------------------------------------------------------------ save
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              manifest_fields: dict[str, Any]) -> float:
-        """Stage the checkpoint and return; it is written, replicated, uploaded and committed in the background.
-        Returns the seconds the loop was blocked: this call, plus the staging wait the optimizer hook counted
-        since the previous save."""
+        """Hand the checkpoint to the writer thread and return; it is staged, written, replicated, uploaded and
+        committed in the background. Returns the seconds this call blocked plus the staging waits since the previous
+        call (callers that report per save use `take_staged` instead)."""
         t0 = time.perf_counter()
         self._hook(optimizer)
-        self._wait_staging()
+        self.wait_staging()
         if self._writing is not None:  # at most one save in flight; the wait counts as blocked
             t1 = time.perf_counter()
-            self._writing.result()
+            with contextlib.suppress(Exception):  # a failed write is reported by its commit (upload thread)
+                self._writing.result()
             self.stats["inflight_wait_s"] += time.perf_counter() - t1
         folder = self._folder(step)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name in _rank_files(self.ctx.rank):  # leftovers of an attempt that died before committing
-            (folder / name).unlink(missing_ok=True)
         model_sd, optim_sd = get_state_dict(model, optimizer)
+        _freeze_buffers(model_sd, model)
         state = {"model": model_sd, "optim": optim_sd}
-        save_file(capture_rng(), str(folder / f"rng-rank{self.ctx.rank:05d}.safetensors"))
-        writer = FileSystemWriter(str(folder), single_file_per_rank=True, sync_files=False)
+        rng = capture_rng()
+        record = {"step": step, "blocked_s": 0.0, "staging_wait_s": 0.0}
+        self.stats["saves"].append(record)
         if self.async_save:
-            resp = dcp.async_save(state, storage_writer=writer, process_group=self._pg, async_stager=self._stager)
-            self._staging, self._writing = resp.staging_completion, resp.upload_completion
+            staged: Future[None] = Future()
+            event = None
+            if self._copy_stream is not None:  # the copy stream starts after the step's kernels already queued
+                event = torch.cuda.Event()
+                event.record()
+            self._writing = self._writer.submit(self._stage_and_write, step, folder, state, rng, staged, event)
+            self._staging = (step, staged)
+            self._records[step] = record
         else:
-            dcp.save(state, storage_writer=writer, process_group=self._pg)
+            self._prepare_folder(folder)
+            save_file(rng, str(folder / f"rng-rank{self.ctx.rank:05d}.safetensors"))
+            dcp.save(state, storage_writer=self._dcp_writer(folder), process_group=self._pg)
             done: Future[Any] = Future()
             done.set_result(None)
             self._writing = done
         writing = self._writing
         self._pending.append((step, self._uploader.submit(self._replicate_upload_commit, step, folder,
                                                           manifest_fields, writing)))
-        blocked = time.perf_counter() - t0 + self._unreported_wait
+        call = time.perf_counter() - t0
+        record["blocked_s"] += call
+        if not self.async_save:
+            self._staged.append((step, record["blocked_s"]))
+        blocked = call + self._unreported_wait
         self._unreported_wait = 0.0
-        self.stats["saves"].append({"step": step, "blocked_s": blocked})
         return blocked
+
+    def _prepare_folder(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in _rank_files(self.ctx.rank):  # leftovers of an attempt that died before committing
+            (folder / name).unlink(missing_ok=True)
+
+    @staticmethod
+    def _dcp_writer(folder: Path) -> FileSystemWriter:
+        return FileSystemWriter(str(folder), single_file_per_rank=True, sync_files=False)
+
+    def _stage_and_write(self, step: int, folder: Path, state: dict[str, Any], rng: dict[str, torch.Tensor],
+                         staged: Future[None], event: Any) -> None:
+        """Writer thread: copy the state into the reused host buffers (the loop waits for `staged` before the next
+        optimizer step), then write it with DCP to the node-local staging folder."""
+        try:
+            if self._copy_stream is not None:
+                with torch.cuda.stream(self._copy_stream):
+                    self._copy_stream.wait_event(event)
+                    cpu_state = self._stager.stage(state)
+                    self._copy_stream.synchronize()
+            else:
+                cpu_state = self._stager.stage(state)
+        except BaseException as exc:
+            staged.set_exception(exc)
+            raise
+        staged.set_result(None)
+        del state  # the live tensors are no longer referenced from here
+        self._prepare_folder(folder)
+        save_file(rng, str(folder / f"rng-rank{self.ctx.rank:05d}.safetensors"))
+        dcp.save(cpu_state, storage_writer=self._dcp_writer(folder), process_group=self._pg)
 
     def commit_files(self, step: int, names: list[str], manifest_fields: dict[str, Any]) -> None:
         """Commit files another engine already wrote into `step_folder(step)` (this rank's `names`, relative paths;
@@ -214,7 +306,7 @@ class Checkpointer:
             wanted = _rank_files(self.ctx.rank) if rank_files is None else rank_files
             names = [n for n in wanted if (folder / n).is_file()]
             if self.replica is not None:
-                self.replica.put(step, {n: (folder / n).read_bytes() for n in names})
+                self.replica.put(step, folder, names)
             entries = self._upload(folder, names, stats)
         except Exception as exc:  # every rank still joins the gather, so no peer hangs
             logger.exception("checkpoint step %d: background save failed on rank %d", step, self.ctx.rank)
@@ -287,7 +379,8 @@ class Checkpointer:
         """Block until every background commit finished. A failed commit that a later checkpoint superseded (an
         object-store outage during one upload, say) is reported in `skipped`, not raised: nothing is lost, and
         no resume ever reads it. A failure of the newest commit is raised: the segment's end state isn't durable."""
-        self._wait_staging()
+        with contextlib.suppress(Exception):  # a failed copy is reported by that step's commit, below
+            self.wait_staging()
         failures: list[tuple[int, BaseException]] = []
         try:
             for step, fut in self._pending:
@@ -310,6 +403,7 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            self._writer.shutdown(wait=True)
             self._uploader.shutdown(wait=True)
             self._puts.shutdown(wait=True)
             self._stager.close()
@@ -333,33 +427,35 @@ class Checkpointer:
         return ref, skipped
 
     def _from_memory(self) -> CheckpointRef | None:
+        """The newest step every shard of which some rank holds in memory; its files' bytes (every shard, on every
+        rank) stay in memory for `load`, which reads them without writing a folder."""
         assert self.replica is not None
         step, holders = self.replica.newest_complete()
         if step is None:
             return None
-        folder = self.staging / "memory" / f"step-{step:010d}"
-        if self.ctx.local_rank == 0:
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-
-        def write(files: dict[str, bytes]) -> None:
-            if self.ctx.local_rank == 0:
-                for name, data in files.items():
-                    (folder / name).write_bytes(data)
-
-        self._barrier()
-        self.replica.fetch_all(step, holders, write)
-        self._barrier()
+        self._memory = (step, self.replica.fetch_all(step, holders))
         self.stats["restored_from"] = "memory"
         logger.info("restoring step %d from in-memory replicas (restart %d)", step, self.restart_count)
-        return CheckpointRef(step, step_prefix(self.job_prefix, step),
-                             {"step": step, "source": "memory", "folder": str(folder), "files": []})
+        return CheckpointRef(step, step_prefix(self.job_prefix, step), {"step": step, "source": "memory", "files": []})
+
+    def _memory_files(self, ref: CheckpointRef) -> dict[str, torch.Tensor]:
+        if self._memory is None or self._memory[0] != ref.step:
+            raise CheckpointCorruptError(f"checkpoint step {ref.step}: its in-memory replica was already loaded or "
+                                         "released; call latest() again")
+        return self._memory[1]
 
     def local_folder(self, ref: CheckpointRef) -> Path:
         """The node-local folder holding `ref`'s files: from memory replicas, or every file sha256-verified against
         the manifest (rank 0 verified its node's copy in `latest`; each other node's local rank 0 does it here)."""
-        if ref.manifest.get("source") == "memory":
-            return Path(ref.manifest["folder"])
+        if ref.manifest.get("source") == "memory":  # for readers that need files: write the replica bytes out
+            folder = self.staging / "memory" / f"step-{ref.step:010d}"
+            if self.ctx.local_rank == 0:
+                shutil.rmtree(folder, ignore_errors=True)
+                for name, data in self._memory_files(ref).items():
+                    (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                    (folder / name).write_bytes(memoryview(data.numpy()))
+            self._barrier()
+            return folder
         folder = self._folder(ref.step)
         if self.ctx.local_rank == 0 and not self.ctx.is_main:  # other nodes: rank 0 filled only its own
             problems = materialize(self.store, ref, folder)
@@ -371,15 +467,25 @@ class Checkpointer:
 
     def load(self, ref: CheckpointRef, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         t0 = time.perf_counter()
-        folder = self.local_folder(ref)
+        rng_name = f"rng-rank{self.ctx.rank:05d}.safetensors"
+        rng: dict[str, torch.Tensor] | None = None
+        if ref.manifest.get("source") == "memory":  # straight from the replica bytes: no folder, no file writes
+            files = self._memory_files(ref)
+            reader: SafeFileSystemReader = SafeMemoryReader(files)
+            if rng_name in files:
+                rng = load_safetensors(files[rng_name].numpy().tobytes())
+        else:
+            folder = self.local_folder(ref)
+            reader = SafeFileSystemReader(str(folder))
+            if (folder / rng_name).is_file():
+                rng = load_file(str(folder / rng_name))
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeLoadPlanner(),
-                 process_group=self._pg)
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=self._pg)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        rng_file = folder / f"rng-rank{self.ctx.rank:05d}.safetensors"
-        if rng_file.is_file():
-            restore_rng(load_file(str(rng_file)))
+        if rng is not None:
+            restore_rng(rng)
+        self._memory = None  # the mapped / received bytes are released
         self.stats["restore_s"] = time.perf_counter() - t0
 
 

@@ -222,8 +222,18 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
     tokens_per_step = tr["global_batch_size"] * tr["seq_len"]
     last_loss = float("nan")
     preempted = False
+    nan_steps = {f.step for f in faults.faults if f.kind == "nan"}
+
+    def report_staged() -> None:
+        # A save blocks the loop in its call and, later, while the next optimizer.step() waits for the host copy
+        # that overlaps forward/backward; each save's total is reported once its copy is complete.
+        for staged_step, blocked_s in ckpt.take_staged():
+            events.emit("checkpoint_staged", step=staged_step, blocked_s=blocked_s)
+
     for step in range(start, end):
         monitor.begin_step(step)
+        if step in nan_steps:  # the fault writes a parameter outside optimizer.step(): the host copy must be done
+            ckpt.wait_staging()
         faults.maybe_fire(step, pm.model)
         t0 = time.perf_counter()
         batches = feed.step(step)
@@ -236,7 +246,8 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
                                          [y.to(ctx.device) for y in batches.targets])
         pm.finish_gradients()
         grad_norm = pm.clip_grad_norm(tr.get("grad_clip"))
-        optimizer.step()
+        optimizer.step()  # its pre-hook waits for the last save's host copy
+        report_staged()
         last_loss = pm.global_loss(local_loss)
         dt = time.perf_counter() - t0
         live.emit("metrics", step=step + 1, loss=last_loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
@@ -245,13 +256,14 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
         preempted = monitor.end_step(step, last_loss, grad_norm, dt)  # raises on divergence (policy)
         done = step + 1
         if done % cfg.checkpoint_interval == 0 or done == end or preempted:
-            blocked = ckpt.save(done, pm.model, optimizer, _manifest_fields(cfg, ctx, done, last_loss))
-            events.emit("checkpoint_staged", step=done, blocked_s=blocked)
+            ckpt.save(done, pm.model, optimizer, _manifest_fields(cfg, ctx, done, last_loss))
+            report_staged()  # a synchronous save is complete here
         if preempted:  # termination notice: the emergency checkpoint commits in close(), then the segment ends
             end = done
             break
     monitor.set_phase("closing")
     ckpt.close()
+    report_staged()  # the last save's copy was waited for in close()
     for bad_step, why in ckpt.skipped:  # superseded by a later commit: reported, never resumed from
         events.emit("checkpoint_skipped", step=bad_step, reason=why)
     meter.close()

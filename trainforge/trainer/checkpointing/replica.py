@@ -6,6 +6,10 @@ touching object storage. Each rank also sends its shard to a peer — the same l
 node; on a single node, the next rank) — so that a replaced node's shards are fetched from its peers over the
 checkpointer's gloo group. Object storage stays the source of truth for committed checkpoints: a segment retry (a
 fresh gang) clears the replicas and resumes from the last committed checkpoint.
+
+A shard is kept as its files (`holder-H/rank-S/step-N/<file>`), so that saving copies them with the kernel
+(`copyfile`) and restoring maps them (`torch.from_file`, no copy until read) and hands the bytes straight to the
+DCP reader (`memory_fs.SafeMemoryReader`): no staging folder, no pickled or packed payload in Python memory.
 """
 
 from __future__ import annotations
@@ -29,19 +33,33 @@ def replica_root(job_prefix: str) -> Path:
     return Path(base) / "trainforge-replica" / job_prefix.replace("/", "_")
 
 
-def pack(files: dict[str, bytes]) -> bytes:
-    header = json.dumps([[name, len(data)] for name, data in files.items()]).encode()
-    return len(header).to_bytes(8, "little") + header + b"".join(files.values())
+def map_file(path: Path) -> torch.Tensor:
+    """The file's bytes as a uint8 tensor backed by a private mapping: pages are read on first touch (from memory
+    for /dev/shm) and writes, which nothing here does, would not reach the file."""
+    size = path.stat().st_size
+    if size == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
 
 
-def unpack(payload: bytes) -> dict[str, bytes]:
-    n = int.from_bytes(payload[:8], "little")
-    pos = 8 + n
-    out = {}
-    for name, size in json.loads(payload[8:pos]):
-        out[name] = payload[pos:pos + size]
-        pos += size
+def read_file(path: Path) -> torch.Tensor:
+    """The file's bytes in a fresh uint8 tensor (one copy; `readinto` runs without the GIL)."""
+    size = path.stat().st_size
+    out = torch.empty(size, dtype=torch.uint8)
+    if size:
+        with path.open("rb") as f:
+            view = memoryview(out.numpy())
+            got = 0
+            while got < size:
+                n = f.readinto(view[got:])
+                if not n:
+                    raise OSError(f"{path}: file shrank while being read ({got} of {size} bytes)")
+                got += n
     return out
+
+
+def _encode(obj: Any) -> torch.Tensor:
+    return torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
 
 
 class MemoryReplica:
@@ -62,32 +80,56 @@ class MemoryReplica:
 
     # ---- save: own copy + ring exchange (collective over the group) ----------------------------------
 
-    def put(self, step: int, files: dict[str, bytes]) -> None:
-        payload = pack(files)
-        self._write(self._shard_dir(self.rank), step, payload)
+    def put(self, step: int, folder: Path, names: list[str]) -> None:
+        """Keep this rank's files of `step` (in `folder`) in memory, and a copy of them on the peer; receive and keep
+        the source rank's. Every rank of the group calls it for the same step."""
+        tmp = self._tmp(self._shard_dir(self.rank), step)
+        for name in names:  # names are relative paths (an engine's own checkpoint may use subfolders)
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(folder / name, tmp / name)  # kernel copy (sendfile / copy_file_range)
+        self._publish(self._shard_dir(self.rank), step, tmp)
         if self.world > 1:
-            received = self._exchange(payload)
-            self._write(self._shard_dir(self.source), step, received)
+            self._exchange(step, folder, names)
 
-    def _exchange(self, payload: bytes) -> bytes:
-        out = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        size_out = torch.tensor([out.numel()], dtype=torch.int64)
-        size_in = torch.zeros(1, dtype=torch.int64)
-        reqs = [dist.isend(size_out, self.peer, group=self.group), dist.irecv(size_in, self.source, group=self.group)]
-        for r in reqs:
-            r.wait()
-        buf = torch.empty(int(size_in.item()), dtype=torch.uint8)
-        reqs = [dist.isend(out, self.peer, group=self.group), dist.irecv(buf, self.source, group=self.group)]
-        for r in reqs:
-            r.wait()
-        return buf.numpy().tobytes()
+    def _exchange(self, step: int, folder: Path, names: list[str]) -> None:
+        """Send my files to the peer and receive the source's: sizes, then the file list, then one message per file
+        (tagged by index, so the pairing never depends on message order)."""
+        header_out = _encode([[n, (folder / n).stat().st_size] for n in names])
+        len_out = torch.tensor([header_out.numel()], dtype=torch.int64)
+        len_in = torch.zeros(1, dtype=torch.int64)
+        self._wait([dist.isend(len_out, self.peer, group=self.group, tag=0),
+                    dist.irecv(len_in, self.source, group=self.group, tag=0)])
+        header_in = torch.empty(int(len_in.item()), dtype=torch.uint8)
+        self._wait([dist.isend(header_out, self.peer, group=self.group, tag=1),
+                    dist.irecv(header_in, self.source, group=self.group, tag=1)])
+        incoming = json.loads(header_in.numpy().tobytes())
+        sends = [read_file(folder / n) for n in names]
+        recvs = [torch.empty(size, dtype=torch.uint8) for _, size in incoming]
+        works = [dist.isend(t, self.peer, group=self.group, tag=2 + i) for i, t in enumerate(sends) if t.numel()]
+        works += [dist.irecv(t, self.source, group=self.group, tag=2 + i) for i, t in enumerate(recvs) if t.numel()]
+        self._wait(works)
+        tmp = self._tmp(self._shard_dir(self.source), step)
+        for (name, _), data in zip(incoming, recvs, strict=True):
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            with (tmp / name).open("wb") as f:
+                f.write(memoryview(data.numpy()))
+        self._publish(self._shard_dir(self.source), step, tmp)
 
-    def _write(self, shard_dir: Path, step: int, payload: bytes) -> None:
-        target = shard_dir / f"step-{step:010d}"
+    @staticmethod
+    def _wait(works: list[Any]) -> None:
+        for w in works:
+            w.wait()
+
+    def _tmp(self, shard_dir: Path, step: int) -> Path:
         tmp = shard_dir / f".tmp-{step:010d}-{self.rank}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        (tmp / "payload").write_bytes(payload)
+        return tmp
+
+    @staticmethod
+    def _publish(shard_dir: Path, step: int, tmp: Path) -> None:
+        target = shard_dir / f"step-{step:010d}"
+        (tmp / ".complete").touch()
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)  # complete or absent
         for old in shard_dir.iterdir():
@@ -105,7 +147,7 @@ class MemoryReplica:
             d = self._shard_dir(shard)
             if d.is_dir():
                 held[shard] = sorted(int(m.group(1)) for p in d.iterdir() if (m := _STEP_DIR.match(p.name))
-                                     and (p / "payload").is_file())
+                                     and (p / ".complete").is_file())
         return held
 
     def newest_complete(self) -> tuple[int | None, dict[int, int]]:
@@ -129,20 +171,25 @@ class MemoryReplica:
         step = max(complete)
         return step, holders[step]
 
-    def fetch_all(self, step: int, holders: dict[int, int], write: Any) -> None:
-        """Every shard of `step` to every rank (DCP may read any shard after resharding or replicated tensors);
-        `write(files)` stores one shard's files locally."""
+    def fetch_all(self, step: int, holders: dict[int, int]) -> dict[str, torch.Tensor]:
+        """Every shard's files of `step` on every rank (DCP may read any shard after resharding, or a replicated
+        tensor another rank wrote), as name -> uint8 tensor: mapped from this node's memory where this rank holds
+        the shard, else received from its holder."""
+        files: dict[str, torch.Tensor] = {}
         for shard in range(self.world):
             holder = holders[shard]
-            payload = b""
+            mine: dict[str, torch.Tensor] = {}
             if holder == self.rank:
-                payload = (self._shard_dir(shard) / f"step-{step:010d}" / "payload").read_bytes()
+                d = self._shard_dir(shard) / f"step-{step:010d}"
+                mine = {p.relative_to(d).as_posix(): map_file(p) for p in sorted(d.rglob("*"))
+                        if p.is_file() and p.name != ".complete"}
             if self.world > 1:
-                size = torch.tensor([len(payload)], dtype=torch.int64)
-                dist.broadcast(size, holder, group=self.group)
-                buf = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if holder == self.rank
-                       else torch.empty(int(size.item()), dtype=torch.uint8))
-                dist.broadcast(buf, holder, group=self.group)
-                if holder != self.rank:
-                    payload = buf.numpy().tobytes()
-            write(unpack(payload))
+                box = [[(n, t.numel()) for n, t in mine.items()]]
+                dist.broadcast_object_list(box, src=holder, group=self.group)
+                for name, size in box[0]:
+                    buf = mine[name] if holder == self.rank else torch.empty(size, dtype=torch.uint8)
+                    if size:
+                        dist.broadcast(buf, holder, group=self.group)
+                    mine[name] = buf
+            files.update(mine)
+        return files
