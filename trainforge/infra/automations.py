@@ -97,7 +97,7 @@ def load_subscriptions(config: Path, repo: Path | None = None) -> list[Subscript
     try:
         doc = yaml.safe_load(config.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise TriggerConfigError(f"{config}: cannot read it: {exc}") from None
+        raise TriggerConfigError(f"{config}: cannot read it ({exc}); pass --config PATH/prefect.yaml") from None
     entries = doc.get(SECTION) or []
     if not isinstance(entries, list):
         raise TriggerConfigError(f"{config}: `{SECTION}` must be a list of entries like `- spec: JOB.yaml`, "
