@@ -22,7 +22,7 @@ from trainforge.registry.secrets import job_access_policy, redact, resolve_secre
 from trainforge.spec import JobSpec
 from trainforge.tasks import prepare, steps
 from trainforge.tasks.checkpoints import CheckpointCorrupt
-from trainforge.tasks.provision import provision_gang, release_gang
+from trainforge.tasks.provision import provision_gang, record_allocation, release_gang
 from trainforge.tasks.segment import SegmentCancelled, terminate_job
 from trainforge.tasks.supervisor import give_up_report
 
@@ -65,7 +65,7 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
                               fine_tuned_from=parse_target(jobspec.init_from) if jobspec.init_from else None)
     log.info("job %s: dataset %s@%s (%s), layout %s", record.job_id, dataset["name"], dataset["version"][:12],
              dataset["license"], plan["layout"])
-    allocation = provision_gang(record.job_id, jobspec, plan["layout"])
+    allocation = _provision(jobspec, record, plan, "provisioned")
     pump = _EventPump(jobspec, record, str(config_path), config.__dict__, run_id)
     try:
         while True:
@@ -75,7 +75,11 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
             log.info("segment ended at step %s (%s); starting the next one", result.last_step, result.reason)
             if result.reason == "preempted":  # emergency checkpoint committed: give the GPUs back, queue again
                 release_gang(record.job_id)
-                allocation = provision_gang(record.job_id, jobspec, plan["layout"])
+                allocation = _provision(jobspec, record, plan, "re-provisioned after a preemption")
+            elif result.reason == "resize":  # the scheduler grew or shrank the elastic job: take the new size
+                allocation = _provision(jobspec, record, plan, "the scheduler resized the allocation")
+            else:  # a segment boundary (segment_max_steps): the scheduler may have grown the gang meanwhile
+                allocation = _provision(jobspec, record, plan, "segment boundary")
         pump.drain()
         model = _promote(jobspec, record, str(config_path), config.__dict__, run_id, lineage, pump)
         record.update(state="completed", model=model, completed_at=time.time())
@@ -95,6 +99,19 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
         raise
     finally:
         release_gang(record.job_id)
+
+
+def _provision(spec: JobSpec, record: JobRecord, plan: dict[str, Any], reason: str) -> dict[str, Any]:
+    """Admit the gang (idempotent for a running job: it returns the current, possibly resized, allocation) and
+    keep it in the job record; an elastic job's change of size is logged as a resize."""
+    allocation = provision_gang(record.job_id, spec, plan["layout"])
+    resize = record_allocation(record, allocation, reason, spec)
+    if resize is not None:
+        get_run_logger().warning("elastic resize: %s -> %s workers (dp %s -> %s, accumulation %s -> %s, global "
+                                 "batch %s kept): %s", resize["from_workers"], resize["to_workers"],
+                                 resize["from_dp"], resize["to_dp"], *resize["accumulation"],
+                                 resize["global_batch_size"], reason)
+    return allocation
 
 
 def _run_segment(spec: JobSpec, record: JobRecord, config_path: Path, config: Any, allocation: dict[str, Any],
@@ -218,6 +235,8 @@ class _EventPump:
                                                                "lost_steps": ev.get("lost_steps") or 0}))
             elif kind == "checkpoint_corrupt":
                 self.log.warning("skipped corrupt checkpoint step %s: %s", ev["step"], ev.get("problems"))
+            elif kind == "resize":  # elastic: the record's `resizes` has it; MLflow gets the world size
+                rows.append((ev.get("after_step") or 0, {"world_size": ev["to_workers"]}))
             elif kind == "segment_start" and ev.get("resumed_from") is not None:
                 self.log.info("segment resumed from committed checkpoint step %s", ev["resumed_from"])
                 LineageStore().record_resume(self.record.job_id, ev["resumed_from"])

@@ -1,15 +1,26 @@
-"""Provisioning the gang: all of a job's worker slots at once, or none.
+"""Provisioning the gang: all of a job's worker slots at once, or none; and elastic data-parallel resizing.
 
 The live scheduler (trainforge.infra.scheduler.live) admits the gang against the cluster inventory shared by every
 flow run on this host (SQLite in $TRAINFORGE_HOME); the local backend's inventory is this machine's worker slots.
+
+Elastic jobs (`resources.max_gpus` > `min_gpus`) ask for up to max_gpus and accept any size down to min_gpus that
+gives a valid data-parallel degree (`elastic_sizes`). The layout of a size keeps tp / pp and the global batch:
+dp = world / (tp * pp), and gradient accumulation (local batch / micro-batch) absorbs the change, so the
+learning-rate schedule and the sample order (a function of the step and the global batch only) are unchanged.
+The checkpoint reshards on load (DCP). Every change of size is a `resize` event and an entry of the job record's
+`resizes`; the record's `allocation` is the gang the next segment runs on.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from typing import Any
 
+from trainforge.events import EventWriter, read_events
 from trainforge.plan.cluster import default_cluster
+from trainforge.registry.jobs import JobRecord
 from trainforge.spec import JobSpec
 
 PROVISION_TIMEOUT_S = float(os.environ.get("TRAINFORGE_PROVISION_TIMEOUT_S", "600"))
@@ -26,19 +37,103 @@ def live_scheduler():  # -> LiveScheduler
     return LiveScheduler(cluster, os.environ.get("TRAINFORGE_SCHEDULER_URL") or None, teams=teams or None)
 
 
+# ----------------------------------------------------------------------------------------- elastic sizes
+
+
+def elastic_sizes(spec: JobSpec, layout: dict[str, Any]) -> list[int]:
+    """World sizes the job can run at, largest first: multiples of tp * pp (whole nodes when it spans nodes)
+    between min_gpus and max_gpus whose dp divides the global batch (and is a multiple of ep). A fixed-size job,
+    or one on the DeepSpeed engine (its ZeRO partitions do not reshard), has one size: min_gpus."""
+    res = spec.resources
+    if not res.elastic or spec.parallelism.engine == "deepspeed":
+        return [res.world_size]
+    unit = layout.get("tp", 1) * layout.get("pp", 1)
+    batch = spec.training.global_batch_size
+    out = []
+    for world in range(res.max_gpus or res.min_gpus, res.min_gpus - 1, -1):
+        node = min(res.gpus_per_node, world)
+        if world % unit or world % node or node % layout.get("tp", 1):
+            continue
+        dp = world // unit
+        if batch % dp or dp % layout.get("ep", 1):
+            continue
+        out.append(world)
+    return out or [res.world_size]
+
+
+def layout_for(layout: dict[str, Any], world: int, global_batch: int) -> dict[str, Any]:
+    """The plan's layout at `world` workers: same tp / pp / sharding, dp = world / (tp * pp); the micro-batch stays
+    unless the local batch got smaller than it (then the largest divisor of the local batch below it), so
+    accumulation = local batch / micro-batch keeps the global batch."""
+    dp = world // (layout.get("tp", 1) * layout.get("pp", 1))
+    local = global_batch // dp
+    micro = max(d for d in range(1, min(layout.get("micro_batch_size", 1), local) + 1) if local % d == 0)
+    return {**layout, "dp": dp, "micro_batch_size": micro}
+
+
+def accumulation(layout: dict[str, Any], global_batch: int) -> int:
+    return global_batch // layout["dp"] // layout["micro_batch_size"]
+
+
+# ------------------------------------------------------------------------------------------- the gang
+
+
 def provision_gang(job_id: str, spec: JobSpec, layout: dict[str, Any]) -> dict[str, Any]:
-    """Admit the whole gang with the plan's layout (TP groups within a node, pipelines within a rack)."""
+    """Admit the whole gang with the plan's layout (TP groups within a node, pipelines within a rack). An elastic
+    job asks for its largest size and accepts down to its smallest; the allocation says the size it got
+    (`workers`), the layout for it and the scheduler's nodes in rank order."""
     from trainforge.infra.scheduler.live import GangRequest
 
+    sizes = elastic_sizes(spec, layout)
+    top, floor = sizes[0], sizes[-1]
     request = GangRequest(
         job_id=job_id, team=spec.team, priority=spec.priority.value, gpu_type=spec.resources.gpu_type.value,
-        num_gpus=spec.resources.world_size, gpus_per_node=min(spec.resources.gpus_per_node,
-                                                              spec.resources.world_size),
-        tp=layout["tp"], pp=layout["pp"], dp=layout["dp"],
+        num_gpus=top, min_gpus=floor if floor < top else None,
+        gpus_per_node=min(spec.resources.gpus_per_node, top),
+        tp=layout["tp"], pp=layout["pp"], dp=None if floor < top else top // (layout["tp"] * layout["pp"]),
         max_runtime_s=spec.max_runtime_s,
     )
     allocation = live_scheduler().request(request, timeout_s=PROVISION_TIMEOUT_S)
-    return {"workers": spec.resources.world_size, "job_id": job_id, "placement": repr(allocation)}
+    return allocation_dict(spec, layout, sizes, job_id, allocation.num_gpus,
+                           [name for name, _ in allocation.nodes], repr(allocation))
+
+
+def allocation_dict(spec: JobSpec, layout: dict[str, Any], sizes: list[int], job_id: str, gpus: int,
+                    nodes: list[str], placement: str = "") -> dict[str, Any]:
+    """What a segment runs on: the largest valid size within the GPUs granted (the scheduler may grant an elastic
+    job a size whose dp does not divide the batch: the extra GPUs stay idle until the next resize)."""
+    fitting = [s for s in sizes if s <= gpus]
+    if not fitting:
+        raise RuntimeError(f"job {job_id}: the scheduler granted {gpus} GPUs, fewer than the smallest size the job "
+                           f"runs at ({sizes[-1]})")
+    world = fitting[0]
+    per_node = min(spec.resources.gpus_per_node, world)
+    used_nodes = nodes[: math.ceil(world / per_node)] if nodes else []
+    return {"job_id": job_id, "workers": world, "gpus": gpus, "nodes": used_nodes, "sizes": sizes,
+            "layout": layout_for(layout, world, spec.training.global_batch_size), "placement": placement}
+
+
+def record_allocation(record: JobRecord, allocation: dict[str, Any], reason: str, spec: JobSpec) -> dict | None:
+    """Keep the gang the next segment runs on in the job record; a change of size is a resize: an event
+    (`resize`: from -> to workers, dp, accumulation, the step it resumes from) and an entry of `resizes`."""
+    record.reload()
+    before = record.data.get("allocation")
+    record.update(allocation=allocation)
+    if before is None or before.get("workers") == allocation["workers"]:
+        return None
+    batch = spec.training.global_batch_size
+    # The newest checkpoint the workers committed: the step the resized gang resumes from.
+    committed = [int(e["step"]) for e in read_events(record.events_path)[0] if e.get("type") == "checkpoint"]
+    entry = {
+        "time": time.time(), "reason": reason, "from_workers": before["workers"], "to_workers": allocation["workers"],
+        "from_dp": before["layout"]["dp"], "to_dp": allocation["layout"]["dp"],
+        "accumulation": [accumulation(before["layout"], batch), accumulation(allocation["layout"], batch)],
+        "micro_batch_size": allocation["layout"]["micro_batch_size"], "global_batch_size": batch,
+        "nodes": allocation.get("nodes", []), "after_step": max(committed, default=None),
+    }
+    record.update(resizes=[*record.data.get("resizes", []), entry])
+    EventWriter(record.folder, True).emit("resize", **{k: v for k, v in entry.items() if k != "time"})
+    return entry
 
 
 def release_gang(job_id: str) -> None:

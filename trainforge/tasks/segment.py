@@ -85,22 +85,27 @@ def health_policy(record: JobRecord, env: dict[str, str] | None = None) -> Healt
     return base.with_env(env)
 
 
-def segment_config(record: JobRecord, config: WorkerConfig, attempt: int, policy: HealthPolicy) -> Path:
-    """This attempt's worker config: the job's, plus the health policy and the samples divergence rollbacks
-    skip (the job record keeps the list, so every later segment replays the same order)."""
+def segment_config(record: JobRecord, config: WorkerConfig, attempt: int, policy: HealthPolicy,
+                   layout: dict[str, Any] | None = None) -> Path:
+    """This attempt's worker config: the job's, plus the health policy, the samples divergence rollbacks
+    skip (the job record keeps the list, so every later segment replays the same order) and, for an elastic job
+    resized to another data-parallel degree, that size's layout (tasks/provision.py `layout_for`)."""
     extra = {**config.extra, "health": policy.to_dict(), "skip_samples": sorted(record.data.get("skip_samples", []))}
     path = record.folder / f"worker-config-segment-{attempt}.json"
-    path.write_text(replace(config, extra=extra).to_json())
+    path.write_text(replace(config, extra=extra, layout=layout or config.layout).to_json())
     return path
 
 
 def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, nproc: int, max_restarts: int,
                 extra_env: dict[str, str] | None = None, cancel: threading.Event | None = None,
                 scheduler_status: Callable[[], dict[str, Any] | None] | None = None, nnodes: int = 1,
-                node_names: list[str] | None = None) -> SegmentResult:
+                node_names: list[str] | None = None, layout: dict[str, Any] | None = None,
+                sizes: list[int] | None = None) -> SegmentResult:
     """One launch of the gang. `nnodes` > 1 runs one torchrun agent per node (`nproc` / `nnodes` workers each)
     on this host, sharing one rendezvous; `node_names` (the scheduler's placement, in rank order) names them, so
-    a lost node is reported under the name the scheduler knows."""
+    a lost node is reported under the name the scheduler knows. `layout` is this size's layout (elastic jobs);
+    `sizes` the sizes the job can run at: when the scheduler grows or shrinks the allocation to another of them,
+    the segment ends at an emergency checkpoint with reason `resize` (the caller re-provisions)."""
     attempt = next_attempt(record)
     segments = record.data.get("segments", [])
     segments.append({"attempt": attempt, "started_at": time.time(), "state": "running"})
@@ -109,7 +114,7 @@ def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, n
     threads = max(1, (os.cpu_count() or 1) // nproc)
     base_env = dict(os.environ) | (extra_env or {})
     policy = health_policy(record, base_env)
-    config_path = segment_config(record, config, attempt, policy)
+    config_path = segment_config(record, config, attempt, policy, layout)
     env = worker_environment(base_env, config_path=str(config_path),
                              segment_attempt=attempt, threads_per_worker=threads)
     gang: LocalGang | LocalMultiNodeGang
@@ -127,7 +132,7 @@ def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, n
                       log_dir / ("agent.log" if i == 0 else f"agent-node-{i}.log"))
             for i in range(nnodes)])
     supervisor = SegmentSupervisor(record, attempt, policy, scheduler_status=scheduler_status,
-                                   rank_hosts=rank_hosts)
+                                   rank_hosts=rank_hosts, world=nproc, sizes=sizes)
     t0 = time.monotonic()
     started = time.time()
     gang.start()
@@ -163,8 +168,11 @@ def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, n
         exc = _failure(record, attempt, log_dir, code, supervisor, config)
         _finish(record, attempt, "failed", error=str(exc))
         raise exc
-    _finish(record, attempt, "preempted" if end.get("reason") == "preempted" else "completed")
-    return SegmentResult(attempt, code, duration, end.get("step"), end.get("reason"))
+    reason = end.get("reason")
+    if reason == "preempted" and supervisor.resize_to is not None:  # our own notice: a resize, not a reclaim
+        reason = "resize"
+    _finish(record, attempt, {"preempted": "preempted", "resize": "resized"}.get(reason or "", "completed"))
+    return SegmentResult(attempt, code, duration, end.get("step"), reason)
 
 
 def _finish(record: JobRecord, attempt: int, state: str, error: str | None = None) -> None:

@@ -71,16 +71,22 @@ def train_segment(record: JobRecord, config_path: str, config: WorkerConfig, npr
     segments = fresh.data.get("segments", [])
     if spec is not None and segments and segments[-1].get("state") == "failed":
         reprovision(fresh, spec)  # tier 2: a fresh gang, without the nodes the last attempt lost
-    return run_segment(fresh, Path(config_path), config, nproc=nproc, max_restarts=max_restarts, cancel=cancel,
-                       extra_env=secrets, scheduler_status=_scheduler_status(fresh.job_id) if spec else None)
+        fresh.reload()
+    # The gang this segment runs on (an elastic job's size may have changed since the flow submitted it).
+    allocation = fresh.data.get("allocation") or {}
+    return run_segment(fresh, Path(config_path), config, nproc=allocation.get("workers", nproc),
+                       max_restarts=max_restarts, cancel=cancel, extra_env=secrets,
+                       scheduler_status=_scheduler_status(fresh.job_id) if spec else None,
+                       layout=allocation.get("layout"), sizes=allocation.get("sizes"))
 
 
-def reprovision(record: JobRecord, spec: JobSpec) -> None:
+def reprovision(record: JobRecord, spec: JobSpec) -> dict[str, Any]:
     """Release the gang and request it again; a node the last attempt lost whole is marked unhealthy first so
-    the scheduler places the gang elsewhere."""
+    the scheduler places the gang elsewhere. An elastic job that cannot get its full size back continues at a
+    smaller valid one (a `resize` in the record); the allocation is returned and kept in the job record."""
     from trainforge.infra.scheduler.live import LiveScheduler
     from trainforge.plan.cluster import default_cluster
-    from trainforge.tasks.provision import provision_gang, release_gang
+    from trainforge.tasks.provision import provision_gang, record_allocation, release_gang
 
     attempt = record.data["segments"][-1]["attempt"]
     lost = {i["host"] for i in record.data.get("incidents", []) if i["attempt"] == attempt and i["scope"] == "node"
@@ -92,7 +98,10 @@ def reprovision(record: JobRecord, spec: JobSpec) -> None:
         except (KeyError, ValueError):  # a host name the scheduler does not place on (the local backend)
             continue
     release_gang(record.job_id)
-    provision_gang(record.job_id, spec, record.data["plan"]["layout"])
+    allocation = provision_gang(record.job_id, spec, record.data["plan"]["layout"])
+    why = f"re-provisioned after segment {attempt} failed" + (f" (lost {', '.join(sorted(lost))})" if lost else "")
+    record_allocation(record, allocation, why, spec)
+    return allocation
 
 
 def _scheduler_status(job_id: str) -> Any:

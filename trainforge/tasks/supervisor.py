@@ -46,7 +46,7 @@ FATAL = ("rank_lost", "hang", "straggler_evicted")
 @dataclass
 class Incident:
     kind: str
-    """rank_lost | hang | straggler | straggler_evicted | preemption | gpu_unhealthy"""
+    """rank_lost | hang | straggler | straggler_evicted | preemption | resize | gpu_unhealthy"""
     rank: int | None
     detected_at: float
     message: str
@@ -63,8 +63,11 @@ class Incident:
 class SegmentSupervisor:
     def __init__(self, record: JobRecord, attempt: int, policy: HealthPolicy, *,
                  scheduler_status: Callable[[], dict[str, Any] | None] | None = None,
-                 rank_hosts: dict[int, str] | None = None):
+                 rank_hosts: dict[int, str] | None = None, world: int | None = None,
+                 sizes: list[int] | None = None):
         self.record, self.attempt, self.policy = record, attempt, policy
+        self.world, self.sizes = world, sorted(sizes or [], reverse=True)  # elastic: the sizes it can run at
+        self.resize_to: int | None = None
         self.rank_hosts = rank_hosts or {}  # the launch's node of each rank (several "nodes" on one host)
         self.run_dir = record.folder
         self.events = EventWriter(record.folder, True)
@@ -221,7 +224,7 @@ class SegmentSupervisor:
 
     def _check_preemption(self, beats: dict[int, dict[str, Any]], now: float) -> None:
         noticed = [r for r, b in beats.items() if b.get("phase_note") == "termination notice received"]
-        if noticed and self._once("preemption", noticed[0], 0):
+        if noticed and self.resize_to is None and self._once("preemption", noticed[0], 0):  # not our resize notice
             self.preempting = True
             self._record("preemption", noticed[0], f"termination notice on rank {noticed[0]}: emergency checkpoint "
                          "at the next step boundary, then the segment ends", beats, action="emergency checkpoint")
@@ -239,6 +242,30 @@ class SegmentSupervisor:
                          action="emergency checkpoint")
             for beat in beats.values():
                 _kill(int(beat["pid"]), signal.SIGTERM)
+        elif status and status.get("state") == "running":
+            self._check_resize(int(status.get("gpus") or 0), beats)
+
+    def _check_resize(self, gpus: int, beats: dict[int, dict[str, Any]]) -> None:
+        """Elastic jobs: the scheduler shrank the allocation (to make room for another job) or grew it into idle
+        capacity. Shrinking must happen now (the GPUs are promised away); growing is worth a restart only when
+        a larger valid size fits. Either way: emergency checkpoint at the next step boundary (the termination
+        notice), the segment ends `resize`, and the flow re-provisions at the new size (0 lost steps)."""
+        if not self.sizes or self.world is None or not gpus or gpus == self.world:
+            return
+        fitting = [s for s in self.sizes if s <= gpus]
+        target = fitting[0] if fitting else None
+        if target is None or target == self.world:
+            return
+        if not beats or any(b.get("phase") != "training" for b in beats.values()):
+            return  # the notice handler is installed once training runs: ask again on the next pass
+        self.preempting, self.resize_to = True, target
+        grow = target > self.world
+        self._record("resize", None, f"the scheduler {'grew' if grow else 'shrank'} the allocation to {gpus} GPUs: "
+                     f"resizing from {self.world} to {target} workers at the next step boundary", beats,
+                     action="emergency checkpoint, re-provision at the new size",
+                     evidence={"gpus": gpus, "from": self.world, "to": target})
+        for beat in beats.values():
+            _kill(int(beat["pid"]), signal.SIGTERM)
 
     def _check_recovered(self, beats: dict[int, dict[str, Any]], now: float) -> None:
         """MTTR ends at the first step completed after a restore that followed the detection."""
@@ -256,7 +283,8 @@ class SegmentSupervisor:
         self.events.emit("recovered", fault=pending["kind"], rank=pending.get("rank"), mttr_s=round(mttr, 3),
                          resumed_from=resumed, lost_steps=lost, attempt=self.attempt,
                          tier="in-segment restart" if pending["attempt"] == self.attempt else
-                         "resume after preemption" if pending["kind"] == "preemption" else "segment retry")
+                         "resume after preemption" if pending["kind"] == "preemption" else
+                         "resume after resize" if pending["kind"] == "resize" else "segment retry")
         self._pending = None
         self.record.update(pending_recovery=None)
 
@@ -279,7 +307,7 @@ class SegmentSupervisor:
                          attempt=self.attempt, detected_at=inc.detected_at)
         if kind in FATAL:
             self._fatal_gen = self._restarts
-        if kind in FATAL or kind == "preemption":
+        if kind in FATAL or kind in ("preemption", "resize"):
             self._pending = {"kind": kind, "rank": rank, "detected_at": inc.detected_at, "step": step,
                              "attempt": self.attempt}
             self.record.update(pending_recovery=self._pending)

@@ -1,0 +1,348 @@
+"""Chaos drills: drive a real job through `run_segment` (real torchrun, gloo workers, real checkpoints) with faults
+injected, retrying segments like the train-job flow does, and measure detection latency, MTTR and lost work from
+the run's own records (events.jsonl, fault markers). Used by `trainforge chaos`, tests/chaos/ and
+bench/chaos_mttr.py.
+
+A job whose gang spans more than one node of its cluster is laid out as one torchrun agent per node on this host
+(one shared rendezvous: how a multi-node job meets) and goes through the live scheduler like the flow: provisioned,
+re-provisioned after a failed segment (a node lost whole is marked failed first; an elastic job that cannot get
+its full size back continues smaller), released and re-requested after a preemption, re-provisioned at the new size
+after a scheduler resize.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainforge.events import read_events
+from trainforge.registry.jobs import JobRecord, JobStore
+from trainforge.tasks import prepare
+from trainforge.tasks.segment import SegmentFailed, run_segment
+from trainforge.trainer.faults import fired_at
+
+# Short detection windows so a drill takes seconds (the defaults are production's: trainer/health.py).
+FAST_HEALTH = {"heartbeat_interval_s": 0.25, "heartbeat_timeout_s": 3.0, "hang_timeout_s": 4.0,
+               "straggler_patience": 4}
+
+
+@dataclass
+class ChaosJob:
+    record: JobRecord
+    config_path: Path
+    config: Any
+    segments: list[Any] = field(default_factory=list)
+    failures: list[SegmentFailed] = field(default_factory=list)
+    wall_s: float = 0.0
+    spec: Any = None
+    workers: int = 2
+    placements: list[list[str]] = field(default_factory=list)
+    """Multi-node jobs: the scheduler's nodes of each segment, in rank order."""
+    regang_s: list[float] = field(default_factory=list)
+    """Seconds each release + re-request of the gang took (after a preemption or a failed segment)."""
+    scheduled: bool = False
+    """Placed by the live scheduler (a gang of more than one node, or an elastic job)."""
+    cluster: dict[str, Any] | None = None
+    """The cluster the job is planned and scheduled on ($TRAINFORGE_CLUSTER while it runs); None = the default."""
+
+
+# Multi-node chaos jobs are placed by the live scheduler on this cluster: 3 "nodes" of 2 CPU worker slots, all on
+# this host (one torchrun agent per node); a job of 4 workers takes 2 of them and a lost one can be replaced.
+CHAOS_CLUSTER = {"name": "chaos-nodes", "node_mtbf_hours": 10000, "node_groups": [
+    {"name": "chaos", "gpu_type": "cpu", "nodes": 3, "gpus_per_node": 2, "nodes_per_rack": 3,
+     "memory_per_node_gb": 16, "intra_node_link": "loopback", "inter_node_link": "loopback"}]}
+
+
+@contextlib.contextmanager
+def chaos_cluster(cluster: dict[str, Any] | None = CHAOS_CLUSTER) -> Iterator[None]:
+    """$TRAINFORGE_CLUSTER -> `cluster` while planning / scheduling a multi-node job (restored after)."""
+    if not cluster:
+        yield
+        return
+    from trainforge.home import home
+
+    path = home() / f"{cluster['name']}-cluster.yaml"
+    path.write_text(yaml.safe_dump(cluster))
+    before = os.environ.get("TRAINFORGE_CLUSTER")
+    os.environ["TRAINFORGE_CLUSTER"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRAINFORGE_CLUSTER", None)
+        else:
+            os.environ["TRAINFORGE_CLUSTER"] = before
+
+
+def prepare_job(doc: dict[str, Any], source: str, base_dir: Path, job_id: str,
+                cluster: dict[str, Any] | None = None) -> ChaosJob:
+    """Validate, resolve the dataset, plan and write the worker config of `doc`, as the flow does before training
+    (a bad spec raises `prepare.JobRejected` with the precise problems)."""
+    with chaos_cluster(cluster):
+        spec = prepare.validate_spec(doc, source, base_dir)
+        dataset = prepare.resolve_dataset(spec, base_dir)
+        plan = prepare.make_plan(spec)
+        prepare.check_dataset_fits(spec, dataset, plan)
+    record = JobStore().create(job_id, name=spec.name, team=spec.team, spec=doc, source=source)
+    record.update(plan=plan, dataset=dataset)
+    config = prepare.worker_config(spec, job_id, record.folder, base_dir, dataset, plan, "chaos")
+    path = record.folder / "worker-config.json"
+    path.write_text(config.to_json())
+    res = spec.resources
+    top = res.max_gpus or res.min_gpus
+    return ChaosJob(record, path, config, spec=spec, workers=top, cluster=cluster,
+                    scheduled=cluster is not None and (top > min(res.gpus_per_node, top) or res.elastic))
+
+
+def unhealthy_nodes() -> set[str]:
+    import sqlalchemy as sa
+
+    from trainforge.infra.scheduler.live import NODES
+    from trainforge.tasks.provision import live_scheduler
+
+    with live_scheduler().engine.connect() as conn:
+        return {r.name for r in conn.execute(sa.select(NODES)) if not r.healthy}
+
+
+def run_job(job: ChaosJob, *, fault: str = "", max_retries: int = 2, max_restarts: int = 0,
+            health: dict[str, Any] | None = None, max_segments: int = 8) -> ChaosJob:
+    """Segments until the job finishes, retrying infra / divergence failures like the flow (raises the last
+    SegmentFailed when the budget is spent)."""
+    env = {"TRAINFORGE_FAULT": fault, "TRAINFORGE_HEALTH": json.dumps({**FAST_HEALTH, **(health or {})}),
+           "OMP_NUM_THREADS": "1"}
+    retries = max_retries
+    t0 = time.monotonic()
+    with chaos_cluster(job.cluster if job.scheduled else None):
+        try:
+            alloc = _provision(job, "provisioned") if job.scheduled else None
+            for _ in range(max_segments):
+                fresh = JobStore(job.record.folder.parent).get(job.record.job_id)
+                try:
+                    if alloc is None:
+                        result = run_segment(fresh, job.config_path, job.config, nproc=job.workers,
+                                             max_restarts=max_restarts, extra_env=env)
+                    else:
+                        nodes = alloc["nodes"]
+                        result = run_segment(fresh, job.config_path, job.config, nproc=alloc["workers"],
+                                             max_restarts=max_restarts, extra_env=env, nnodes=max(1, len(nodes)),
+                                             node_names=nodes or None, layout=alloc["layout"],
+                                             sizes=alloc["sizes"], scheduler_status=_status(job))
+                except SegmentFailed as exc:
+                    job.failures.append(exc)
+                    if exc.kind == "user" or retries == 0:
+                        raise
+                    retries -= 1
+                    if alloc is not None:
+                        alloc = _provision(job, "", reprovision=True)
+                    continue
+                job.segments.append(result)
+                if result.last_step is not None and result.last_step >= job.config.total_steps:
+                    return job
+                if alloc is not None:
+                    alloc = _provision(job, {"preempted": "re-provisioned after a preemption",
+                                             "resize": "the scheduler resized the allocation"}.get(
+                                                 result.reason or "", "segment boundary"),
+                                       release=result.reason == "preempted")
+            raise AssertionError(f"job did not finish in {max_segments} segments")
+        finally:
+            job.wall_s = time.monotonic() - t0
+            if job.scheduled:
+                from trainforge.tasks.provision import release_gang
+
+                release_gang(job.record.job_id)
+            job.record.reload()
+
+
+def _status(job: ChaosJob) -> Any:
+    from trainforge.tasks.provision import live_scheduler
+
+    return lambda: live_scheduler().status(job.record.job_id)
+
+
+def _provision(job: ChaosJob, reason: str, *, reprovision: bool = False, release: bool = False) -> dict[str, Any]:
+    """The train-job flow's provisioning (tasks/provision.py, tasks/steps.py `reprovision`), timed."""
+    from trainforge.tasks.provision import provision_gang, record_allocation, release_gang
+
+    t0 = time.monotonic()
+    record = JobStore(job.record.folder.parent).get(job.record.job_id)
+    if reprovision:
+        from trainforge.tasks.steps import reprovision as flow_reprovision
+
+        alloc = flow_reprovision(record, job.spec)
+    else:
+        if release:
+            release_gang(job.record.job_id)
+        alloc = provision_gang(job.record.job_id, job.spec, record.data["plan"]["layout"])
+        record_allocation(record, alloc, reason, job.spec)
+    if job.placements:
+        job.regang_s.append(round(time.monotonic() - t0, 3))
+    job.placements.append(list(alloc["nodes"]))
+    return alloc
+
+
+def events(job: ChaosJob, kind: str | None = None) -> list[dict[str, Any]]:
+    evs, _ = read_events(job.record.events_path)
+    return [e for e in evs if kind is None or e.get("type") == kind]
+
+
+def measure(job: ChaosJob, scenario: str, fault_kind: str | None = None, detected_kind: str | None = None,
+            quiet: bool = False) -> dict[str, Any]:
+    """Detection latency (fault fired -> detected), MTTR (detected -> first step after the restore) and lost
+    steps, from the records; printed as one `CHAOS` line for the design doc unless `quiet`."""
+    detected = [e for e in events(job, "fault_detected") if detected_kind in (None, e["fault"])]
+    recovered = [e for e in events(job, "recovered") if detected_kind in (None, e["fault"])]
+    fired = fired_at(job.record.folder)
+    fired_t = min((t for name, t in fired.items() if fault_kind is None or name.startswith(fault_kind)),
+                  default=None)
+    first = detected[0] if detected else None
+    out = {
+        "scenario": scenario,
+        "detected": first["fault"] if first else None,
+        "detection_s": round(first["detected_at"] - fired_t, 2) if first and fired_t else None,
+        "mttr_s": recovered[0]["mttr_s"] if recovered else None,
+        "lost_steps": recovered[0]["lost_steps"] if recovered else None,
+        "tier": recovered[0]["tier"] if recovered else None,
+        "segments": len(job.record.data.get("segments", [])),
+        "wall_s": round(job.wall_s, 1),
+        "resizes": job.record.data.get("resizes", []),
+    }
+    if not quiet:
+        print(f"CHAOS {scenario}: detected={out['detected']} detection={out['detection_s']}s mttr={out['mttr_s']}s "
+              f"lost_steps={out['lost_steps']} tier={out['tier']} segments={out['segments']} wall={out['wall_s']}s")
+    return out
+
+
+# ---------------------------------------------------------------------------------------- named scenarios
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    fault: str
+    """$TRAINFORGE_FAULT for the workers (trainer/faults.py)."""
+    marker: str
+    """The fault kind whose marker time starts the detection clock."""
+    detected: str
+    """The supervisor's incident kind that detects it."""
+    max_restarts: int = 0
+    health: dict[str, Any] = field(default_factory=dict)
+
+
+SCENARIOS = {
+    "kill": "kill -9 of one rank (process loss): in-segment restart by torchrun",
+    "stop": "SIGSTOP of one rank (frozen host): heartbeat timeout, SIGKILL, restart",
+    "hang": "one rank stops making progress: watchdog, every rank's stack dumped, segment retry",
+    "nan": "NaN in one rank's weights (divergence): rollback to the last checkpoint, batch skipped",
+    "sigterm": "termination notice to one rank (spot): emergency checkpoint, resume",
+    "straggler": "one rank sleeps 300 ms per step: reported with evidence",
+    "storeout": "object store down during a checkpoint upload: that checkpoint never commits",
+    "node": "a whole node lost (its agent and workers SIGKILLed): re-provisioned through the scheduler",
+    "wave": "spot wave: termination notice to a quarter of the ranks at once",
+}
+
+
+class ScenarioError(ValueError):
+    """A scenario name that does not exist, or one the job's shape cannot run (the message says how to fix it)."""
+
+
+def fault_step(total: int, interval: int) -> int:
+    """A 0-based step after the first checkpoint and before the last step, so recovery has something to resume
+    from and something left to train."""
+    step = interval + max(1, interval // 2)
+    return step if step < total - 1 else max(1, total // 2)
+
+
+def scenario(name: str, job: ChaosJob, step: int | None = None) -> Scenario:
+    if name not in SCENARIOS:
+        raise ScenarioError(f"unknown scenario {name!r}; choose one of: {', '.join(SCENARIOS)}")
+    spec, total, interval = job.spec, job.config.total_steps, job.config.checkpoint_interval
+    world = job.workers
+    per_node = min(spec.resources.gpus_per_node, world)
+    k = fault_step(total, interval) if step is None else step
+    if not 0 <= k < total:
+        raise ScenarioError(f"--step {k} is outside the job's {total} steps (0-based): use 0..{total - 1}")
+    victim = 1 if world > 1 else 0
+    needs_peers = ("kill", "stop", "hang", "straggler")
+    if name in needs_peers and world < 2:
+        raise ScenarioError(f"scenario {name!r} needs at least 2 workers (the spec has {world}): "
+                            "set resources.min_gpus >= 2")
+    if name in ("node", "wave") and world // per_node < 2:
+        raise ScenarioError(f"scenario {name!r} needs a gang of at least 2 nodes (the spec has {world} workers, "
+                            f"{per_node} per node): raise resources.min_gpus / max_gpus above gpus_per_node")
+    desc = SCENARIOS[name]
+    if name == "kill":
+        return Scenario(name, desc, f"kill:rank={victim}:step={k}", "kill", "rank_lost", max_restarts=1)
+    if name == "stop":
+        return Scenario(name, desc, f"stop:rank={victim}:step={k}", "stop", "rank_lost", max_restarts=1)
+    if name == "hang":
+        return Scenario(name, desc, f"hang:rank={victim}:step={k}", "hang", "hang")
+    if name == "nan":
+        return Scenario(name, desc, f"nan:rank=0:step={k}", "nan", "divergence")
+    if name == "sigterm":
+        return Scenario(name, desc, f"sigterm:rank={victim}:step={k}", "sigterm", "preemption")
+    if name == "straggler":
+        return Scenario(name, desc, f"slow:rank={victim}:step={max(1, k // 2)}:ms=300", "slow", "straggler")
+    if name == "storeout":  # every rank's store: the outage covers the next upload, ends `interval` steps later
+        until = min(total - 1, k + interval)
+        return Scenario(name, desc, ",".join(f"storeout:rank={r}:step={k}:until={until}" for r in range(world)),
+                        "storeout", "checkpoint_skipped")
+    if name == "node":
+        return Scenario(name, desc, f"node:rank={world - per_node}:step={k}", "node", "rank_lost")
+    wave = max(1, world // 4)
+    return Scenario(name, desc, ",".join(f"sigterm:rank={r}:step={k}" for r in range(world - wave, world)),
+                    "sigterm", "preemption")
+
+
+def emulation_cluster(spec: Any) -> dict[str, Any] | None:
+    """A gang of more than one node (or an elastic one) runs as one torchrun agent per node on this host, placed
+    by the live scheduler on a cluster of its node shape with one spare node (so a lost node can be replaced)."""
+    res = spec.resources
+    top = res.max_gpus or res.min_gpus
+    per_node = min(res.gpus_per_node, top)
+    if top <= per_node and not res.elastic:
+        return None
+    nodes = -(-top // per_node) + 1
+    return {"name": "chaos-emulation", "node_mtbf_hours": 10000, "node_groups": [
+        {"name": "chaos", "gpu_type": res.gpu_type.value, "nodes": nodes, "gpus_per_node": per_node,
+         "nodes_per_rack": nodes, "memory_per_node_gb": 16, "intra_node_link": "loopback",
+         "inter_node_link": "loopback"}]}
+
+
+def drill(doc: dict[str, Any], source: str, base_dir: Path, name: str, *, job_id: str,
+          step: int | None = None) -> dict[str, Any]:
+    """`trainforge chaos`: run the spec's job with scenario `name` and measure it from the records. Returns the
+    measurement plus the job's outcome (`completed`, or `failed` with the error)."""
+    if name not in SCENARIOS:  # before any work: a typo costs nothing
+        raise ScenarioError(f"unknown scenario {name!r}; choose one of: {', '.join(SCENARIOS)}")
+    from trainforge.spec import JobSpec
+
+    try:  # the node shape only; the full validation (precise problems, JobRejected) runs in prepare_job
+        shape = JobSpec.model_validate(doc)
+    except Exception:
+        shape = None
+    job = prepare_job(doc, source, base_dir, job_id, cluster=emulation_cluster(shape) if shape else None)
+    sc = scenario(name, job, step)
+    error = None
+    try:
+        run_job(job, fault=sc.fault, max_retries=job.spec.fault_tolerance.max_segment_retries,
+                max_restarts=max(sc.max_restarts, job.spec.fault_tolerance.max_restarts), health=sc.health)
+    except (SegmentFailed, AssertionError) as exc:
+        error = str(exc)
+    out = measure(job, f"{name}: {sc.description}", sc.marker, sc.detected, quiet=True)
+    if name == "storeout":  # not a detection of the supervisor: the skipped checkpoint is the record
+        skipped = events(job, "checkpoint_skipped")
+        out["detected"] = "checkpoint_skipped" if skipped else None
+    ends = events(job, "segment_end")
+    out.update(job_id=job.record.job_id, fault=sc.fault, state="failed" if error else "completed", error=error,
+               final_step=ends[-1]["step"] if ends else None, total_steps=job.config.total_steps,
+               workers=job.workers, folder=str(job.record.folder))
+    return out
