@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint clean servers servers-down
+.PHONY: venv demo test lint clean servers servers-down debian-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,7 +19,18 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/trainforge demo
 
-test: $(STAMP)
+# Debian packages the tests use (PostgreSQL; chromium + chromium-driver for tests/browser) through
+# scripts/setup-debian.sh, which installs only what is missing (a no-op when all is there). It installs when we are
+# root on a Debian system with apt; otherwise it only reports, and the browser test skips saying why (unless
+# TRAINFORGE_REQUIRE_BROWSER=1, as in the CI, makes that an error). SETUP_DEBIAN=0 skips the step.
+SETUP_DEBIAN ?= 1
+debian-deps:
+	@if [ "$(SETUP_DEBIAN)" != 1 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "debian-deps: skipped (SETUP_DEBIAN=$(SETUP_DEBIAN), apt-get $$(command -v apt-get || echo absent))"; \
+	elif [ "$$(id -u)" = 0 ]; then scripts/setup-debian.sh; \
+	else scripts/setup-debian.sh --check || echo "debian-deps: not root, nothing installed (see above)"; fi
+
+test: $(STAMP) debian-deps
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
