@@ -4,6 +4,7 @@ Jobs carry work in GPU-seconds (duration x GPUs), done at a rate of the GPUs the
 stretches or shortens them. Jobs checkpoint every `checkpoint_interval_s` of a segment: a node failure or spot
 reclamation loses the work since the last checkpoint; a preemption victim checkpoints on notice
 (`checkpoint_write_s`) and stops inside its grace period, losing nothing, unless the write does not fit the grace.
+Allocated GPU-seconds are booked per team, GPU type and market (spot nodes vs on-demand) for the report's cost.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import heapq
 import math
 import random
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +24,7 @@ from trainforge.infra.scheduler.model import (
     JobRequest,
     JobState,
     Kill,
+    Placement,
     Preempt,
     Requeue,
     Resize,
@@ -68,6 +71,9 @@ class _Run:
     first_start: float = math.nan
     signal: float = math.nan
     end: float = math.nan
+    alloc: dict[tuple[str, str], int] = field(default_factory=dict)
+    """GPUs held now per (GPU type, market), booked into Simulation.gpu_seconds when the allocation changes."""
+    alloc_since: float = 0.0
 
     def last_checkpoint(self, now: float) -> float:
         i = self.tj.checkpoint_interval_s
@@ -96,6 +102,8 @@ class Simulation:
         self.now = 0.0
         self.latencies: list[float] = []
         self.lost = {"failure": 0.0, "preemption": 0.0}
+        self.gpu_seconds: dict[tuple[str, str, str], float] = defaultdict(float)
+        """Allocated GPU-seconds per (team, GPU type, market): what the cluster would bill; sums to busy_integral."""
         self.counts = {"node_failures": 0, "spot_reclaims": 0, "rejected": 0}
         self.rejected: list[str] = []
 
@@ -170,6 +178,7 @@ class Simulation:
             return
         r.settle(self.now)
         self.busy -= r.held
+        self._book(r, None)
         r.held = r.rate = 0
         r.end = self.now
         self.sched.finish(job_id, self.now)
@@ -181,6 +190,7 @@ class Simulation:
         if r.version != version or job is None or job.state is not JobState.PREEMPTING:
             return
         self.busy -= r.held
+        self._book(r, None)
         r.held = 0
         self.sched.stopped(job_id, self.now)
 
@@ -226,6 +236,7 @@ class Simulation:
             if isinstance(d, Start):
                 g = d.placement.num_gpus
                 self.busy += g
+                self._book(r, d.placement)
                 r.held = r.rate = g
                 r.mark = r.seg_start = now
                 r.version += 1
@@ -245,6 +256,7 @@ class Simulation:
                 r.work_left += lost
                 self.lost["preemption"] += lost
                 self.busy -= r.held
+                self._book(r, None)
                 r.held = 0
                 r.version += 1
             elif isinstance(d, Resize):
@@ -253,6 +265,7 @@ class Simulation:
                     self._lose(r, now, "failure")
                 g = d.placement.num_gpus
                 self.busy += g - r.held
+                self._book(r, d.placement)
                 r.held = r.rate = g
                 r.seg_start = now
                 r.version += 1
@@ -261,8 +274,23 @@ class Simulation:
                 r.settle(now)
                 self._lose(r, now, "failure")
                 self.busy -= r.held
+                self._book(r, None)
                 r.held = r.rate = 0
                 r.version += 1
+
+    def _book(self, r: _Run, placement: Placement | None) -> None:
+        """Close `r`'s current allocation (its GPU-seconds to team, type and market) and open `placement`'s."""
+        if r.alloc:
+            dt = self.now - r.alloc_since
+            for (gpu_type, market), gpus in r.alloc.items():
+                self.gpu_seconds[(r.tj.team, gpu_type, market)] += gpus * dt
+        r.alloc = {}
+        r.alloc_since = self.now
+        if placement is not None:
+            nodes = self.state.nodes
+            for idx, gpus in placement.assignments:
+                key = (nodes[idx].gpu_type, "spot" if nodes[idx].spot else "on_demand")
+                r.alloc[key] = r.alloc.get(key, 0) + len(gpus)
 
     def _lose(self, r: _Run, now: float, cause: str) -> None:
         lost = (now - r.last_checkpoint(now)) * r.rate if r.rate else 0.0

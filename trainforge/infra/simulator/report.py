@@ -1,5 +1,6 @@
 """Simulation metrics: utilization, goodput, JCT and queue wait percentiles per priority and team, Jain's fairness,
-preemptions, work lost, decision latency; as a dict (JSON) and as rich tables."""
+preemptions, work lost, decision latency, cost (allocated GPU-hours priced per GPU type and market, per team);
+as a dict (JSON) and as rich tables."""
 
 from __future__ import annotations
 
@@ -30,6 +31,40 @@ def jain(xs: list[float]) -> float:
     return (sum(xs) ** 2) / (len(xs) * sum(x * x for x in xs)) if xs else 1.0
 
 
+def cost_summary(gpu_seconds: dict[tuple[str, str, str], float], useful_gpu_s: float, lost_gpu_s: float,
+                 prices: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Dollars of a simulated schedule: allocated GPU-seconds per (team, GPU type, market) at the price table's
+    $/GPU-h (spot nodes at the spot price). GPU types without a price are reported, never guessed."""
+    by_type: dict[str, dict[str, float]] = defaultdict(lambda: {"gpu_h": 0.0, "spot_gpu_h": 0.0, "usd": 0.0})
+    by_team: dict[str, float] = defaultdict(float)
+    unpriced: dict[str, float] = defaultdict(float)
+    for (team, gpu_type, market), secs in gpu_seconds.items():
+        hours = secs / 3600
+        row = by_type[gpu_type]
+        row["gpu_h"] += hours
+        row["spot_gpu_h"] += hours if market == "spot" else 0.0
+        if gpu_type not in prices:
+            unpriced[gpu_type] += hours
+            continue
+        usd = hours * float(prices[gpu_type][market])
+        row["usd"] += usd
+        by_team[team] += usd
+    total_h = sum(gpu_seconds.values()) / 3600
+    priced_h = total_h - sum(unpriced.values())
+    usd = sum(by_team.values())
+    mean_price = usd / priced_h if priced_h > 0 else 0.0
+    return {
+        "allocated_gpu_h": round(total_h, 1),
+        "usd": round(usd, 2),
+        "usd_per_useful_gpu_h": round(usd / (useful_gpu_s / 3600), 4) if useful_gpu_s > 0 else None,
+        # Lost work is booked in GPU-seconds without a type: priced at the schedule's mean $/GPU-h.
+        "lost_usd": round(lost_gpu_s / 3600 * mean_price, 2),
+        "by_gpu_type": {t: {k: round(v, 2) for k, v in row.items()} for t, row in sorted(by_type.items())},
+        "by_team": {t: round(v, 2) for t, v in sorted(by_team.items(), key=lambda kv: -kv[1])},
+        "unpriced_gpu_h": {t: round(h, 1) for t, h in sorted(unpriced.items())},
+    }
+
+
 def summarize(sim: Simulation, wall_s: float) -> dict[str, Any]:
     done = [r for r in sim.runs.values() if not math.isnan(r.end)]
     end = max((r.end for r in done), default=sim.now)
@@ -52,6 +87,14 @@ def summarize(sim: Simulation, wall_s: float) -> dict[str, Any]:
                 for n in order}
 
     tail = [r for r in sim.runs.values() if r.tj.generated]
+    from trainforge.infra.cost import load_prices
+
+    billed = dict(sim.gpu_seconds)
+    for r in sim.runs.values():  # allocations still open when the simulation stopped
+        for (gpu_type, market), gpus in r.alloc.items():
+            key = (r.tj.team, gpu_type, market)
+            billed[key] = billed.get(key, 0.0) + gpus * (sim.now - r.alloc_since)
+    cost = cost_summary(billed, useful, sum(sim.lost.values()), load_prices()[0])
     stats = sim.sched.stats
     return {
         "cluster": sim.cluster_name, "gpus": installed, "policy": sim.config.policy, "trace": sim.trace.source,
@@ -76,6 +119,7 @@ def summarize(sim: Simulation, wall_s: float) -> dict[str, Any]:
         "fairness_definition": "Jain's index over teams of mean(duration / JCT) of their jobs",
         "decision_latency_ms": {"n": len(lat), **{k: round(v, 3) for k, v in percentiles(lat).items() if k != "n"},
                                 "max": round(max(lat), 3) if lat else 0.0},
+        "cost": cost,
         "wall_s": round(wall_s, 2),
     }
 
@@ -114,6 +158,8 @@ def render(reports: list[dict[str, Any]], console: Any, *, max_teams: int = 12) 
         ("node failures / spot reclaims", lambda r: f"{r['node_failures']} / {r['spot_reclaims']}"),
         ("requeues / replacements", lambda r: f"{r['requeues']} / {r['replacements']}"),
         ("elastic shrinks / grows", lambda r: f"{r['shrinks']} / {r['grows']}"),
+        ("cost $ (per useful GPU-h)", lambda r: f"{r['cost']['usd']:,.0f} ({_usd(r['cost']['usd_per_useful_gpu_h'])})"),
+        ("cost $ of lost work", lambda r: f"{r['cost']['lost_usd']:,.0f}"),
         ("decision latency p50 / p99 / max (ms)", lambda r: "{p50:.2f} / {p99:.2f} / {max:.1f}".format(
             **{"p50": 0, "p99": 0, **r["decision_latency_ms"]})),
         ("simulation wall time (s)", lambda r: f"{r['wall_s']:.1f}"),
@@ -121,6 +167,12 @@ def render(reports: list[dict[str, Any]], console: Any, *, max_teams: int = 12) 
     for name, fmt in rows:
         t.add_row(name, *(fmt(r) for r in reports))
     console.print(t)
+    unpriced = sorted({g for r in reports for g in r["cost"]["unpriced_gpu_h"]})
+    if unpriced:
+        console.print(f"  [yellow]no price for GPU type(s) {', '.join(unpriced)}: their GPU-hours are not in the cost "
+                      "(set $TRAINFORGE_PRICES)[/]")
+    console.print("  [dim]cost: allocated GPU-hours x list price per GPU type (infra/cost.py, or $TRAINFORGE_PRICES);"
+                  " spot nodes at the spot price[/]")
     for key, title in (("by_priority", "priority class"), ("by_team", "team")):
         t = Table(title=f"JCT / queue wait p50 / p95 / p99 (h) per {title}")
         t.add_column(title)
@@ -137,6 +189,10 @@ def render(reports: list[dict[str, Any]], console: Any, *, max_teams: int = 12) 
         if len(first[key]) > max_teams:
             t.caption = f"{len(first[key]) - max_teams} more in --json"
         console.print(t)
+
+
+def _usd(v: float | None) -> str:
+    return "-" if v is None else f"${v:.2f}"
 
 
 def _pct_h(p: dict[str, Any]) -> str:
