@@ -264,6 +264,35 @@ def report(
     console.print(f"report of {record.job_id} ({record.data.get('state')}): {path}")
 
 
+# ---- metric (the API of HPO drivers, from the shell) -------------------------------------------------------------
+
+@app.command()
+def metric(
+    job: str = typer.Argument(..., help="Job id (or name, when this host has its record)."),
+    name: str = typer.Argument("loss", help="Metric, e.g. loss, eval_loss, tokens_per_s, mfu."),
+    mode: str = typer.Option("latest", help="latest (highest step), min or max over the run's history."),
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON (value, step, run id, run status)."),
+) -> None:
+    """A job's latest or best value of a metric, read from MLflow: what an HPO driver (Optuna, Ray Tune) asks
+    after each trial. Python: trainforge.registry.tracking.job_metric. See examples/hpo/optuna_trials.py.
+
+    Example: trainforge metric tiny-cpu eval_loss --mode min
+    """
+    from trainforge.registry.tracking import METRIC_MODES, job_metric
+
+    if mode not in METRIC_MODES:
+        fail(f"--mode {mode!r}: use one of {', '.join(METRIC_MODES)}")
+    try:
+        value = job_metric(job, name, mode)
+    except LookupError as exc:
+        fail(str(exc))
+    if as_json:
+        print_json(value.to_dict())
+        return
+    console.print(f"{value.metric} ({mode}) of {value.job_id}: {value.value:.6g} at step {value.step} "
+                  f"(MLflow run {value.run_id}, {value.run_status})")
+
+
 # ---- cost -------------------------------------------------------------------------------------------------------
 
 def _since(text: str | None) -> float:

@@ -1,7 +1,7 @@
 """MLflow tracking and model registry (imported lazily: the CLI and the pure core never load mlflow).
 
 Default store: SQLite in $TRAINFORGE_HOME with artifacts in $TRAINFORGE_HOME/mlartifacts; $MLFLOW_TRACKING_URI
-points it at a server. One experiment per team; one run per job, tagged with its lineage.
+points it at a server. One experiment per team; one run per job, tagged with its lineage. `job_metric` is the metrics API of HPO drivers.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import contextlib
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +145,72 @@ class Tracker:
                                                             archive_existing_versions=archive_existing)
         self.client.set_model_version_tag(name, str(version), "trainforge.stage", mv.current_stage)
         return str(mv.current_stage)
+
+
+# ---- the metrics API of hyper-parameter search drivers (Optuna, Ray Tune, ...) ----------------------------------
+
+METRIC_MODES = ("latest", "min", "max")
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    """One value of a run's metric, with what an HPO driver needs to judge it (is the run still going?)."""
+
+    job_id: str
+    run_id: str
+    metric: str
+    mode: str
+    value: float
+    step: int
+    timestamp_ms: int
+    run_status: str  # MLflow's: RUNNING, FINISHED, FAILED, KILLED
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_id_for_job(job_id: str, tracker: Tracker | None = None) -> str:
+    """The MLflow run of a job: from the job record when this host has it (a job name finds its only submission),
+    else the run tagged `trainforge.job_id` in a trainforge/* experiment: a driver on another host needs only the
+    tracking server."""
+    from trainforge.registry.jobs import JobStore
+
+    try:
+        record = JobStore().get(job_id)
+        if record.data.get("mlflow_run_id"):
+            return str(record.data["mlflow_run_id"])
+        job_id = record.job_id
+    except LookupError:
+        pass
+    client = (tracker or Tracker()).client
+    experiments = [e.experiment_id for e in client.search_experiments(filter_string="name LIKE 'trainforge/%'")]
+    runs = client.search_runs(experiments, filter_string=f"tags.`trainforge.job_id` = '{job_id.replace(chr(39), '')}'",
+                              max_results=2) if experiments else []
+    if not runs:
+        raise LookupError(f"no MLflow run for job {job_id!r} (not in the job store, no run tagged trainforge.job_id="
+                          f"{job_id} at {(tracker or Tracker()).uri}); a job has a run once its flow has started")
+    return str(runs[0].info.run_id)
+
+
+def job_metric(job_id: str, metric: str, mode: str = "latest", tracker: Tracker | None = None) -> MetricValue:
+    """A job's metric from MLflow: the `latest` value (highest step; after a failure the replayed, i.e. newest,
+    value of that step), or the `min` / `max` over the whole history. Raises LookupError, naming the metrics the
+    run has, when this one was never logged (yet)."""
+    if mode not in METRIC_MODES:
+        raise ValueError(f"mode {mode!r}: use one of {', '.join(METRIC_MODES)}")
+    tracker = tracker or Tracker()
+    run_id = run_id_for_job(job_id, tracker)
+    run = tracker.client.get_run(run_id)
+    job_id = run.data.tags.get("trainforge.job_id", job_id)
+    history = tracker.client.get_metric_history(run_id, metric)
+    if not history:
+        known = ", ".join(sorted(k for k in run.data.metrics if "/" not in k)) or "none yet"
+        raise LookupError(f"job {job_id}'s run {run_id} ({run.info.status}) has no metric {metric!r}; it has: "
+                          f"{known}")
+    if mode == "latest":
+        best = max(history, key=lambda m: (m.step, m.timestamp))
+    else:
+        pick = min if mode == "min" else max
+        best = pick(history, key=lambda m: m.value)
+    return MetricValue(job_id, run_id, metric, mode, float(best.value),
+                       int(best.step), int(best.timestamp), str(run.info.status))
