@@ -1,9 +1,11 @@
 """One torchrun worker for bench/memory_vs_rss.py: train a small Llama (trainforge's reference model) for a few
-steps with DDP or FSDP2 over gloo on CPU, fp32 + AdamW, and report this process's peak RSS and its baseline
-(after `import torch` + init_process_group, before the model). Run only through bench/memory_vs_rss.py."""
+steps with DDP or FSDP2 (full-shard or reshard_after_forward=False) over gloo on CPU, fp32 + AdamW, and report
+this process's peak RSS, its baseline (after `import torch` + init_process_group, before the model) and the bytes
+glibc holds freed in its arenas after training. Run only through bench/memory_vs_rss.py."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
@@ -20,7 +22,21 @@ def rss_now() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def train(mode: str, cfg: dict, steps: int, mb: int, seq: int) -> None:
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def malloc_free_bytes() -> int:
+    """Bytes glibc malloc holds in its arenas after free() (mallinfo2 fordblks): resident, but no live tensor."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    return int(libc.mallinfo2().fordblks)
+
+
+def train(mode: str, cfg: dict, steps: int, mb: int, seq: int) -> int:
+    """Train; return the bytes glibc holds freed at the end, while the model and optimizer are still alive."""
     import torch
     import torch.distributed as dist
 
@@ -40,9 +56,11 @@ def train(mode: str, cfg: dict, steps: int, mb: int, seq: int) -> None:
     else:
         from torch.distributed.fsdp import fully_shard
 
+        # fsdp = full-shard, fsdp-noreshard = shard-grad-op, as trainforge/trainer/parallel/fsdp.py maps them.
+        reshard = mode == "fsdp"
         for block in model.layers.values():
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, reshard_after_forward=reshard)
+        fully_shard(model, reshard_after_forward=False)
         model.to_empty(device="cpu")
         model.init_weights()
         cos, sin = model.rope_cos, model.rope_sin
@@ -59,7 +77,9 @@ def train(mode: str, cfg: dict, steps: int, mb: int, seq: int) -> None:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
+    retained = malloc_free_bytes()
     dist.barrier()
+    return retained
 
 
 def main() -> None:
@@ -71,11 +91,12 @@ def main() -> None:
     baseline = rss_now()
     cfg = {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": heads,
            "ffn_hidden": 256 * ((8 * hidden // 3 + 255) // 256), "vocab": vocab, "max_seq_len": seq}
-    train(mode, cfg, steps=3, mb=mb, seq=seq)
+    retained = train(mode, cfg, steps=3, mb=mb, seq=seq)
     peak = rss_peak()
     gc.collect()
     results = [None, None]
-    dist.all_gather_object(results, {"rank": dist.get_rank(), "peak": peak, "baseline": baseline})
+    dist.all_gather_object(results, {"rank": dist.get_rank(), "peak": peak, "baseline": baseline,
+                                  "retained": retained})
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(results))
     dist.barrier()

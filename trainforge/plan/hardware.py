@@ -61,9 +61,10 @@ GPU_CATALOG: dict[str, GpuSpec] = {
     "h100": GpuSpec("h100", 81559 * MiB, 989 * TFLOPS, 67 * TFLOPS, 3350 * GB, "hopper"),
     "h200": GpuSpec("h200", 143771 * MiB, 989 * TFLOPS, 67 * TFLOPS, 4800 * GB, "hopper"),
     # A CPU "slot": one worker process; memory is a per-worker share of a small machine. The runtime overhead is
-    # the RSS of a worker after `import torch` + init_process_group(gloo) (220 MiB measured by
-    # bench/memory_vs_rss.py) plus ~110 MiB of allocator arenas and thread stacks once training runs (fitted on DDP).
-    "cpu": GpuSpec("cpu", 4 * GiB, 0.2 * TFLOPS, 0.1 * TFLOPS, 20 * GB, "cpu", 330 * 2**20),
+    # the RSS of an idle worker after `import torch` (torch 2.13 CPU wheel) + init_process_group(gloo), before any
+    # model: 222 MiB measured by bench/memory_phases.py (12 MiB for the bare interpreter, 208 MiB for torch's
+    # shared libraries and import-time objects, 2 MiB for gloo); bench/memory_vs_rss.py re-measures it every run.
+    "cpu": GpuSpec("cpu", 4 * GiB, 0.2 * TFLOPS, 0.1 * TFLOPS, 20 * GB, "cpu", 222 * 2**20),
 }
 
 

@@ -5,11 +5,25 @@ gradients and 16 B of optimizer-side fp32 state: fp32 gradient copy, fp32 master
 (4 B each). This is DeepSpeed's accounting (`estimate_zero2_model_states_mem_needs`: "2 = params_16bit, 18 =
 2_grads_16bit + 4_grads_32bit + 4_params_32bit + 8_optimizer_states_32bit"), and within 2 B of ZeRO's 16 B/param
 (Rajbhandari et al. 2020, sec. 3) and Megatron's 18 B. fp32 training keeps 4 + 4 + 8 B. Sharding, per ZeRO stage:
-`none` (DDP, ZeRO-0) shards nothing; `shard-grad-op` (ZeRO-2) shards gradients and optimizer state; `full-shard`
+`none` (DDP, ZeRO-0) shards nothing; `shard-grad-op` (ZeRO-2) shards gradients and optimizer state (in fp32 the
+optimizer's weight shard is a copy of its own next to the whole weights: FSDP2 with reshard_after_forward=False keeps
+the sharded parameter it updates besides the all-gathered one; DeepSpeed ZeRO-1/2 clones its fp32 partition into
+`single_partition_of_fp32_groups`; in mixed precision that copy is the fp32 master already counted); `full-shard`
 (ZeRO-3 / FSDP) shards everything and gathers one unit (a block, or the embedding if larger) at a time -- its
 16-bit gradients are reduce-scattered per unit into the fp32 shard, so only the gathered unit's weights + gradients
 (4 B x unit params) are extra, which is DeepSpeed's `4 * largest_layer_params`; `hybrid-shard` shards like
 full-shard within a node and replicates across nodes.
+
+FSDP2 (`fully_shard`, how trainforge runs full-shard) holds more than one gathered unit at its peak, the start of
+backward (measured per phase by bench/memory_phases.py): the root unit -- everything outside the blocks: embedding,
+final norm, output head -- is never resharded after forward (torch `FSDPModule.set_reshard_after_forward`: the
+root's value is "specially set to False"; trainforge/trainer/parallel/fsdp.py sets it explicitly); the block being
+differentiated plus the next one, all-gathered by backward prefetch (`FSDPParamGroup.pre_backward` ->
+`_backward_prefetch`); the head's unsharded gradient, reduced only at the end of backward with the root; and one
+block's reduce-scatter input (a copy of its unsharded gradients) and output (1/d of it) in the reduce dtype, fp32 by
+default (`foreach_reduce`; trainforge's FSDPConfig.reduce_dtype="fp32"). The `fsdp buffers` item is that peak minus
+the DeepSpeed-style gather buffer above, so model-state parity with DeepSpeed is kept. shard-grad-op runs the same
+backward (FSDP2 with reshard_after_forward=False): its `comm buffers` are the gradient and reduce-scatter part.
 
 Activations per block follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
 Models", sec. 4): GPT blocks (GELU, dropout) store s*b*h*34 bytes plus 5*a*s^2*b without flash attention; with
@@ -34,7 +48,7 @@ from trainforge.plan.model import ModelShape
 GiB = 2**30
 FRAGMENTATION_RESERVE = 0.08  # caching-allocator fragmentation + temporaries, measured at 5-10% on large runs
 DEFAULT_RUNTIME_OVERHEAD = 1 * GiB  # CUDA context + cuBLAS workspace + NCCL buffers
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
+FSDP_REDUCE_BYTES = 4  # FSDP2 reduce-scatters in fp32 (trainforge FSDPConfig.reduce_dtype default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +94,45 @@ def state_bytes_per_param(precision: str) -> tuple[int, int, int]:
     return 2, 2, 16
 
 
+def fp32_master_copy_bytes(sharding: str, precision: str, group: int = 2) -> int:
+    """fp32 + shard-grad-op over more than one rank: the optimizer's weight shard is a separate copy (4 B / d)
+    beside the whole weights (over one rank nothing is gathered: the shard is the weights)."""
+    return 4 if precision == "fp32" and sharding == "shard-grad-op" and group > 1 else 0
+
+
+def _fsdp2_units(model: ModelShape, layout: Layout) -> tuple[int, int, int]:
+    """(block, root, head) parameters per GPU as FSDP2 units: one block (experts divided by ep), the root (all the
+    stage's parameters outside blocks) and the output head whose gradient the root holds unsharded in backward."""
+    expert = model.mlp_params * model.experts if model.experts else 0
+    block = (model.params_per_layer - expert) // layout.tp + expert // max(1, layout.ep)
+    root = max(0, stage_params(model, layout) - stage_layers(model, layout) * model.params_per_layer) // layout.tp
+    head = model.head_params // layout.tp if layout.pp == 1 else 0  # later stages' heads: their peak is not stage 0's
+    return block, root, head
+
+
+def fsdp2_reduce_bytes(model: ModelShape, layout: Layout, *, group: int, precision: str) -> tuple[int, str]:
+    """In backward FSDP2 (full-shard and shard-grad-op alike) holds one block's unsharded gradients, the head's
+    (reduced with the root at the end of backward), and one block's reduce-scatter input and output in fp32."""
+    _, g_b, _ = state_bytes_per_param(precision)
+    block, _, head = _fsdp2_units(model, layout)
+    total = g_b * (block + head) + FSDP_REDUCE_BYTES * (block + block // group)
+    return total, (f"{g_b} B x (block {block:,} + head {head:,}) unsharded grads + {FSDP_REDUCE_BYTES} B x block x "
+                   f"(1 + 1/{group}) reduce-scatter in/out")
+
+
+def fsdp2_buffers_bytes(model: ModelShape, layout: Layout, *, group: int, precision: str, gather_bytes: int) -> tuple[
+        int, str]:
+    """FSDP2 full-shard's gathered weights, unsharded gradients and reduce-scatter buffers at its peak (the start of
+    backward), beyond the DeepSpeed-style gather buffer (one unit's weights + gradients) already counted; see the
+    module doc."""
+    p_b = state_bytes_per_param(precision)[0]
+    block, root, _ = _fsdp2_units(model, layout)
+    reduce, reduce_text = fsdp2_reduce_bytes(model, layout, group=group, precision=precision)
+    extra = max(0, p_b * (root + 2 * block) + reduce - gather_bytes)
+    return extra, (f"{p_b} B x (root {root:,} + 2 x block {block:,}) gathered + {reduce_text} "
+                   f"- gather buffer {gather_bytes / 2**20:,.0f} MiB")
+
+
 def shard_degrees(sharding: str, group: int) -> tuple[int, int, int]:
     """Divisors of (weights, gradients, optimizer state) for a sharding strategy over `group` ranks."""
     if sharding == "shard-grad-op":
@@ -99,6 +152,7 @@ def model_states_bytes(params: int, *, num_gpus: int, sharding: str, precision: 
     """Weights, gradients, optimizer state and gather buffer per GPU for `params` parameters sharded over
     `num_gpus` ranks. Equals DeepSpeed's estimators: ZeRO-2 = 2N + 18N/G, ZeRO-3 = 18N/G + 4*largest_layer."""
     p_b, g_b, o_b = state_bytes_per_param(precision)
+    o_b += fp32_master_copy_bytes(sharding, precision, num_gpus)
     sp, sg, so = shard_degrees(sharding, num_gpus)
     full = sharding in ("full-shard", "hybrid-shard")
     # Under full sharding with mixed precision the 16-bit gradients exist only per gathered unit.
@@ -172,6 +226,12 @@ def activation_bytes_per_layer(model: ModelShape, layout: Layout, seq_len: int, 
     return per, formula + (" x2 (fp32)" if width == 2 else "")
 
 
+def _optimizer_text(sharding: str, precision: str, group: int) -> str:
+    if precision != "fp32":
+        return "fp32 grad+master+Adam m+v"
+    return "fp32 master shard + Adam m+v" if fp32_master_copy_bytes(sharding, precision, group) else "Adam m+v"
+
+
 def micro_batches_in_flight(layout: Layout, micro_batches: int) -> float:
     if layout.pp == 1:
         return 1.0
@@ -211,19 +271,24 @@ def estimate_memory(
                    f"{where} x {g_b} B / {sg}" if states["gradients"] or not dense else
                    "16-bit gradients exist per gathered unit only (see gather buffer)"),
         MemoryItem("optimizer", states["optimizer"] + ex_states["optimizer"],
-                   f"{where} x {o_b} B ({'Adam m+v' if precision == 'fp32' else 'fp32 grad+master+Adam m+v'}) "
-                   f"/ {so}"),
+                   f"{where} x {o_b + fp32_master_copy_bytes(layout.sharding, precision, group)} B "
+                   f"({_optimizer_text(layout.sharding, precision, group)}) / {so}"),
     ]
     if states["gather buffer"]:
         items.append(MemoryItem("gather buffer", states["gather buffer"],
                                 f"largest unit {unit:,} params x ({p_b}+{g_b}) B (weights + grads gathered)"))
+    if layout.sharding in ("full-shard", "hybrid-shard") and group > 1:
+        extra, text = fsdp2_buffers_bytes(model, layout, group=group, precision=precision,
+                                          gather_bytes=states["gather buffer"])
+        if extra:
+            items.append(MemoryItem("fsdp buffers", extra, text))
     elif layout.sharding == "none" and layout.dp > 1:
         grads = (dense + expert) * g_b
         items.append(MemoryItem("comm buffers", grads,
                                 f"DDP bucket copy of the gradients: {dense + expert:,} x {g_b} B"))
     elif layout.sharding == "shard-grad-op" and layout.dp > 1:
-        items.append(MemoryItem("comm buffers", min(2 * DDP_BUCKET_BYTES, (dense + expert) * g_b),
-                                "2 reduce-scatter buckets of 25 MiB"))
+        reduce, text = fsdp2_reduce_bytes(model, layout, group=group, precision=precision)
+        items.append(MemoryItem("comm buffers", reduce, f"FSDP2 backward: {text}"))
     per_layer, formula = activation_bytes_per_layer(model, layout, seq_len, precision, flash_attention)
     micro = max(1, gradient_accumulation_steps(layout, global_batch_size))
     in_flight = micro_batches_in_flight(layout, micro)
