@@ -16,7 +16,7 @@ app = typer.Typer(
 )
 
 # One module per command group; each calls `@app.command()` on import.
-COMMAND_MODULES = ["validate", "jobs", "scheduler", "plan", "datasets", "registry", "observe", "production"]
+COMMAND_MODULES = ["validate", "jobs", "scheduler", "plan", "datasets", "registry", "observe", "production", "chaos"]
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"trainforge.commands.{_name}")

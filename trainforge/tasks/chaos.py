@@ -113,11 +113,12 @@ def unhealthy_nodes() -> set[str]:
 
 
 def run_job(job: ChaosJob, *, fault: str = "", max_retries: int = 2, max_restarts: int = 0,
-            health: dict[str, Any] | None = None, max_segments: int = 8) -> ChaosJob:
+            health: dict[str, Any] | None = None, max_segments: int = 8, fast: bool = True) -> ChaosJob:
     """Segments until the job finishes, retrying infra / divergence failures like the flow (raises the last
-    SegmentFailed when the budget is spent)."""
-    env = {"TRAINFORGE_FAULT": fault, "TRAINFORGE_HEALTH": json.dumps({**FAST_HEALTH, **(health or {})}),
-           "OMP_NUM_THREADS": "1"}
+    SegmentFailed when the budget is spent). `fast`: the short detection windows of FAST_HEALTH (tests, bench);
+    otherwise the policy's defaults, plus `health`."""
+    policy = {**(FAST_HEALTH if fast else {}), **(health or {})}
+    env = {"TRAINFORGE_FAULT": fault, "TRAINFORGE_HEALTH": json.dumps(policy), "OMP_NUM_THREADS": "1"}
     retries = max_retries
     t0 = time.monotonic()
     with chaos_cluster(job.cluster if job.scheduled else None):
@@ -333,8 +334,11 @@ def drill(doc: dict[str, Any], source: str, base_dir: Path, name: str, *, job_id
     sc = scenario(name, job, step)
     error = None
     try:
+        # the policy's own detection windows (a drill measures what production would see), not the tests' short
+        # ones: on a loaded machine a 4 s hang window fires on a slow first step
         run_job(job, fault=sc.fault, max_retries=job.spec.fault_tolerance.max_segment_retries,
-                max_restarts=max(sc.max_restarts, job.spec.fault_tolerance.max_restarts), health=sc.health)
+                max_restarts=max(sc.max_restarts, job.spec.fault_tolerance.max_restarts), health=sc.health,
+                fast=False)
     except (SegmentFailed, AssertionError) as exc:
         error = str(exc)
     out = measure(job, f"{name}: {sc.description}", sc.marker, sc.detected, quiet=True)
