@@ -194,3 +194,34 @@ def test_overlapped_copy_is_exactly_the_state_at_the_save_step(tmp_path, monkeyp
     check(m3, opt3)
     for c in (ck, ck2, ck3):
         c.close()
+
+
+def test_memory_reader_loads_bytes_and_refuses_a_malicious_pickle(tmp_path):
+    """The in-memory restore path reads DCP files from bytes with the same allow-list unpickler as from disk."""
+    import torch.distributed.checkpoint as dcp
+
+    from trainforge.trainer.checkpointing.memory_fs import SafeMemoryReader
+    from trainforge.trainer.checkpointing.replica import read_file
+    from trainforge.trainer.checkpointing.safe_dcp import SafeLoadPlanner
+
+    m, _ = model_and_opt()
+    dcp.save({"model": m.state_dict()}, checkpoint_id=str(tmp_path / "ck"), no_dist=True)
+    files = {p.name: read_file(p) for p in (tmp_path / "ck").iterdir()}
+    m2, _ = model_and_opt(width=256)
+    for p in m2.parameters():
+        torch.nn.init.zeros_(p)
+    state = {"model": m2.state_dict()}
+    dcp.load(state, storage_reader=SafeMemoryReader(files), planner=SafeLoadPlanner(), no_dist=True)
+    for k, v in m.state_dict().items():
+        assert torch.equal(state["model"][k], v)
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    files[".metadata"] = torch.frombuffer(bytearray(pickle.dumps(Evil())), dtype=torch.uint8)
+    with pytest.raises(BaseException) as info:
+        dcp.load(state, storage_reader=SafeMemoryReader(files), planner=SafeLoadPlanner(), no_dist=True)
+    assert "refused to unpickle posix.system" in str(info.value) or isinstance(info.value, UnsafeCheckpointError)
+    assert not marker.exists()
