@@ -1,6 +1,8 @@
 """Cost and chargeback (pure: job records and events in, numbers out; no I/O besides reading an optional price file).
 
 GPU-hours of a job = Σ over its segments (each launch of the gang, failed ones included) of wall time x workers.
+An elastic job's size changes between segments: each `resize` event (tasks/provision.py) sets the workers of the
+segments and steps after it.
 They are split so the parts add up exactly:
 - productive: step time of steps that count (first time a step runs), minus data wait inside the step;
 - lost: step time of steps recomputed after a failure (a step number already reached by an earlier segment);
@@ -62,6 +64,7 @@ class JobCost:
     queue_hours: float = 0.0
     segments: int = 0
     failed_segments: int = 0
+    resizes: int = 0
     storage_gb_days: float = 0.0
     compute_cost: float = 0.0
     storage_cost: float = 0.0
@@ -77,21 +80,33 @@ class JobCost:
 
 def step_hours(events: Iterable[Mapping[str, Any]], workers: int) -> tuple[float, float, float]:
     """(productive, lost, data-wait) GPU-hours from `metrics` events in file order: a step number at or below the
-    highest already reached was recomputed after a failure."""
+    highest already reached was recomputed after a failure. A `resize` event changes the workers from there on."""
     productive = lost = wait = 0.0
     reached = 0
     for ev in events:
+        if ev.get("type") == "resize" and ev.get("to_workers"):
+            workers = int(ev["to_workers"])
+            continue
         if ev.get("type") != "metrics":
             continue
         dt, step = float(ev.get("step_time_s", 0.0)), int(ev["step"])
         data_wait = min(dt, float(ev.get("data_wait_s", 0.0)))
         if step <= reached:
-            lost += dt
+            lost += dt * workers
         else:
-            productive += dt - data_wait
-            wait += data_wait
+            productive += (dt - data_wait) * workers
+            wait += data_wait * workers
             reached = step
-    return productive * workers / HOUR, lost * workers / HOUR, wait * workers / HOUR
+    return productive / HOUR, lost / HOUR, wait / HOUR
+
+
+def workers_at(events: Iterable[Mapping[str, Any]], initial: int) -> list[tuple[float, int]]:
+    """[(since, workers)] from the `resize` events: the gang size in effect from each time on."""
+    timeline = [(float("-inf"), initial)]
+    for ev in events:
+        if ev.get("type") == "resize" and ev.get("to_workers") and ev.get("time") is not None:
+            timeline.append((float(ev["time"]), int(ev["to_workers"])))
+    return sorted(timeline)
 
 
 def job_cost(record: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = (), *,
@@ -111,9 +126,13 @@ def job_cost(record: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = ()
     cost = JobCost(record.get("job_id", "?"), record.get("team", "?"), record.get("state", "?"), gpu_type, workers,
                    market, price, created_at=float(record.get("created_at", 0.0)))
     segments = record.get("segments") or []
+    events = list(events)
+    timeline = workers_at(events, workers)
+    cost.resizes = len(timeline) - 1
     for seg in segments:
         end = seg.get("ended_at") or now
-        cost.gpu_hours += max(0.0, end - seg["started_at"]) * workers / HOUR
+        size = [w for since, w in timeline if since <= seg["started_at"]][-1]  # resized before this launch
+        cost.gpu_hours += max(0.0, end - seg["started_at"]) * size / HOUR
         cost.segments += 1
         cost.failed_segments += seg.get("state") == "failed"
     if segments:

@@ -239,6 +239,9 @@ def timeline_rows(record: Mapping[str, Any], events: list[dict[str, Any]]) -> li
                                                               f"{ev.get('lost_steps')} step(s) recomputed"))
         elif kind == "checkpoint_corrupt":
             rows.append((t, "corrupt checkpoint skipped", f"step {ev.get('step')}: {ev.get('problems')}"))
+        elif kind == "resize":  # elastic: the scheduler grew or shrank the gang between segments
+            rows.append((t, "resized", f"{ev.get('from_workers')} -> {ev.get('to_workers')} workers after step "
+                                       f"{ev.get('after_step')}: {ev.get('reason') or ''}"))
         elif kind == "checkpoint_skipped":
             rows.append((t, "checkpoint not committed", f"step {ev.get('step')}: {ev.get('reason')}"))
     for alert in record.get("alerts") or []:

@@ -103,6 +103,14 @@ def test_timeline_orders_segments_faults_recoveries_and_alerts():
     assert "resumed from committed checkpoint 4" in [d for _, w, d in rows if w == "training started"][1]
 
 
+def test_an_elastic_resize_is_on_the_timeline():
+    record, events = job()
+    events.insert(-6, {"type": "resize", "from_workers": 2, "to_workers": 4, "after_step": 4,
+                       "reason": "the scheduler resized the allocation", "time": 1044.0})
+    rows = [(w, d) for _, w, d in timeline_rows(record, events)]
+    assert ("resized", "2 -> 4 workers after step 4: the scheduler resized the allocation") in rows
+
+
 def test_checkpoint_stalls_and_cost_match_the_cost_model():
     record, events = job()
     stalls = checkpoint_rows(record, events)
