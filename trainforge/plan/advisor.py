@@ -53,6 +53,9 @@ class PlanRequest:
     """Allow pipeline stages with different block counts (as Llama 3 405B and BLOOM did)."""
     capacity_bytes: int | None = None
     """Per-GPU memory budget; None = the GPU's memory."""
+    flash_attention: bool = True
+    """Fused (flash) attention: the s x s scores are neither stored nor streamed through memory. False for runs
+    that predate it (Megatron-LM 2021, BLOOM, MT-NLG)."""
 
     @property
     def capacity(self) -> int:
@@ -99,14 +102,15 @@ def evaluate_layout(req: PlanRequest, layout: Layout, *, with_step: bool = True)
     step = None
     if with_step and not problems:
         step = estimate_step(req.model, layout, req.gpu, req.topology, seq_len=req.seq_len,
-                             global_batch_size=req.global_batch_size, precision=req.precision)
+                             global_batch_size=req.global_batch_size, precision=req.precision,
+                             flash_attention=req.flash_attention)
     return Plan(layout, memory, step, tuple(problems))
 
 
 def _memory(req: PlanRequest, layout: Layout) -> MemoryEstimate:
     return estimate_memory(req.model, layout, seq_len=req.seq_len, global_batch_size=req.global_batch_size,
                            precision=req.precision, capacity_bytes=req.capacity,
-                           gpus_per_node=req.topology.gpus_per_node,
+                           gpus_per_node=req.topology.gpus_per_node, flash_attention=req.flash_attention,
                            runtime_overhead_bytes=req.gpu.runtime_overhead_bytes)
 
 
@@ -181,7 +185,8 @@ def search(req: PlanRequest, *, keep_too_big: int = 5) -> SearchResult:
             result.too_big.append(plan)
             continue
         step = estimate_step(req.model, layout, req.gpu, req.topology, seq_len=req.seq_len,
-                             global_batch_size=req.global_batch_size, precision=req.precision)
+                             global_batch_size=req.global_batch_size, precision=req.precision,
+                             flash_attention=req.flash_attention)
         result.plans.append(replace(plan, step=step))
     result.plans.sort(key=lambda p: (p.step.step_time_s if p.step else 0.0, p.memory.total_bytes))
     result.too_big.sort(key=lambda p: p.memory.total_bytes)

@@ -2,7 +2,13 @@
 
 Compute: the busiest pipeline rank's FLOPs per micro-batch (forward + backward, plus the recomputed forward under
 activation checkpointing) over a sustained fraction of the GPU's dense peak. The sustained fraction falls when the
-per-GPU matmuls get thin (h/t small) or short (few tokens per micro-batch): `matmul_efficiency`.
+per-GPU matmuls get thin (h/t small) or short (few tokens per micro-batch): `matmul_efficiency`. Plus the
+memory-bound kernels between the matmuls (norms, residual adds, the MLP activation, dropout, and -- without fused
+flash attention -- softmax/mask/dropout over the a x s x s attention scores), timed by the bytes they move over HBM
+bandwidth: `memory_bound_bytes_per_token`. Matmul FLOPs grow as h^2 per token and these bytes as h (and a*s), so
+their share of the step is what makes small-hidden models reach a lower MFU (Dao et al. 2022, "FlashAttention",
+sec. 1: softmax, masking and dropout are memory-bound and take most of the attention time of GPT-2 training;
+Korthikanti et al. 2022, sec. 4, list the same elementwise tensors as the stored activations).
 Pipeline: m micro-batches over p stages take (m + (p-1)/v) micro-batch slots (Narayanan et al. 2021, sec. 2.2:
 bubble fraction (p-1)/(v*m) of the ideal time). Each slot also carries the exposed part of its TP / EP collectives
 and PP send/recv. Data-parallel collectives overlap with the backward pass (bucketed all-reduce / reduce-scatter)
@@ -23,7 +29,10 @@ from trainforge.plan.topology import Topology
 
 # Sustained fraction of dense peak for large bf16 GEMMs inside a full training step (kernels, norms, softmax,
 # launch gaps included). Calibrated once against the published runs in tests/unit/plan/published.py.
-SUSTAINED_FRACTION = {"ampere": 0.72, "hopper": 0.70, "cpu": 0.5}
+SUSTAINED_FRACTION = {"ampere": 0.78, "hopper": 0.72, "cpu": 0.5}
+# Fraction of HBM bandwidth reached by elementwise kernels (STREAM-like copies reach ~0.8-0.9 of the datasheet
+# rate on A100/H100; fused norms and softmax a little less).
+HBM_EFFICIENCY = 0.8
 THIN_MATMUL_H = 256  # per-GPU width h/t at which efficiency is halved
 SHORT_MATMUL_TOKENS = 256  # tokens per micro-batch at which efficiency is halved
 TP_EXPOSED = 0.6  # share of TP collective time on the critical path (partial overlap with GEMMs)
@@ -57,6 +66,31 @@ def matmul_efficiency(model: ModelShape, layout: Layout, seq_len: int, gpu: GpuS
                    tokens / (tokens + SHORT_MATMUL_TOKENS) / (1 + SHORT_MATMUL_TOKENS / 8192))
 
 
+def memory_bound_bytes_per_token(model: ModelShape, layout: Layout, seq_len: int, flash_attention: bool) -> float:
+    """HBM bytes moved per token by one block's non-matmul kernels (16-bit tensors), forward + backward + recompute,
+    before the division by t (tensor/sequence parallelism splits them). Forward: two norms (read + write h each: 8h),
+    two residual adds with their dropout (read 2h, write h, each: 12h), the MLP activation (GELU: read + write f = 4f;
+    SwiGLU: read 2f, write f = 6f), RoPE on q and k for Llama blocks (4(h + kv*d)); without flash attention the
+    softmax over the a*s scores of each token (read + write: 4as) and, for GPT blocks, dropout on the probabilities
+    (read + write + 1 B mask: 5as). Backward reads the saved input and the incoming gradient and writes the input
+    gradient of each: 2x forward. Full recomputation repeats the forward, selective the attention-score part."""
+    h, s, a = model.hidden, seq_len, model.heads
+    f = model.ffn_hidden * (max(1, model.top_k) if model.experts else 1)
+    if model.mlp == "gelu":
+        dense, scores = 8 * h + 12 * h + 4 * f, 9 * a * s
+    else:
+        dense, scores = 8 * h + 12 * h + 6 * f + 4 * (h + model.kv_heads * model.head_dim), 4 * a * s
+    if flash_attention:
+        scores = 0  # fused into the attention kernel, which is counted as matmul FLOPs
+    forward = dense + scores
+    total = 3.0 * forward
+    if layout.activation_checkpointing == "full":
+        total += forward
+    elif layout.activation_checkpointing == "selective":
+        total += scores
+    return float(total)
+
+
 def hardware_layer_flops_per_token(model: ModelShape, layout: Layout, seq_len: int) -> float:
     flops = model.layer_flops_per_token(seq_len)
     if layout.activation_checkpointing == "full":
@@ -67,7 +101,7 @@ def hardware_layer_flops_per_token(model: ModelShape, layout: Layout, seq_len: i
 
 
 def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topology, *, seq_len: int,
-                  global_batch_size: int, precision: str) -> StepEstimate:
+                  global_batch_size: int, precision: str, flash_attention: bool = True) -> StepEstimate:
     m = max(1, gradient_accumulation_steps(layout, global_batch_size))
     tokens_mb = seq_len * layout.micro_batch_size
     layer_hw = hardware_layer_flops_per_token(model, layout, seq_len)
@@ -78,7 +112,10 @@ def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topolog
         stage_flops = model.layers * layer_hw + head
     eff = matmul_efficiency(model, layout, seq_len, gpu)
     rate = gpu.peak_flops(precision) * eff
-    t_mb = stage_flops * tokens_mb / layout.tp / rate
+    mem_layers = layers if layout.pp > 1 else model.layers
+    t_mem = (mem_layers * memory_bound_bytes_per_token(model, layout, seq_len, flash_attention) * tokens_mb
+             / layout.tp / (gpu.hbm_bytes_per_s * HBM_EFFICIENCY))
+    t_mb = stage_flops * tokens_mb / layout.tp / rate + t_mem
     comm = estimate_comm(model, layout, topo, seq_len=seq_len, global_batch_size=global_batch_size,
                          precision=precision)
     by_axis: dict[str, float] = {"tp": 0.0, "pp": 0.0, "ep": 0.0, "dp": 0.0}

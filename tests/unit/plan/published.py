@@ -30,6 +30,8 @@ class PublishedRun:
     published_mfu: float
     assumed: tuple[str, ...] = field(default=())
     uneven_stages: bool = False
+    flash_attention: bool = True
+    """False for runs before fused (flash) attention: Megatron-LM 2021, BLOOM, MT-NLG."""
 
 
 def recompute_to_mfu(tflops_per_gpu: float, m: ModelShape, seq: int, peak: float) -> float:
@@ -74,6 +76,7 @@ def _megatron() -> list[PublishedRun]:
                    activation_checkpointing="full"),
             gbs, 2048, recompute_to_mfu(tflops, m, 2048, A100_PEAK),
             assumed=(f"micro-batch {mb}", "schedule 1f1b (Table 1 does not say which rows interleave)"),
+            flash_attention=False,
         ))
     return runs
 
@@ -89,7 +92,7 @@ BLOOM = PublishedRun(
            activation_checkpointing="full"),
     2048, 2048, recompute_to_mfu(156, BLOOM_MODEL, 2048, A100_PEAK),
     assumed=("micro-batch 2 (the released training script)", "ZeRO-1 modelled as shard-grad-op"),
-    uneven_stages=True,
+    uneven_stages=True, flash_attention=False,
 )
 
 MTNLG_MODEL = _gpt("mt-nlg-530b", 105, 20480, 128, vocab=50257)
@@ -103,7 +106,7 @@ def _mtnlg() -> list[PublishedRun]:
                      Layout(dp=gpus // 280, tp=8, pp=35, micro_batch_size=1, schedule="1f1b",
                             sharding="shard-grad-op", activation_checkpointing="full"),
                      1920, 2048, recompute_to_mfu(tflops, MTNLG_MODEL, 2048, A100_PEAK),
-                     assumed=("micro-batch 1", "ZeRO-1 modelled as shard-grad-op"))
+                     assumed=("micro-batch 1", "ZeRO-1 modelled as shard-grad-op"), flash_attention=False)
         for gpus, tflops in ((2240, 126), (2800, 121), (3360, 113))
     ]
 
@@ -126,4 +129,27 @@ def _llama3() -> list[PublishedRun]:
     ]
 
 
-PUBLISHED: list[PublishedRun] = [*_megatron(), BLOOM, *_mtnlg(), *_llama3()]
+TORCHTITAN = ("PyTorch torchtitan, docs/performance.md (github.com/pytorch/torchtitan, commit 0413364): FSDP2 (1D), "
+              "64 A100-80GB, local batch 1 (Llama 3, seq 8192) or 2 (Llama 2, seq 4096), bf16; MFU as torchtitan's "
+              "train.py computes it: 6 x non-embedding params + 12 x layers x hidden x seq per token, A100 peak 312 TF")
+# (name, model, activation checkpointing, local batch, seq, published MFU)
+_TORCHTITAN_ROWS = [
+    ("torchtitan-llama3-8b", ModelShape("llama-3-8b", 32, 4096, 32, 8, 14336, 128256), "selective", 1, 8192, 0.582),
+    ("torchtitan-llama3-70b", ModelShape("llama-3-70b", 80, 8192, 64, 8, 28672, 128256), "full", 1, 8192, 0.517),
+    ("torchtitan-llama2-13b", ModelShape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000), "none", 2, 4096, 0.611),
+]
+
+
+def _torchtitan() -> list[PublishedRun]:
+    return [
+        PublishedRun(name, TORCHTITAN, m, "a100-80gb",
+                     Layout(dp=64, micro_batch_size=mb, sharding="full-shard", activation_checkpointing=ac),
+                     64 * mb, seq, mfu,
+                     assumed=("8 GPUs per node with NVSwitch, one HDR InfiniBand NIC per GPU (the page does not "
+                              "describe the A100 cluster)",
+                              "torchtitan's selective *op* checkpointing modelled as selective (attention core)"))
+        for name, m, ac, mb, seq, mfu in _TORCHTITAN_ROWS
+    ]
+
+
+PUBLISHED: list[PublishedRun] = [*_megatron(), BLOOM, *_mtnlg(), *_llama3(), *_torchtitan()]

@@ -16,13 +16,14 @@ from trainforge.plan.advisor import PlanRequest, evaluate_layout, search
 from trainforge.plan.hardware import gpu_spec
 from trainforge.plan.topology import default_topology
 
-MFU_TOLERANCE = 0.35  # relative: |predicted - published| / published
-MEDIAN_TOLERANCE = 0.12
+MFU_TOLERANCE = 0.25  # relative: |predicted - published| / published
+MEDIAN_TOLERANCE = 0.08
 
 
 def _request(run: PublishedRun) -> PlanRequest:
     return PlanRequest(run.model, gpu_spec(run.gpu), default_topology(run.gpu), run.layout.world_size,
-                       run.global_batch_size, run.seq_len, uneven_stages=run.uneven_stages)
+                       run.global_batch_size, run.seq_len, uneven_stages=run.uneven_stages,
+                       flash_attention=run.flash_attention)
 
 
 def relative_errors() -> dict[str, float]:
