@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,10 +32,18 @@ def run_torchrun(nproc: int, module: str, args: list[str], *, timeout: float = 2
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
            "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--monitor-interval=0.2", "-m", module, *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:  # subprocess.run kills the child on timeout
-        pytest.fail(f"torchrun timed out after {timeout}s: {exc.stderr!r}"[-4000:])
+    # Own session: on a timeout the whole tree goes (killing torchrun alone orphans its workers, which then hold
+    # ports, CPU and build locks for later tests).
+    with subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as child:
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            stdout, stderr = child.communicate()
+            pytest.fail(f"torchrun timed out after {timeout}s:\n{stdout[-2000:]}\n{stderr[-4000:]}")
+    proc = subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
     if proc.returncode != 0:
         pytest.fail(f"torchrun exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc

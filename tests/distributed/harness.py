@@ -78,12 +78,25 @@ def run_deepspeed(cfg: dict, ctx: DistContext, model: torch.nn.Module) -> None:
     training = {"global_batch_size": cfg["global_batch"], "grad_clip": cfg.get("grad_clip"), "precision": "fp32",
                 "optimizer": {"lr": cfg.get("lr", 1e-3), "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1}}
     engine = build_deepspeed(model, cfg["layout"], training, ctx.world_size)
-    losses = []
+    losses, norms = [], []
     for step in range(cfg["steps"]):
         xs, ys = batch(step, cfg, ctx.rank, ctx.world_size)
         losses.append(ctx.all_reduce_mean(deepspeed_step(engine, xs, ys)))
+        norms.append(float(engine.get_global_grad_norm()))  # before clipping, like clip_grad_norm_'s return
+    stage = engine.zero_optimization_stage()
+    params = list(engine.module.parameters())
+    # ZeRO-3 partitions the parameters themselves: gather the full tensors to compare them (a no-op under 1/2).
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, enabled=stage == 3):
+        full = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+        sizes = [p.numel() for p in params]
+    torch.save(full, Path(cfg["out"]) / f"weights-{ctx.rank}.pt")
     if ctx.rank == 0:
-        Path(cfg["out"], "result.json").write_text(json.dumps({"losses": losses, "kind": "deepspeed"}))
+        Path(cfg["out"], "result.json").write_text(json.dumps({
+            "losses": losses, "norms": norms, "kind": "deepspeed", "pipeline": False, "zero_stage": stage,
+            # what this rank holds of each parameter outside the gather: 0 elements under ZeRO-3 (partitioned)
+            "local_numel": sum(p.numel() for p in params), "full_numel": sum(sizes)}))
     del engine, model
 
 

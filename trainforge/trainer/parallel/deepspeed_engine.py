@@ -21,9 +21,12 @@ Evaluation/export consolidate the ZeRO partitions with `get_fp32_state_dict_from
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -56,12 +59,25 @@ def deepspeed_config(layout: dict[str, Any], training: dict[str, Any], world_siz
     return cfg
 
 
+def _private_extensions_dir() -> None:
+    """DeepSpeed JIT-compiles C++ ops (on CPU: its shm collective, at init_distributed) into torch's extensions
+    cache, ~/.cache/torch_extensions by default, keyed by op name only. The build file names this interpreter's
+    include paths, so two environments sharing that cache (a CI clone's venv and a developer's) rebuild the op
+    at every switch (minutes on 2 cores), serialised on a lock file that a killed build leaves behind for every
+    later job to wait on forever. One folder per Python environment ends both; a TORCH_EXTENSIONS_DIR the user
+    set wins."""
+    if "TORCH_EXTENSIONS_DIR" not in os.environ:
+        key = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "torch_extensions" / f"env-{key}")
+
+
 def build_deepspeed(model: torch.nn.Module, layout: dict[str, Any], training: dict[str, Any],
                     world_size: int) -> Any:
     try:
         import deepspeed
     except ImportError as exc:  # an optional backend: name what to install
         raise ImportError("parallelism.engine: deepspeed needs the deepspeed package (pip install deepspeed)") from exc
+    _private_extensions_dir()
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     opt = training["optimizer"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
