@@ -78,6 +78,13 @@ def test_pp_tp(tmp_path: Path, ref: dict[str, Any]) -> None:
     check(tmp_path, ref, {"dp": 1, "pp": 2, "tp": 2, "schedule": "1f1b"}, "none", pipeline=True)
 
 
+@pytest.mark.slow
+def test_pp_tp_dp_3d(tmp_path: Path, ref: dict[str, Any]) -> None:
+    """3-D: 8 gloo ranks, pp 2 x tp 2 x dp 2 (FSDP over dp, 1F1B). About 50 s on 2 shared cores: 8 tiny processes
+    fit."""
+    check(tmp_path, ref, {"dp": 2, "pp": 2, "tp": 2, "schedule": "1f1b"}, "fsdp", pipeline=True)
+
+
 def test_ep_dispatch_equals_dense_routing(tmp_path: Path) -> None:
     """EP + DP (experts split over 2 ranks, tokens exchanged by all-to-all) vs every expert local in one process."""
     kw: dict[str, Any] = {"steps": STEPS, "model": MOE, "grad_clip": 1.0}
