@@ -1,0 +1,64 @@
+"""The FSDP2 buffer terms, the fp32 shard-grad-op master copy and the memory-bound kernel time, checked against
+arithmetic done by hand for the bench model of bench/memory_vs_rss.py (8 x 768, vocab 8192, fp32, 2 ranks)."""
+
+from __future__ import annotations
+
+from trainforge.plan.hardware import gpu_spec
+from trainforge.plan.layout import Layout
+from trainforge.plan.memory import estimate_memory
+from trainforge.plan.model import ModelShape, swiglu_ffn
+from trainforge.plan.perf import estimate_step, memory_bound_bytes_per_token
+from trainforge.plan.topology import default_topology
+
+BENCH = ModelShape("bench-llama", 8, 768, 12, 12, swiglu_ffn(768), 8192)
+BLOCK = 4 * 768 * 768 + 3 * 768 * 2048 + 2 * 768  # 7,079,424
+ROOT = 2 * 8192 * 768 + 768  # embedding + head + final norm: 12,583,680
+HEAD = 8192 * 768
+
+
+def _items(sharding: str, dp: int = 2) -> dict[str, int]:
+    est = estimate_memory(BENCH, Layout(dp=dp, micro_batch_size=4, sharding=sharding), seq_len=128,
+                          global_batch_size=4 * dp, precision="fp32", capacity_bytes=2**34, gpus_per_node=dp,
+                          flash_attention=False, runtime_overhead_bytes=0)
+    return est.by_name()
+
+
+def test_full_shard_holds_root_prefetch_head_grads_and_reduce_scatter_buffers() -> None:
+    items = _items("full-shard")
+    assert BENCH.params_per_layer == BLOCK
+    gather = 8 * BLOCK  # DeepSpeed's 4 x largest layer, in fp32: weights + grads of one block
+    assert items["gather buffer"] == gather
+    fsdp2 = 4 * (ROOT + 2 * BLOCK) + 4 * (BLOCK + HEAD) + 4 * (BLOCK + BLOCK // 2)
+    assert items["fsdp buffers"] == fsdp2 - gather == 146_294_784
+
+
+def test_shard_grad_op_in_fp32_keeps_a_sharded_master_copy_only_when_sharded() -> None:
+    total = BENCH.total_params
+    assert _items("shard-grad-op")["optimizer"] == total * 12 // 2
+    assert _items("shard-grad-op", dp=1)["optimizer"] == total * 8
+    assert _items("shard-grad-op")["comm buffers"] == 4 * (BLOCK + HEAD) + 4 * (BLOCK + BLOCK // 2)
+
+
+def test_memory_bound_bytes_follow_the_kernel_list() -> None:
+    gpt = ModelShape("gpt", 24, 2304, 24, 24, 4 * 2304, 51200, mlp="gelu", tied_embeddings=True)
+    h, f, a, s = 2304, 4 * 2304, 24, 2048
+    forward = 20 * h + 4 * f + 9 * a * s
+    full = Layout(dp=1, activation_checkpointing="full")
+    assert memory_bound_bytes_per_token(gpt, full, s, flash_attention=False) == 4 * forward
+    assert memory_bound_bytes_per_token(gpt, full, s, flash_attention=True) == 4 * (20 * h + 4 * f)
+    none = Layout(dp=1)
+    assert memory_bound_bytes_per_token(gpt, none, s, flash_attention=False) == 3 * forward
+
+
+def test_unfused_attention_costs_more_time_for_small_models_than_for_large() -> None:
+    gpu, topo = gpu_spec("a100-80gb"), default_topology("a100-80gb")
+    share = {}
+    for h, layers in ((2304, 24), (12288, 80)):
+        m = ModelShape(f"gpt-{h}", layers, h, h // 96, h // 96, 4 * h, 51200, mlp="gelu", tied_embeddings=True)
+        lay = Layout(dp=8, micro_batch_size=1)
+        fused = estimate_step(m, lay, gpu, topo, seq_len=2048, global_batch_size=8, precision="bf16")
+        plain = estimate_step(m, lay, gpu, topo, seq_len=2048, global_batch_size=8, precision="bf16",
+                              flash_attention=False)
+        assert plain.step_time_s > fused.step_time_s
+        share[h] = plain.step_time_s / fused.step_time_s - 1
+    assert share[2304] > 2 * share[12288]
