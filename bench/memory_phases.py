@@ -13,7 +13,8 @@ optimizer, then forward / backward / optimizer step / zero_grad of each step):
 
 Run: .venv/bin/python bench/memory_phases.py [ddp|fsdp|fsdp-noreshard ...] [--env NAME=VALUE ...]
      (2 workers, OMP_NUM_THREADS=1; ~30 s per mode). `--env MALLOC_MMAP_THRESHOLD_=131072` re-runs with glibc's
-     dynamic mmap threshold pinned, which separates allocator retention from live memory.
+     dynamic mmap threshold pinned, which separates allocator retention from live memory. `--env BENCH_STEPS=10`
+     trains longer (default 3 steps); `--env BENCH_TRACE=1` prints malloc in-use at every probe of the last step.
 """
 
 from __future__ import annotations
