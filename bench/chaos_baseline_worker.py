@@ -3,7 +3,8 @@ that checkpoints with `torch.save` every `interval` steps (rank 0 writes, after 
 loads the newest file. No heartbeats, no supervisor, no replica: torchrun's agent notices the dead worker and
 restarts the whole gang. Same tiny model and batch as the chaos job (random tokens).
 
-Env: BASELINE_CONFIG (json: model, steps, interval, batch, seq_len, kill_rank, kill_step, dir).
+Env: BASELINE_CONFIG (json: model, steps, interval, batch, seq_len, kill_rank, kill_step, dir, and optional
+pg_timeout_s, prefix_store).
 Appends `{"event": ..., "time": ...}` lines to dir/events.jsonl: start (with resumed_from), step, killed.
 """
 
@@ -13,6 +14,7 @@ import json
 import os
 import signal
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -30,7 +32,19 @@ def emit(folder: Path, **fields) -> None:
 def main() -> None:
     cfg = json.loads(os.environ["BASELINE_CONFIG"])
     folder = Path(cfg["dir"])
-    dist.init_process_group("gloo")
+    # `prefix_store`: the known fix for torchrun restarts (docs/fault-tolerance.md): a store prefixed per restart
+    # attempt, so restarted workers never read the dead attempt's addresses. `pg_timeout_s`: the process-group
+    # timeout (plain: torch's 30-minute default), which bounds a hang in the rendezvous or a collective.
+    timeout = timedelta(seconds=float(cfg.get("pg_timeout_s", 1800)))
+    if cfg.get("prefix_store"):
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                             timeout=timeout)
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt_{attempt}", base),
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                                timeout=timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)
     model = DDP(build_model(cfg["model"]))
