@@ -95,6 +95,7 @@ class _State:
     last_step: int = 0
     last_loss: float | None = None
     last_log: float | None = None
+    attached: bool = False
     finished: bool = False
 
 
@@ -184,19 +185,15 @@ def _init_jax() -> None:
 
 
 def _begin(start: int, resumed_from: int | None) -> None:
-    """The segment starts at `start`: reported once (the flow records resumes in lineage), heartbeats switch to
-    `training` so the supervisor measures step progress from here."""
+    """The segment starts at `start`: reported once (the flow records resumes in lineage). The heartbeats stay in
+    start-up until the first step is logged: a script's first step includes its compilation (jax.jit,
+    tf.function, torch.compile), which the start-up budget covers and the per-step hang timeout would not."""
     st = _state()
     if st.start is not None:
         return
-    from trainforge.trainer.health import current_monitor
-
     st.start, st.last_step = start, start
     st.events.emit("segment_start", step=start, world_size=st.job.world_size, resumed_from=resumed_from,
                    mode="script")
-    # No process-group handle: the monitor's per-step agreement would be a collective inside log_metrics, which
-    # a script may call on some ranks only.
-    current_monitor().attach(None, start)
     st.last_log = time.perf_counter()
 
 
@@ -369,6 +366,11 @@ def log_metrics(step: int, **metrics: Any) -> None:
     st.metrics.emit("metrics", step=step, **values)
     st.last_step = max(st.last_step, step)
     monitor = current_monitor()
+    if not st.attached:
+        # From here the supervisor measures step progress. No process-group handle: the monitor's per-step
+        # agreement would be a collective inside log_metrics, which a script may call on some ranks only.
+        monitor.attach(None, st.start or 0)
+        st.attached = True
     if "loss" in values:
         st.last_loss = values["loss"]
         # Divergence policy on this rank (no collective: see _begin); raises DivergenceError, which the worker
