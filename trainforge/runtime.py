@@ -52,8 +52,9 @@ import numpy as np
 from trainforge.jobconfig import ENV_VAR, WorkerConfig
 
 
-class RuntimeUsageError(RuntimeError):
-    """The script called the runtime wrongly (before init, with a bad state dict, ...): the user's to fix."""
+class RuntimeUsageError(ValueError):
+    """The script called the runtime wrongly (before init, with a bad state dict, ...): the user's to fix. A
+    ValueError, so the worker's failure report classifies it as `user` (not retried as an infrastructure fault)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,8 +62,11 @@ def test_outside_a_job_the_error_says_how_to_run_it(monkeypatch: pytest.MonkeyPa
     runtime._STATE = None
     with pytest.raises(runtime.RuntimeUsageError, match="code.mode: script"):
         runtime.init()
-    with pytest.raises(runtime.RuntimeUsageError, match=r"init\(\) must be called first"):
+    with pytest.raises(runtime.RuntimeUsageError, match=r"init\(\) must be called first") as info:
         runtime.log_metrics(1, loss=1.0)
+    from trainforge.trainer.worker import classify
+
+    assert classify(info.value) == "user"  # the segment fails as the user's fault: no infrastructure retries
 
 
 def test_data_loader_is_the_platforms_deterministic_order(job_config: WorkerConfig) -> None:
