@@ -165,3 +165,21 @@ def test_checkpoint_round_trip_and_segments(job_config: WorkerConfig, monkeypatc
     assert starts == [(0, None), (0, None), (3, 3)]  # the full run, then the two segments
     ends = [(e["step"], e["reason"]) for e in events(job_config) if e["type"] == "segment_end"]
     assert ends == [(6, "finished"), (3, "segment_max_steps"), (6, "finished")]
+
+
+@pytest.mark.parametrize("spec_file", ["train_torch.yaml", "train_jax.yaml", "train_tf.yaml"])
+def test_example_specs_validate_and_plan(spec_file: str) -> None:
+    """The script-mode examples are valid jobs whether or not their framework is installed here."""
+    import yaml
+
+    from trainforge.datasets.demo import ensure_demo_dataset
+    from trainforge.tasks import prepare
+
+    ensure_demo_dataset()
+    folder = Path(__file__).resolve().parents[2] / "examples" / "script_mode"
+    spec = prepare.validate_spec(yaml.safe_load((folder / spec_file).read_text()), spec_file, folder)
+    assert spec.code.mode == "script" and (folder / spec.code.entrypoint).is_file()
+    assert spec.code.framework == {"train_torch.yaml": "pytorch", "train_jax.yaml": "jax",
+                                   "train_tf.yaml": "tensorflow"}[spec_file]
+    plan = prepare.make_plan(spec)
+    assert plan["layout"]["dp"] == 2 and plan["model"]["hidden"] == 64
