@@ -288,9 +288,24 @@ def save_checkpoint(step: int, state: Mapping[str, Any]) -> float:
         "code_commit": cfg.code_commit, "config_hash": cfg.config_hash, "model": cfg.model,
     }
     blocked = float(ckpt.save(step, model, optimizer, fields))
-    st.events.emit("checkpoint_staged", step=step, blocked_s=blocked)
     st.last_step = max(st.last_step, step)
     return blocked
+
+
+def wait_for_checkpoint_copy() -> float:
+    """Block until the last save's host copy of the weights and optimizer state is complete. The optimizer's
+    `step()` does this by itself (a pre-step hook); a script that changes parameters or optimizer state any other
+    way right after a save (EMA weights, manual weight edits, loading other weights) calls it first. Returns the
+    seconds waited."""
+    return float(_checkpointer("wait_for_checkpoint_copy").wait_staging())
+
+
+def _report_staged(st: _State) -> None:
+    """One `checkpoint_staged` event per save whose host copy completed: the seconds the script was blocked by it
+    (the save call plus the wait for the copy before the next optimizer step), as the managed loop reports."""
+    if st.ckpt is not None:
+        for staged_step, blocked_s in st.ckpt.take_staged():
+            st.events.emit("checkpoint_staged", step=staged_step, blocked_s=blocked_s)
 
 
 # -------------------------------------------------------------------------------------------------- data
@@ -365,6 +380,7 @@ def log_metrics(step: int, **metrics: Any) -> None:
     st.last_log = now
     values.setdefault("step_time_s", dt)
     st.metrics.emit("metrics", step=step, **values)
+    _report_staged(st)
     st.last_step = max(st.last_step, step)
     monitor = current_monitor()
     if not st.attached:
@@ -401,6 +417,7 @@ def finish(step: int | None = None) -> dict[str, Any]:
     end = st.last_step if step is None else step
     if st.ckpt is not None:
         st.ckpt.close()
+        _report_staged(st)
         for bad_step, why in st.ckpt.skipped:
             st.events.emit("checkpoint_skipped", step=bad_step, reason=why)
     st.metrics.close()

@@ -144,6 +144,8 @@ def test_checkpoint_round_trip_and_segments(job_config: WorkerConfig, monkeypatc
             runtime.log_metrics(step + 1, loss=_train(model, opt, rows))
             if runtime.checkpoint_due(step + 1):
                 runtime.save_checkpoint(step + 1, state)
+                if step + 1 == 4:  # a script about to edit weights outside optimizer.step() waits for the copy
+                    assert runtime.wait_for_checkpoint_copy() >= 0.0
             ran.append(step)
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         del model, opt, state
@@ -165,6 +167,9 @@ def test_checkpoint_round_trip_and_segments(job_config: WorkerConfig, monkeypatc
     assert starts == [(0, None), (0, None), (3, 3)]  # the full run, then the two segments
     ends = [(e["step"], e["reason"]) for e in events(job_config) if e["type"] == "segment_end"]
     assert ends == [(6, "finished"), (3, "segment_max_steps"), (6, "finished")]
+    staged = [e for e in events(job_config) if e["type"] == "checkpoint_staged"]
+    assert [e["step"] for e in staged] == [2, 4, 6, 2, 3, 4, 6]  # one per save, with the seconds it blocked
+    assert all(e["blocked_s"] >= 0 for e in staged)
 
 
 @pytest.mark.parametrize("spec_file", ["train_torch.yaml", "train_jax.yaml", "train_tf.yaml"])

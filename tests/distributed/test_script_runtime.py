@@ -158,6 +158,8 @@ def test_checkpoints_are_platform_commits(jobs: dict[str, dict[str, Any]]) -> No
     # the flow's checkpoint events: one per commit, rank 0 only
     ckpt_events = sorted(e["step"] for e in events(job) if e["type"] == "checkpoint")
     assert ckpt_events == sorted(refs)
+    staged = [e["step"] for e in events(job) if e["type"] == "checkpoint_staged"]
+    assert staged == sorted(refs)  # each save's blocked time, reported once its host copy completed
 
 
 def test_metrics_heartbeats_and_lr_from_the_script(jobs: dict[str, dict[str, Any]]) -> None:
