@@ -65,3 +65,22 @@ def test_framework_env_injected(tmp_path: Path, framework: str) -> None:
     else:
         tf = [json.loads(e["TF_CONFIG"]) for e in envs]
         assert [t["task"]["index"] for t in tf] == [0, 1] and len(tf[0]["cluster"]["worker"]) == 2
+
+
+def test_plain_script_is_never_a_startup_hang_and_ends_done(tmp_path: Path) -> None:
+    """A script that does not use trainforge.runtime reports no steps: its heartbeats say `script` while it runs
+    (liveness checks only, not the start-up hang timeout) and `done` when it returns."""
+    from trainforge.registry.jobs import JobStore
+    from trainforge.tasks.supervisor import SegmentSupervisor
+    from trainforge.trainer.health import HealthPolicy, read_heartbeats
+
+    run_dir = launch(tmp_path, TORCH_SCRIPT, {"framework": "pytorch"})
+    beats = read_heartbeats(run_dir, "0")
+    assert sorted(beats) == [0, 1] and {b["phase"] for b in beats.values()} == {"done"}
+    # While it runs, a script-phase gang that reports no progress is never called hung (start-up budget 0 s here).
+    record = JobStore(tmp_path / "jobs").create("plain-script", name="s", team="t", spec={}, source="x")
+    supervisor = SegmentSupervisor(record, 0, HealthPolicy(startup_timeout_s=0.0))
+    running = {r: {**b, "phase": "script"} for r, b in beats.items()}
+    supervisor._check_progress(running, 1.0)
+    supervisor._check_progress(running, 1e9)
+    assert not supervisor.incidents

@@ -78,6 +78,9 @@ def run_script(cfg: WorkerConfig) -> None:
     os.environ["TRAINFORGE_RUN_DIR"] = cfg.run_dir
     sys.argv = [str(script), *code.get("args", [])]
     sys.path.insert(0, str(script.parent))
+    # A plain script reports no steps: its ranks get liveness checks only (lost heartbeat = lost rank), never the
+    # start-up or step-progress hang timeouts. `trainforge.runtime.init()` moves it back under those.
+    current_monitor().set_phase("script")
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exc:  # sys.exit(0) from the script is success, anything else a failure
@@ -103,6 +106,7 @@ def main() -> int:
     try:
         if cfg.extra.get("code", {}).get("mode") == "script":
             run_script(cfg)
+            current_monitor().close()  # the supervisor's last pass must see this rank finished, not lost
             return 0
         from trainforge.trainer.distributed import DistContext, shutdown
         from trainforge.trainer.loop import train
