@@ -51,6 +51,8 @@ def test_sizes_are_whole_nodes_whose_dp_divides_the_global_batch():
     assert elastic_sizes(spec(max_gpus=8), LAYOUT) == [8, 4, 2]  # 6: dp 6 does not divide a batch of 8
     assert elastic_sizes(spec(max_gpus=None), LAYOUT) == [2]  # fixed size
     assert elastic_sizes(spec(min_gpus=4, max_gpus=8, gpus_per_node=4), {**LAYOUT, "tp": 2}) == [8, 4]
+    assert elastic_sizes(spec(min_gpus=2, max_gpus=8, gpus_per_node=8), LAYOUT) == [8]  # whole 8-GPU nodes only
+    assert elastic_sizes(spec(min_gpus=1, max_gpus=2, gpus_per_node=1), LAYOUT) == [2, 1]
     deepspeed = copy.deepcopy(DOC)
     deepspeed["parallelism"]["engine"] = "deepspeed"
     assert elastic_sizes(JobSpec.model_validate(deepspeed), LAYOUT) == [2]  # ZeRO partitions do not reshard

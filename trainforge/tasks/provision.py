@@ -41,17 +41,20 @@ def live_scheduler():  # -> LiveScheduler
 
 
 def elastic_sizes(spec: JobSpec, layout: dict[str, Any]) -> list[int]:
-    """World sizes the job can run at, largest first: multiples of tp * pp (whole nodes when it spans nodes)
-    between min_gpus and max_gpus whose dp divides the global batch (and is a multiple of ep). A fixed-size job,
+    """World sizes the job can run at, largest first: multiples of tp * pp and of whole nodes between min_gpus and
+    max_gpus whose dp divides the global batch (and is a multiple of ep). A fixed-size job,
     or one on the DeepSpeed engine (its ZeRO partitions do not reshard), has one size: min_gpus."""
     res = spec.resources
     if not res.elastic or spec.parallelism.engine == "deepspeed":
         return [res.world_size]
     unit = layout.get("tp", 1) * layout.get("pp", 1)
     batch = spec.training.global_batch_size
+    top = res.max_gpus or res.min_gpus
+    # The gang is requested with one node shape (gpus_per_node of the largest size), so every size is whole
+    # nodes of it: the scheduler places, grows and shrinks an elastic job node by node.
+    node = min(res.gpus_per_node, top)
     out = []
-    for world in range(res.max_gpus or res.min_gpus, res.min_gpus - 1, -1):
-        node = min(res.gpus_per_node, world)
+    for world in range(top, res.min_gpus - 1, -1):
         if world % unit or world % node or node % layout.get("tp", 1):
             continue
         dp = world // unit
