@@ -120,3 +120,19 @@ def test_checkpoint_fsdp_world2_resumes_as_tp_dp_world4(tmp_path: Path, ref: dic
                          steps=STEPS, grad_clip=1.0, load=True, **store)
     assert_same({**resumed, "losses": first["losses"] + resumed["losses"],
                  "norms": first["norms"] + resumed["norms"]}, ref)
+
+
+@pytest.mark.slow
+def test_checkpoint_fsdp_world4_resumes_as_ddp_world2(tmp_path: Path, ref: dict[str, Any]) -> None:
+    """DCP resharding the other way: FSDP full-shard on 4 ranks saves after step 2 (sharded DTensor params and
+    AdamW state); plain DDP on 2 ranks (full local tensors) loads and finishes. Same tolerances as every layout."""
+    store = {"store": (tmp_path / "store").as_uri(), "store_staging": str(tmp_path / "staging")}
+    first = run_layout(tmp_path, {"dp": 4, "sharding": "full-shard", "micro_batch_size": MICRO}, steps=2,
+                       grad_clip=1.0, save_at=2, **store)
+    assert first["kind"] == "fsdp"
+    resumed = run_layout(tmp_path, {"dp": 2, "micro_batch_size": MICRO}, steps=STEPS, grad_clip=1.0, load=True,
+                         **store)
+    assert resumed["kind"] == "ddp", "the resumed layout fell back to another path"
+    assert len(resumed["losses"]) == STEPS - 2, "the resumed run did not start at the checkpoint's step"
+    assert_same({**resumed, "losses": first["losses"] + resumed["losses"],
+                 "norms": first["norms"] + resumed["norms"]}, ref)
