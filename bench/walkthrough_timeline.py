@@ -41,10 +41,9 @@ def timeline(job, fault_kind: str | None) -> None:
     evs = events(job)
     fired = fired_at(job.record.folder)
     t0 = min((t for n, t in fired.items() if fault_kind and n.startswith(fault_kind)), default=None)
-    if t0 is None:  # corrupt: the damage is done between runs, so time from the resume's start
-        starts = [e["time"] for e in evs if e.get("type") == "segment_start"]
-        t0 = starts[-1] if starts else evs[0]["time"]
-        print("  (t = 0 at the resume's segment_start)")
+    if t0 is None:  # corrupt: the damage is done between runs, so time from the resume's launch
+        t0 = job.record.data["segments"][-1]["started_at"]
+        print("  (t = 0 when the resume's segment was launched)")
     # The job record's view: segment boundaries (the supervisor's verdict) and the incidents' scope and host.
     rows = []
     for seg in job.record.data.get("segments", []):
