@@ -128,3 +128,19 @@ def test_supervisor_ends_the_segment_for_a_usable_new_size(tmp_path, monkeypatch
         assert ev["fault"] == "resize" and "from 2 to 4" in ev["message"]
         assert JobStore().get(record.job_id).data["pending_recovery"]["kind"] == "resize"
 
+
+
+def test_supervisor_waits_for_a_pending_recovery_before_resizing(monkeypatch):
+    """A resize notice right after a restore would end the recovery before its first step (no MTTR measured)."""
+    record = JobStore().create("sup-pending", name="e", team="demo", spec={}, source="x")
+    record.update(pending_recovery={"kind": "rank_lost", "rank": 2, "detected_at": 1.0, "step": 14, "attempt": 0})
+    sent = []
+    monkeypatch.setattr("trainforge.tasks.supervisor._kill", lambda pid, sig: sent.append((pid, sig)))
+    sup = SegmentSupervisor(record, 1, HealthPolicy(), scheduler_status=lambda: {"state": "running", "gpus": 4},
+                            world=2, sizes=[4, 2])
+    beats = {0: {"pid": 11, "phase": "training", "step": 3}, 1: {"pid": 12, "phase": "training", "step": 3}}
+    sup._check_preemption(beats, now=1e12)
+    assert sup.resize_to is None and not sent
+    sup._pending = None  # recovered: the next pass resizes
+    sup._check_preemption(beats, now=2e12)
+    assert sup.resize_to == 4 and sent

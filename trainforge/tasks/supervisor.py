@@ -258,6 +258,8 @@ class SegmentSupervisor:
             return
         if not beats or any(b.get("phase") != "training" for b in beats.values()):
             return  # the notice handler is installed once training runs: ask again on the next pass
+        if self._pending is not None:
+            return  # a recovery in progress is measured first (its MTTR ends at the first step after the restore)
         self.preempting, self.resize_to = True, target
         grow = target > self.world
         self._record("resize", None, f"the scheduler {'grew' if grow else 'shrank'} the allocation to {gpus} GPUs: "
