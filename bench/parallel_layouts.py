@@ -2,7 +2,10 @@
 
 State bytes = what a rank holds of parameters + gradients + AdamW states (local shards), measured after a step;
 the planner's `model_states_bytes` (fp32, DeepSpeed's accounting, no gather buffer) predicts it. Peak RSS is the
-process's ru_maxrss (includes the ~300 MB torch runtime). Baseline: DDP on the same 2 ranks.
+process's ru_maxrss (includes the ~300 MB torch runtime). Activations/rank = peak live bytes of the tensors
+autograd saves for backward during a step (saved_tensors_hooks, parameters excluded: parallel_pp_memory.LiveSaved),
+the busiest rank, next to the planner's `estimate_memory` activations + logits items for the same layout.
+Baseline: DDP on the same 2 ranks.
 Run: .venv/bin/python bench/parallel_layouts.py   (~2 min)
 """
 
@@ -38,6 +41,9 @@ def local_bytes(t) -> int:  # type: ignore[no-untyped-def]
 def rank_main(layout: dict, out: str) -> None:
     import torch
 
+    sys.path.insert(0, str(Path(__file__).parent))
+    from parallel_pp_memory import LiveSaved, local_storage_ptr
+
     from trainforge.trainer.distributed import DistContext, shutdown
     from trainforge.trainer.models.llama import build_model
     from trainforge.trainer.parallel.parallelize import parallelize
@@ -49,24 +55,32 @@ def rank_main(layout: dict, out: str) -> None:
                      device=ctx.device, local_batch=BATCH // layout["dp"])
     opt = torch.optim.AdamW(pm.model.parameters(), lr=1e-4)
     per = BATCH // pm.dims.dp
-    times = []
+    times, act = [], 0
+    counter = LiveSaved({local_storage_ptr(p) for p in pm.model.parameters()})
     for step in range(STEPS + 1):
         tok = torch.randint(0, MODEL["vocab"], (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(step))
         mine = tok[pm.dp_rank * per:(pm.dp_rank + 1) * per].split(MICRO)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        pm.forward_backward([c[:, :-1] for c in mine], [c[:, 1:] for c in mine])
+        counter.reset()
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+            pm.forward_backward([c[:, :-1] for c in mine], [c[:, 1:] for c in mine])
+        if step:  # step 0 includes one-time work (pipeline shape inference)
+            act = max(act, counter.peak - counter.base)
         pm.clip_grad_norm(1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
     params = list(pm.model.parameters())
     state = sum(local_bytes(p) + (local_bytes(p.grad) if p.grad is not None else 0) for p in params)
     state += sum(local_bytes(v) for s in opt.state.values() for v in s.values() if hasattr(v, "numel") and v.dim())
-    n = torch.tensor([state, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024], dtype=torch.float64)
+    n = torch.tensor([state, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, act], dtype=torch.float64)
+    acts = [torch.zeros((), dtype=torch.float64) for _ in range(ctx.world_size)]
+    torch.distributed.all_gather(acts, torch.tensor(float(act), dtype=torch.float64))
     torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
     if ctx.rank == 0:
         Path(out).write_text(json.dumps({"step_s": sorted(times[1:])[len(times[1:]) // 2], "state": n[0].item(),
-                                         "rss": n[1].item(), "kind": pm.kind}))
+                                         "rss": n[1].item(), "act": n[2].item(),
+                                         "acts": [a.item() for a in acts], "kind": pm.kind}))
     del pm, opt
     shutdown(ctx)
 
@@ -85,7 +99,9 @@ def run(layout: dict) -> dict:
 
 
 def main() -> None:
-    from trainforge.plan.memory import model_states_bytes
+    from trainforge.plan.layout import Layout
+    from trainforge.plan.memory import estimate_memory, model_states_bytes
+    from trainforge.plan.model import ModelShape
     from trainforge.trainer.models.llama import build_model
 
     n_params = sum(p.numel() for p in build_model({**MODEL, "max_seq_len": SEQ}).parameters())
@@ -96,10 +112,16 @@ def main() -> None:
         div = layout.get("tp", 1) * layout.get("pp", 1)
         predicted = sum(model_states_bytes(n_params // div, num_gpus=layout["dp"],
                                            sharding=layout.get("sharding", "none"), precision="fp32").values())
+        plan = estimate_memory(ModelShape("bench", **MODEL), Layout(micro_batch_size=MICRO, **layout), seq_len=SEQ,
+                               global_batch_size=BATCH, precision="fp32", capacity_bytes=2**40).by_name()
+        act = plan["activations"] + plan["logits"]
+        # The planner models the first pipeline stage; show each stage's measurement for PP layouts.
+        per_stage = (", stages " + " / ".join(f"{a / 2**20:.1f}" for a in r["acts"])) if layout.get("pp", 1) > 1 else ""
         base = base or r
         print(f"{name:25s} {1 / r['step_s']:6.2f} steps/s ({base['step_s'] / r['step_s']:.2f}x ddp)  "
               f"state/rank {r['state'] / 2**20:6.1f} MiB ({r['state'] / base['state']:.2f}x ddp, planner "
-              f"{predicted / 2**20:6.1f} MiB)  peak rss {r['rss'] / 2**20:6.0f} MiB  [{r['kind']}]")
+              f"{predicted / 2**20:6.1f} MiB)  activations/rank {r['act'] / 2**20:5.1f} MiB (planner {act / 2**20:5.1f} MiB, "
+              f"{r['act'] / act:.2f}x{per_stage})  peak rss {r['rss'] / 2**20:6.0f} MiB  [{r['kind']}]")
 
 
 if __name__ == "__main__":

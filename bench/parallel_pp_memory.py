@@ -42,13 +42,24 @@ class LiveSaved:
         self.total = 0
 
     def pack(self, t: Any) -> Any:
-        if t.device.type != "cpu" or t.layout != __import__("torch").strided:
+        import torch
+
+        base = t._base if t._base is not None else t
+        # Weights are model state: parameters and their views (a linear saves weight.t()); FSDP2's gathered
+        # (unsharded) weights are Parameters too, whose storage is not the sharded one in `exclude`.
+        if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter):
             return t
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
+        local = plain(t)  # DTensor (TP): count this rank's shard
+        if local.device.type != "cpu" or local.layout != torch.strided:
+            return t
+        try:
+            storage = local.untyped_storage()
+            ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        except RuntimeError:  # a wrapper subclass without real storage: count its own bytes, keyed by identity
+            ptr, nbytes = id(local), local.numel() * local.element_size()
         if ptr in self.exclude or ptr == 0:
             return t
-        entry = self.refs.setdefault(ptr, [storage.nbytes(), 0])
+        entry = self.refs.setdefault(ptr, [nbytes, 0])
         if entry[1] == 0:
             self.live += entry[0]
             self.total += entry[0]
@@ -66,6 +77,22 @@ class LiveSaved:
         if entry[1] == 0:
             self.live -= entry[0]
             del self.refs[ptr]
+
+
+def plain(t: Any) -> Any:
+    """The plain tensor inside tensor subclasses: a DTensor's local shard, an async collective's result."""
+    while True:
+        inner = getattr(t, "_local_tensor", None)
+        if inner is None:
+            inner = getattr(t, "elem", None)
+        if inner is None or inner is t:
+            return t
+        t = inner
+
+
+def local_storage_ptr(t: Any) -> int:
+    """Storage address of a tensor, or of this rank's shard of a DTensor (FSDP2 / TP parameters)."""
+    return int(plain(t).untyped_storage().data_ptr())
 
 
 class _Held:
@@ -93,7 +120,7 @@ def rank_main(schedule: str, vpp: int, out: str) -> None:
     layout = {"dp": 1, "pp": ctx.world_size, "vpp": vpp, "schedule": schedule, "micro_batch_size": 1}
     pm = parallelize(build_model({**MODEL, "max_seq_len": SEQ}), layout, world_size=ctx.world_size, rank=ctx.rank,
                      device=ctx.device, local_batch=M)
-    counter = LiveSaved({p.untyped_storage().data_ptr() for p in pm.model.parameters()})
+    counter = LiveSaved({local_storage_ptr(p) for p in pm.model.parameters()})
     for step in range(2):  # step 0 includes the stages' shape inference; step 1 is measured
         tok = torch.randint(0, MODEL["vocab"], (M, SEQ + 1), generator=torch.Generator().manual_seed(step))
         xs, ys = list(tok[:, :-1].split(1)), list(tok[:, 1:].split(1))
