@@ -159,8 +159,9 @@ def _run(req, fixed_layout, mtbf_hours: float, top: int, explain: bool, as_json:
             raise InfeasibleLayoutError(no_plan_message(result))
     best = plans[0]
     nodes = max(1, req.world_size // req.topology.gpus_per_node)
+    # Saves are asynchronous (the trainer's default): training blocks only while staging, ~10% of a write.
     ckpt = plan_checkpoints(req.model, nodes=nodes, node_mtbf_hours=mtbf_hours, precision=req.precision,
-                            step_time_s=best.step.step_time_s if best.step else 1.0)
+                            step_time_s=best.step.step_time_s if best.step else 1.0, async_stall_fraction=0.1)
     lines = explain_lines(result, top) if fixed_layout is None else []
     if as_json:
         print_json({
@@ -228,7 +229,8 @@ def _print_human(req, result, plans, lines, ckpt, explain: bool) -> None:
                       f"{s.tokens_per_s:,.0f} tokens/s, MFU {s.mfu:.1%} (HFU {s.hfu:.1%})")
     for line in lines if explain else lines[:3]:
         console.print(f"  {line}", markup=False)
-    console.print(f"[bold]checkpoints[/]: {ckpt.checkpoint_bytes / 1e12:.2f} TB per save, {ckpt.write_s:.0f} s to "
-                  f"write; cluster MTBF {ckpt.cluster_mtbf_s / 3600:.1f} h -> every {ckpt.interval_s / 60:.0f} min "
-                  f"({ckpt.interval_steps} steps, Young/Daly), {ckpt.overhead_fraction:.1%} overhead "
-                  f"({ckpt.lost_hours_per_day:.2f} h/day)")
+    console.print(f"[bold]checkpoints[/]: {ckpt.checkpoint_bytes / 1e12:.2f} TB per save, {ckpt.commit_s:.0f} s to "
+                  f"write ({ckpt.write_s:.1f} s blocking, async); cluster MTBF {ckpt.cluster_mtbf_s / 3600:.1f} h -> every {ckpt.interval_s / 60:.0f} min "
+                  f"({ckpt.interval_steps} steps, "
+                  + (f"10-min loss cap; Daly {ckpt.daly_interval_s / 60:.0f} min" if ckpt.capped else "Young/Daly")
+                  + f"), {ckpt.overhead_fraction:.1%} overhead ({ckpt.lost_hours_per_day:.2f} h/day)")

@@ -82,9 +82,27 @@ def test_young_daly_interval_and_checkpoint_size():
     assert daly_interval(60, 3600) < young_interval(60, 3600) and daly_interval(8000, 3600) == 3600
     sizes = checkpoint_bytes(PRESETS["llama-70b"])
     assert sizes["training_checkpoint"] == PRESETS["llama-70b"].total_params * 12
-    plan = plan_checkpoints(PRESETS["llama-70b"], nodes=64, node_mtbf_hours=50_000, step_time_s=10)
+    plan = plan_checkpoints(PRESETS["llama-70b"], nodes=64, node_mtbf_hours=50_000, step_time_s=10,
+                            max_lost_work_s=None)
     assert plan.cluster_mtbf_s == pytest.approx(50_000 * 3600 / 64)
     assert plan.interval_steps == round(plan.interval_s / 10) and 0 < plan.overhead_fraction < 0.05
+    assert plan.interval_s == plan.daly_interval_s and not plan.capped
+
+
+@pytest.mark.parametrize("mtbf_hours", [500, 2_000, 10_000, 50_000, 200_000])
+@pytest.mark.parametrize("nodes", [1, 16, 128, 512])
+def test_interval_never_risks_more_than_ten_minutes_of_work(nodes, mtbf_hours):
+    """One failure must not cost more than 10 minutes (the requirements): the interval is Daly's optimum unless
+    that would let a failure just before the next commit lose more; then it is capped, at a small overhead."""
+    kwargs = dict(nodes=nodes, node_mtbf_hours=mtbf_hours, step_time_s=3.5, async_stall_fraction=0.1)
+    plan = plan_checkpoints(PRESETS["llama-70b"], **kwargs)
+    free = plan_checkpoints(PRESETS["llama-70b"], **kwargs, max_lost_work_s=None)
+    assert plan.worst_lost_work_s <= 600 + 1e-9
+    if plan.capped:  # rounded down under the cap, so the step count never overshoots the bound
+        assert plan.interval_steps * 3.5 <= plan.interval_s + 1e-9
+    assert plan.capped == (free.worst_lost_work_s > 600)
+    assert plan.interval_s == pytest.approx(min(free.interval_s, 600 - plan.commit_s))
+    assert plan.overhead_fraction >= free.overhead_fraction - 1e-12  # Daly's is the optimum: the cap only costs
 
 
 def test_model_file_and_meta_module(tmp_path):
