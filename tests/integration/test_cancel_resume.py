@@ -26,6 +26,7 @@ from trainforge.registry.jobs import JobStore
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+STEPS_CTRL_C = 160
 
 
 def spec_file(tmp_path: Path, steps: int = 48) -> Path:
@@ -73,7 +74,9 @@ def cli(*args: str) -> list[str]:
 
 def test_ctrl_c_stops_every_worker_and_resume_continues(tmp_path, _isolated_home):
     ensure_demo_dataset()
-    spec = spec_file(tmp_path)
+    # Long enough that Ctrl-C lands mid-training even when this test process is slow to notice the first
+    # commit on a loaded machine (a 48-step job once finished first in CI); the resume runs what is left.
+    spec = spec_file(tmp_path, steps=STEPS_CTRL_C)
     env = {**os.environ, "TRAINFORGE_HOME": str(_isolated_home), "PREFECT_HOME": str(tmp_path / "prefect")}
     proc = subprocess.Popen(cli("submit", str(spec), "--json"), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -81,6 +84,8 @@ def test_ctrl_c_stops_every_worker_and_resume_continues(tmp_path, _isolated_home
         job_id = wait_for(lambda: [r.job_id for r in JobStore().list()], 120, "the job record")[0]
         wait_for(lambda: committed_event(job_id), 180, "the first committed checkpoint")
         assert job_processes(job_id), "workers should be running"
+        ended = last_event(JobStore().get(job_id).events_path, "segment_end")
+        assert ended is None, f"training ended (step {ended and ended['step']}) before Ctrl-C could be sent"
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -104,7 +109,7 @@ def test_ctrl_c_stops_every_worker_and_resume_continues(tmp_path, _isolated_home
     events, _ = read_events(record.events_path)
     starts = [e["resumed_from"] for e in events if e["type"] == "segment_start"]
     assert starts[-1] is not None and starts[-1] >= kept
-    assert last_event(record.events_path, "segment_end")["step"] == 48
+    assert last_event(record.events_path, "segment_end")["step"] == STEPS_CTRL_C
 
 
 def test_cancel_through_the_prefect_api_stops_the_gang(prefect_api, tmp_path):
