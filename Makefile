@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint clean servers servers-down debian-deps
+.PHONY: venv demo test lint clean servers servers-down stack stack-down debian-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,3 +45,7 @@ servers: $(STAMP)
 
 servers-down: $(STAMP)
 	$(BIN)/trainforge servers down
+
+# The names the production docs use: `make stack` = `trainforge up`, `make stack-down` = `trainforge down`.
+stack: servers
+stack-down: servers-down
