@@ -3,16 +3,19 @@ FSDP2 with reshard_after_forward=False (the planner's shard-grad-op, as trainfor
 
 Prints, per strategy, the planner's per-worker estimate (trainforge.plan.memory.estimate_memory with the `cpu`
 slot's process baseline) and the measured peak RSS per worker (the larger of the two), and their ratio. Baseline:
-the measured RSS, in the same run. Each strategy runs twice:
-  glibc default      the workers as trainforge starts them. glibc's malloc raises its mmap threshold to the size of
-                     the largest block freed so far (up to 32 MiB on 64-bit; mallopt(3), M_MMAP_THRESHOLD), so after
-                     the first step every tensor under 32 MiB comes from the brk heap, and freed heap chunks stay
-                     resident (only a free top of the heap is trimmed). `retained` is what glibc held freed at the
-                     end (mallinfo2 fordblks): resident memory that no tensor uses, which grows with the step count.
+the measured RSS, in the same run. Each strategy runs under three host allocators:
+  jemalloc           the workers as trainforge's local backend starts them when Debian's libjemalloc2 is installed
+                     (trainforge.infra.launch.allocator_environment preloads it): freed memory goes back to the
+                     kernel, so peak RSS tracks live memory at glibc's step time. Skipped when not installed.
+  glibc default      glibc's malloc raises its mmap threshold to the size of the largest block freed so far (up to
+                     32 MiB on 64-bit; mallopt(3), M_MMAP_THRESHOLD), so after the first step every tensor under
+                     32 MiB comes from the brk heap, and freed heap chunks stay resident (only a free top of the
+                     heap is trimmed). `retained` is what glibc held freed at the end (mallinfo2 fordblks):
+                     resident memory that no tensor uses, which grows with the step count.
   mmap threshold     MALLOC_MMAP_THRESHOLD_=131072 pins glibc's threshold at its default start value, so every block
                      of 128 KiB or more is mmapped and returned to the kernel at free(): peak RSS is then the peak of
                      live memory, the quantity the planner models (as the CUDA caching allocator's reserved memory is
-                     on a GPU).
+                     on a GPU) — but every large tensor is a fresh mmap, ~1.5x the step time here.
 bench/memory_phases.py shows the same runs phase by phase (where the memory goes).
 Run: .venv/bin/python bench/memory_vs_rss.py   (2 workers, OMP_NUM_THREADS=1, ~4-6 min on 2 busy cores)
 """
@@ -25,6 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainforge.infra.launch import allocator_environment
 from trainforge.plan.hardware import gpu_spec
 from trainforge.plan.layout import Layout
 from trainforge.plan.memory import estimate_memory
@@ -34,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS, HIDDEN, HEADS, VOCAB, MB, SEQ = 8, 768, 12, 8192, 4, 128
 MiB = 2**20
 STRATEGIES = (("ddp", "none"), ("fsdp", "full-shard"), ("fsdp-noreshard", "shard-grad-op"))
-ALLOCATORS = (("glibc default", {}), ("mmap threshold", {"MALLOC_MMAP_THRESHOLD_": "131072"}))
+ALLOCATORS = (("jemalloc", allocator_environment({})), ("glibc default", {}),
+              ("mmap threshold", {"MALLOC_MMAP_THRESHOLD_": "131072"}))
 
 
 def measure(mode: str, extra_env: dict[str, str]) -> list[dict]:
@@ -60,6 +65,9 @@ def main() -> None:
                               capacity_bytes=cpu.memory_bytes, gpus_per_node=2, flash_attention=False,
                               runtime_overhead_bytes=cpu.runtime_overhead_bytes)
         for label, env in ALLOCATORS:
+            if label == "jemalloc" and not env:
+                print(f"{mode:<15} {sharding:<14} {label:<15} not installed (Debian: libjemalloc2)", flush=True)
+                continue
             results = measure(mode, env)
             peak = max(r["peak"] for r in results)
             base = max(r["baseline"] for r in results)

@@ -3,6 +3,8 @@
 Run: .venv/bin/python -m pytest tests/unit/test_launch.py
 """
 
+import pytest
+
 from trainforge.infra.launch import LaunchSpec, torchrun_command, worker_environment
 
 
@@ -32,3 +34,15 @@ def test_platform_s3_credentials_are_replaced_by_the_jobs_own_identity():
     # without a job identity nothing changes (the embedded default has no S3 at all)
     plain = worker_environment({"AWS_ACCESS_KEY_ID": "a"}, config_path="c", segment_attempt=0, threads_per_worker=1)
     assert plain["AWS_ACCESS_KEY_ID"] == "a"
+
+
+def test_allocator_environment_preloads_jemalloc_only_when_installed_and_wanted():
+    from trainforge.infra.launch import JEMALLOC_PATHS, allocator_environment
+
+    installed = {JEMALLOC_PATHS[2]}
+    assert allocator_environment({}, installed.__contains__) == {"LD_PRELOAD": JEMALLOC_PATHS[2]}
+    assert allocator_environment({}, lambda path: False) == {}  # not installed: glibc's malloc
+    assert allocator_environment({"TRAINFORGE_ALLOCATOR": "system"}, installed.__contains__) == {}
+    assert allocator_environment({"LD_PRELOAD": "/opt/tcmalloc.so"}, installed.__contains__) == {}  # the user's
+    with pytest.raises(ValueError, match="TRAINFORGE_ALLOCATOR='tcmalloc'"):
+        allocator_environment({"TRAINFORGE_ALLOCATOR": "tcmalloc"}, installed.__contains__)

@@ -24,7 +24,7 @@ from typing import Any
 
 from trainforge.events import last_event
 from trainforge.infra.backends.local import LocalGang, LocalMultiNodeGang, free_port
-from trainforge.infra.launch import LaunchSpec, worker_environment
+from trainforge.infra.launch import LaunchSpec, allocator_environment, worker_environment
 from trainforge.jobconfig import WorkerConfig
 from trainforge.registry.jobs import JobRecord
 from trainforge.tasks.supervisor import SegmentSupervisor, offending_samples
@@ -117,6 +117,7 @@ def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, n
     config_path = segment_config(record, config, attempt, policy, layout)
     env = worker_environment(base_env, config_path=str(config_path),
                              segment_attempt=attempt, threads_per_worker=threads)
+    env.update(allocator_environment(base_env))  # jemalloc when installed: host RSS tracks live memory
     gang: LocalGang | LocalMultiNodeGang
     rank_hosts: dict[int, str] = {}
     if nnodes == 1:
