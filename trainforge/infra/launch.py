@@ -69,21 +69,24 @@ ALLOCATOR_VAR = "TRAINFORGE_ALLOCATOR"
 
 
 def allocator_environment(base: dict[str, str], exists: Callable[[str], bool] = os.path.exists) -> dict[str, str]:
-    """Host-memory allocator for locally launched workers: jemalloc when installed, unless the user preloads
-    something or sets TRAINFORGE_ALLOCATOR=system.
+    """Host-memory allocator for locally launched workers: TRAINFORGE_ALLOCATOR=jemalloc preloads jemalloc (Debian
+    libjemalloc2); `system` (the default) leaves glibc's malloc. A user's own LD_PRELOAD is never replaced.
 
-    Why: glibc's malloc raises its mmap threshold as large blocks are freed (up to 32 MiB), after which every
-    tensor below that comes from the heap and freed chunks stay resident: a 2-rank FSDP2 run held 1.1 GiB freed,
-    growing with steps, so host RSS was 1.6x live memory (bench/memory_vs_rss.py, bench/memory_phases.py).
-    jemalloc returns freed memory at the same step time (measured in the bench); pinning glibc's threshold does
-    too but made steps ~1.5x slower."""
-    choice = base.get(ALLOCATOR_VAR, "jemalloc")
+    Why offer it: glibc's malloc raises its mmap threshold as large blocks are freed (up to 32 MiB), after which
+    every tensor below that comes from the heap and freed chunks stay resident: a 2-rank FSDP2 run held 1.1 GiB
+    freed, growing with steps, so host RSS was 1.5x live memory; under jemalloc RSS tracks live memory
+    (bench/memory_vs_rss.py). Not the default yet: its step-time cost on CPU was not settled by our A/B runs."""
+    choice = base.get(ALLOCATOR_VAR, "system")
     if choice not in ("jemalloc", "system"):
-        raise ValueError(f"{ALLOCATOR_VAR}={choice!r}: use jemalloc (the default when installed) or system")
+        raise ValueError(f"{ALLOCATOR_VAR}={choice!r}: use system (glibc's malloc, the default) or jemalloc")
     if choice == "system" or base.get("LD_PRELOAD"):
         return {}
     lib = next((path for path in JEMALLOC_PATHS if exists(path)), None)
-    return {"LD_PRELOAD": lib} if lib else {}
+    if lib is None:
+        raise ValueError(f"{ALLOCATOR_VAR}=jemalloc but no jemalloc library is installed (looked in "
+                         f"{', '.join(JEMALLOC_PATHS)}): install it (Debian: apt-get install libjemalloc2, or "
+                         "scripts/setup-debian.sh) or unset it")
+    return {"LD_PRELOAD": lib}
 
 
 # ------------------------------------------------------------------ script mode: the distributed environment

@@ -106,6 +106,8 @@ def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, n
     a lost node is reported under the name the scheduler knows. `layout` is this size's layout (elastic jobs);
     `sizes` the sizes the job can run at: when the scheduler grows or shrinks the allocation to another of them,
     the segment ends at an emergency checkpoint with reason `resize` (the caller re-provisions)."""
+    # Checked before anything is recorded: a bad TRAINFORGE_ALLOCATOR fails here, leaving no segment behind.
+    allocator = allocator_environment(dict(os.environ) | (extra_env or {}))  # jemalloc: RSS tracks live memory
     attempt = next_attempt(record)
     segments = record.data.get("segments", [])
     segments.append({"attempt": attempt, "started_at": time.time(), "state": "running"})
@@ -117,7 +119,7 @@ def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, n
     config_path = segment_config(record, config, attempt, policy, layout)
     env = worker_environment(base_env, config_path=str(config_path),
                              segment_attempt=attempt, threads_per_worker=threads)
-    env.update(allocator_environment(base_env))  # jemalloc when installed: host RSS tracks live memory
+    env.update(allocator)
     gang: LocalGang | LocalMultiNodeGang
     rank_hosts: dict[int, str] = {}
     if nnodes == 1:
