@@ -5,8 +5,16 @@ Fixture modules live in tests/fixtures/ and are registered here."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
+
+# A suite started as a background job of a non-interactive shell (`./.ci/run &`, nohup) inherits SIGINT and
+# SIGQUIT *ignored* (POSIX), and every process it spawns would too: `trainforge submit` would then never see
+# Ctrl-C and the cancel tests would fail for the launcher's sake. Restore the interactive default here, so the
+# processes the tests start get SIGINT at its default disposition as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
