@@ -274,8 +274,9 @@ class SegmentSupervisor:
         pending = self._pending
         if pending is None:
             return
-        fresh = [b for b in beats.values() if b.get("phase") == "training" and b.get("steps_done", 0) >= 1
-                 and b.get("started", 0) > pending["detected_at"]]
+        # A short retried segment may finish between two passes: ranks already closing or done count too.
+        fresh = [b for b in beats.values() if b.get("phase") in ("training", "closing", "done")
+                 and b.get("steps_done", 0) >= 1 and b.get("started", 0) > pending["detected_at"]]
         if len(fresh) < max(1, len(beats)) or not beats:
             return
         resumed = min(int(b.get("resumed_from") or 0) for b in fresh)
