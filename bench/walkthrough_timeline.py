@@ -82,6 +82,7 @@ def timeline(job, fault_kind: str | None) -> None:
 
 def run(name: str) -> None:
     from tests.chaos.harness import make_job, measure, run_job
+    from trainforge.tasks.chaos import corrupt_after_emergency_checkpoint
 
     print(f"== {name}")
     if name == "kill":
@@ -104,34 +105,11 @@ def run(name: str) -> None:
         timeline(job, "sigterm")
     elif name == "corrupt":
         job = make_job("tl-corrupt")
-        _corrupt_after_emergency_checkpoint(job)
+        corrupt_after_emergency_checkpoint(job)
         job = run_job(job)
         timeline(job, None)
     else:
         raise SystemExit(f"unknown scenario {name!r}: kill, node, hang, wave, corrupt")
-
-
-def _corrupt_after_emergency_checkpoint(job) -> None:
-    """tests/chaos/test_scenarios.py::test_corrupt_newest_checkpoint_is_skipped_and_previous_used: a first segment
-    ends at an emergency checkpoint (step 14), one chunk only step 14 references gets "bit rot", and the node-local
-    copy is gone (a fresh node), so the resume must read the store, find the damage and fall back to step 8."""
-    import json
-    import shutil
-
-    from trainforge.home import home
-    from trainforge.registry.dedup import chunk_key
-    from trainforge.tasks.segment import run_segment
-
-    run_segment(job.record, job.config_path, job.config, nproc=2, max_restarts=0,
-                extra_env={"TRAINFORGE_FAULT": "sigterm:rank=1:step=13"})
-    store = home() / "store"
-    manifests = {s: json.loads(next(store.rglob(f"step-00000000{s:02d}/manifest*")).read_text()) for s in (8, 14)}
-    old = {sha for f in manifests[8]["files"] for sha, _ in f.get("chunks", ())}
-    entry = next(f for f in manifests[14]["files"] if any(sha not in old for sha, _ in f.get("chunks", ())))
-    sha = next(sha for sha, _ in entry["chunks"] if sha not in old)
-    path = store / chunk_key(job.config.storage_prefix, sha, entry.get("codec"))
-    path.write_bytes(b"bit rot" + path.read_bytes()[7:])
-    shutil.rmtree(job.config.staging_dir)
 
 
 if __name__ == "__main__":

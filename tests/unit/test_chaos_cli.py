@@ -12,24 +12,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from trainforge.cli import app
+from tests.unit.test_cli import run  # the CLI runner every CLI test uses: no traceback, clean exit
 from trainforge.commands.chaos import SCENARIO_NAMES
 from trainforge.datasets.demo import ensure_demo_dataset
 from trainforge.home import home
 from trainforge.tasks.chaos import SCENARIOS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-runner = CliRunner()
-
-
-def run(*args: str):
-    result = runner.invoke(app, [str(a) for a in args])
-    output = result.output + (result.stderr if result.stderr_bytes is not None else "")
-    assert "Traceback" not in output, output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    return result, output
 
 
 def tiny_spec(tmp_path: Path, **resources) -> Path:

@@ -255,6 +255,30 @@ class ScenarioError(ValueError):
     """A scenario name that does not exist, or one the job's shape cannot run (the message says how to fix it)."""
 
 
+def corrupt_after_emergency_checkpoint(job: ChaosJob, notice_step: int = 13) -> tuple[int, int]:
+    """A first segment ends at an emergency checkpoint (a termination notice at `notice_step`), then one chunk
+    only that checkpoint references gets "bit rot" and the node-local copy is deleted (a fresh node), so the next
+    resume must read the store, find the damage and fall back. Returns (previous step, damaged step)."""
+    import shutil
+
+    from trainforge.home import home
+    from trainforge.registry.dedup import chunk_key
+
+    run_segment(job.record, job.config_path, job.config, nproc=2, max_restarts=0,
+                extra_env={"TRAINFORGE_FAULT": f"sigterm:rank=1:step={notice_step}"})
+    store = home() / "store"
+    steps = sorted({int(p.parent.name.removeprefix("step-")) for p in store.rglob("manifest*")})
+    previous, damaged = steps[-2], steps[-1]
+    manifests = {s: json.loads(next(store.rglob(f"step-{s:010d}/manifest*")).read_text()) for s in (previous, damaged)}
+    old = {sha for f in manifests[previous]["files"] for sha, _ in f.get("chunks", ())}
+    entry = next(f for f in manifests[damaged]["files"] if any(sha not in old for sha, _ in f.get("chunks", ())))
+    sha = next(sha for sha, _ in entry["chunks"] if sha not in old)
+    path = store / chunk_key(job.config.storage_prefix, sha, entry.get("codec"))
+    path.write_bytes(b"bit rot" + path.read_bytes()[7:])
+    shutil.rmtree(job.config.staging_dir)  # a fresh node: no verified local copy to fall back on
+    return previous, damaged
+
+
 def fault_step(total: int, interval: int) -> int:
     """A 0-based step after the first checkpoint and before the last step, so recovery has something to resume
     from and something left to train."""
