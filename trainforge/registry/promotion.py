@@ -18,8 +18,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainforge.registry.checkpoints import (
+    best_step,
+    checkpoint_metrics,
+    committed_ref,
+    export_safetensors,
+    job_store,
+)
 from trainforge.registry.jobs import JobRecord, JobStore
-from trainforge.registry.lineage import LineageStore, checkpoint_id, model_id
+from trainforge.registry.lineage import LineageStore, _who, checkpoint_id, model_id
+from trainforge.registry.manifest import verify
+from trainforge.registry.secrets import redact_file
+from trainforge.registry.tracking import Tracker
+from trainforge.spec import JobSpec
 
 ALIASES = ("champion", "candidate")
 STAGES = ("None", "Staging", "Production", "Archived")
@@ -40,9 +51,6 @@ def choose_step(record: JobRecord, metrics: Mapping[int, Mapping[str, float]], s
     if not metrics:
         raise LookupError(f"job {record.job_id} has no committed checkpoint")
     if best:
-        from trainforge.spec import JobSpec
-        from trainforge.tasks.checkpoints import best_step
-
         return best_step(JobSpec.model_validate(record.data["spec"]), dict(metrics))
     if step not in metrics:
         raise LookupError(f"job {record.job_id} has no committed checkpoint at step {step}; committed: "
@@ -71,11 +79,6 @@ def version_tags(record: JobRecord, step: int, prefix: str, metrics: Mapping[str
 def promote(job: str, *, step: int | None = None, best: bool = False, alias: str | None = "candidate",
             stage: str | None = None, who: str | None = None, lineage: LineageStore | None = None) -> dict[str, Any]:
     """Promote one committed checkpoint of `job`; returns the model version's description."""
-    from trainforge.registry.lineage import _who
-    from trainforge.registry.manifest import verify
-    from trainforge.registry.tracking import Tracker
-    from trainforge.tasks.checkpoints import checkpoint_metrics, committed_ref, export_safetensors, job_store
-
     record = JobStore().get(job)
     config = _config(record)
     store = job_store(config)
@@ -115,16 +118,12 @@ def promote(job: str, *, step: int | None = None, best: bool = False, alias: str
 def after_register(record: JobRecord, step: int, name: str, version: str, run_id: str, *,
                    lineage: LineageStore | None = None) -> None:
     """What follows every registration (the flow's automatic one too): lineage edge, run artifacts linked."""
-    from trainforge.registry.tracking import Tracker
-
     (lineage or LineageStore()).record_promotion(record.job_id, step, name, version, team=record.data.get("team", ""),
                                                  attrs={"run_id": run_id})
     link_run_artifacts(Tracker(), run_id, record)
 
 
 def set_alias(name: str, version: str, alias: str, *, lineage: LineageStore | None = None) -> None:
-    from trainforge.registry.tracking import Tracker
-
     if alias not in ALIASES:
         raise ValueError(f"alias {alias!r}: use one of {', '.join(ALIASES)}")
     (lineage or LineageStore()).check_usable(model_id(name, version))
@@ -132,8 +131,6 @@ def set_alias(name: str, version: str, alias: str, *, lineage: LineageStore | No
 
 
 def transition_stage(name: str, version: str, stage: str, *, lineage: LineageStore | None = None) -> str:
-    from trainforge.registry.tracking import Tracker
-
     canonical = {s.lower(): s for s in STAGES}.get(stage.lower())
     if canonical is None:
         raise ValueError(f"stage {stage!r}: use one of {', '.join(STAGES)}")
@@ -145,8 +142,6 @@ def transition_stage(name: str, version: str, stage: str, *, lineage: LineageSto
 def link_run_artifacts(tracker: Any, run_id: str, record: JobRecord) -> list[str]:
     """Upload the job's logs (redacted), events, evaluation results and any TensorBoard / profiler / HTML files
     found in its folder to its MLflow run. Returns the artifact folders written."""
-    from trainforge.registry.secrets import redact_file
-
     written = []
     with tempfile.TemporaryDirectory(prefix="tf-artifacts-") as tmp:
         staging = Path(tmp)

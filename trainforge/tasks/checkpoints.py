@@ -1,52 +1,41 @@
-"""Control-plane work on committed checkpoints: bookkeeping, held-out evaluation, retention, export.
+"""Control-plane work on committed checkpoints: bookkeeping, retention and garbage collection, status.
 
-Evaluation and export run the trainer's offline module in a subprocess, so the flow process never imports torch.
+Reading a job's committed checkpoints (its store, a step's reference, metrics, the best step) and their offline
+evaluation / export live one layer down, in `trainforge.registry.checkpoints` (registry/promotion uses them too);
+they are re-exported here for the tasks and flows that call them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from trainforge.infra.storage import ObjectStore, open_store
+from trainforge.infra.storage import ObjectStore
+from trainforge.infra.storage.layout import parse_checkpoint_step
+from trainforge.registry.checkpoints import (
+    CheckpointCorrupt,
+    best_step,
+    checkpoint_metrics,
+    committed_ref,
+    evaluate,
+    export_safetensors,
+    job_store,
+)
 from trainforge.registry.dedup import chunks_prefix, referenced_chunks
 from trainforge.registry.manifest import (
-    CheckpointRef,
     checkpoints_prefix,
     list_committed,
-    materialize,
     quarantine,
     quarantined_steps,
-    read_manifest,
     step_prefix,
     verify,
 )
 from trainforge.registry.retention import RetentionPolicy, steps_to_keep
 from trainforge.spec import JobSpec
 
-EVAL_FILE = "evaluation.json"
-
-
-class CheckpointCorrupt(RuntimeError):
-    pass
-
-
-def job_store(config: dict[str, Any]) -> ObjectStore:
-    return open_store(config["storage_url"]).scoped(config["storage_prefix"])
-
-
-def committed_ref(store: ObjectStore, job_prefix: str, step: int) -> CheckpointRef:
-    prefix = step_prefix(job_prefix, step)
-    manifest = read_manifest(store, prefix)
-    if manifest is None:
-        raise CheckpointCorrupt(f"checkpoint step {step} has no manifest under {prefix}: not committed")
-    return CheckpointRef(step, prefix, manifest)
+__all__ = ["GC_GRACE_S", "CheckpointCorrupt", "apply_retention", "best_step", "checkpoint_metrics",
+           "checkpoint_status", "collect_garbage", "commit_bookkeeping", "committed_ref", "evaluate",
+           "export_safetensors", "job_store", "policy_of"]
 
 
 def commit_bookkeeping(config: dict[str, Any], step: int) -> dict[str, Any]:
@@ -62,64 +51,6 @@ def commit_bookkeeping(config: dict[str, Any], step: int) -> dict[str, Any]:
     return {"step": step, "prefix": ref.prefix, "bytes": size, "files": len(ref.files),
             "bytes_written": dedup.get("bytes_written", size),
             "train_loss": ref.metrics.get("train_loss"), "committed_at": ref.manifest.get("committed_at")}
-
-
-def _materialize(store: ObjectStore, ref: CheckpointRef, scratch: Path) -> Path:
-    """The checkpoint's files in a local folder (reassembled from its chunks, every sha256 checked): the offline
-    evaluation and export read DCP from there, whatever the store (local folder or S3)."""
-    problems = materialize(store, ref, scratch)
-    if problems:
-        quarantine(store, ref, problems)
-        raise CheckpointCorrupt(f"checkpoint step {ref.step} is corrupt (quarantined): {'; '.join(problems)}")
-    return scratch
-
-
-def _run_offline(args: list[str], timeout_s: float) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "trainforge.trainer.offline", *args], capture_output=True,
-                          text=True, timeout=timeout_s, env=_single_thread_env())
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.splitlines()[-15:])
-        raise RuntimeError(f"offline {args[0]} failed (exit {proc.returncode}):\n{tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _single_thread_env() -> dict[str, str]:
-    import os
-
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def evaluate(config_path: Path, config: dict[str, Any], step: int, batches: int,
-             timeout_s: float = 600) -> dict[str, float]:
-    store = job_store(config)
-    ref = committed_ref(store, config["storage_prefix"], step)
-    with tempfile.TemporaryDirectory(prefix="tf-eval-") as scratch:
-        folder = _materialize(store, ref, Path(scratch))
-        result = _run_offline(["evaluate", "--config", str(config_path), "--checkpoint", str(folder),
-                               "--batches", str(batches)], timeout_s)
-    # Results live beside the immutable manifest, so retention and promotion can rank checkpoints.
-    store.put_bytes(f"{ref.prefix}/{EVAL_FILE}", json.dumps(result).encode())
-    return result
-
-
-def export_safetensors(config_path: Path, config: dict[str, Any], step: int, out: Path,
-                       timeout_s: float = 600) -> dict[str, Any]:
-    store = job_store(config)
-    ref = committed_ref(store, config["storage_prefix"], step)
-    with tempfile.TemporaryDirectory(prefix="tf-export-") as scratch:
-        folder = _materialize(store, ref, Path(scratch))
-        return _run_offline(["export", "--config", str(config_path), "--checkpoint", str(folder), "--out",
-                             str(out)], timeout_s)
-
-
-def checkpoint_metrics(store: ObjectStore, job_prefix: str) -> dict[int, dict[str, float]]:
-    out: dict[int, dict[str, float]] = {}
-    for ref in list_committed(store, job_prefix):
-        metrics = dict(ref.metrics)
-        with contextlib.suppress(KeyError, ValueError):
-            metrics.update(json.loads(store.get_bytes(f"{ref.prefix}/{EVAL_FILE}")))
-        out[ref.step] = metrics
-    return out
 
 
 def policy_of(spec: JobSpec) -> RetentionPolicy:
@@ -187,8 +118,6 @@ def _delete_checkpoint(store: ObjectStore, prefix: str) -> None:
 
 
 def _step_of(key: str) -> int | None:
-    from trainforge.infra.storage.layout import parse_checkpoint_step
-
     return parse_checkpoint_step(key)
 
 
@@ -239,15 +168,3 @@ def checkpoint_status(store: ObjectStore, job_prefix: str, protected: set[int], 
                 row["status"], row["problems"] = "quarantined", problems
         rows.append(row)
     return rows
-
-
-def best_step(spec: JobSpec, metrics: dict[int, dict[str, float]]) -> int:
-    """The checkpoint to promote: best by keep_best's metric when configured and measured, else the newest."""
-    if not metrics:
-        raise LookupError("the job has no committed checkpoint")
-    kb = spec.checkpoint.keep_best
-    if kb:
-        scored = [(m[kb.metric], s) for s, m in metrics.items() if isinstance(m.get(kb.metric), int | float)]
-        if scored:
-            return (min(scored) if kb.mode == "min" else max(scored))[1]
-    return max(metrics)

@@ -6,7 +6,6 @@ Plain functions (tested without Prefect); `trainforge.tasks` wraps them as Prefe
 from __future__ import annotations
 
 import subprocess
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,11 @@ from trainforge.datasets.refs import resolve_reference
 from trainforge.home import home
 from trainforge.infra.storage.layout import job_prefix
 from trainforge.jobconfig import WorkerConfig
-from trainforge.plan.cluster import ClusterSpec, default_cluster
-from trainforge.plan.model import shape_from_spec
-from trainforge.plan.resolve import resolve_layout
+from trainforge.plan.cluster import ClusterSpec
+from trainforge.plan.job import auto_checkpoint_interval
+from trainforge.plan.job import (
+    make_plan as make_plan,  # re-exported: the flow's steps and the CLI call it from here
+)
 from trainforge.spec import JobSpec, Problem, SpecError
 from trainforge.validate import validate_document
 
@@ -46,26 +47,6 @@ def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
     if spec.dataset.transforms or spec.dataset.num_workers:  # online preprocessing (absent: read in the trainer)
         out.update(transforms=list(spec.dataset.transforms), num_workers=spec.dataset.num_workers)
     return out
-
-
-def make_plan(spec: JobSpec, cluster: ClusterSpec | None = None) -> dict[str, Any]:
-    """The layout (the advisor's under `strategy: auto`) with the planner's predictions for it."""
-    from trainforge.plan.advisor import evaluate_layout
-    from trainforge.plan.resolve import plan_request
-
-    cluster = cluster or default_cluster()
-    shape = shape_from_spec(spec.model, spec.name)
-    layout = resolve_layout(spec, shape, cluster)
-    predicted = evaluate_layout(plan_request(spec, shape, cluster), layout)
-    step = predicted.step
-    return {"layout": asdict(layout), "model": {"layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads,
-            "kv_heads": shape.kv_heads, "ffn_hidden": shape.ffn_hidden, "vocab": shape.vocab,
-            "experts": shape.experts, "top_k": shape.top_k},
-            "parameters": shape.total_params, "world_size": layout.world_size,
-            "memory_per_gpu_bytes": predicted.memory.total_bytes,
-            "predicted": None if step is None else {"step_time_s": step.step_time_s, "mfu": step.mfu,
-                                                    "tokens_per_s": step.tokens_per_s,
-                                                    "bubble_fraction": step.bubble_fraction}}
 
 
 def check_dataset_fits(spec: JobSpec, dataset: dict[str, Any], plan: dict[str, Any]) -> None:
@@ -124,21 +105,6 @@ def worker_config(spec: JobSpec, job_id: str, run_dir: Path, base_dir: Path, dat
         extra={"engine": spec.parallelism.engine, "init_weights": init_weights,
                "code": {"mode": spec.code.mode, "framework": spec.code.framework, "args": list(spec.code.args)}},
     )
-
-
-def auto_checkpoint_interval(spec: JobSpec, plan: dict[str, Any], cluster: ClusterSpec | None = None) -> int:
-    """Young/Daly optimum (trainforge.plan.checkpointing) in steps, from the checkpoint's write cost, the job's
-    nodes' MTBF and the planner's predicted step time. Async saves block only while staging (~10% of a write)."""
-    from trainforge.plan.checkpointing import plan_checkpoints
-
-    cluster = cluster or default_cluster()
-    shape = shape_from_spec(spec.model, spec.name)
-    nodes = max(1, spec.resources.world_size // max(1, min(spec.resources.gpus_per_node, spec.resources.world_size)))
-    step_s = (plan.get("predicted") or {}).get("step_time_s") or 1.0
-    result = plan_checkpoints(shape, nodes=nodes, node_mtbf_hours=cluster.node_mtbf_hours, step_time_s=step_s,
-                              precision=spec.training.precision.value,
-                              async_stall_fraction=0.1 if spec.checkpoint.async_save else 1.0)
-    return max(1, min(spec.training.total_steps, result.interval_steps))
 
 
 class InitWeightsError(ValueError):

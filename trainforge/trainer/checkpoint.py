@@ -55,6 +55,7 @@ from trainforge.registry.manifest import (
     step_prefix,
     write_manifest,
 )
+from trainforge.trainer.checkpointing.deepspeed_format import is_deepspeed_checkpoint, load_deepspeed_weights
 from trainforge.trainer.checkpointing.memory_fs import SafeMemoryReader
 from trainforge.trainer.checkpointing.replica import MemoryReplica, replica_root
 from trainforge.trainer.checkpointing.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
@@ -493,8 +494,6 @@ def load_model_weights(folder: Path, model: torch.nn.Module) -> None:
     """Single-process read of a checkpoint's model weights (evaluation, export): no process group needed.
     Works for any layout it was saved under (DDP, FSDP shards, TP): DCP reassembles the full tensors; a DeepSpeed
     engine's checkpoint is consolidated from its ZeRO partitions instead."""
-    from trainforge.trainer.parallel.deepspeed_engine import is_deepspeed_checkpoint, load_deepspeed_weights
-
     if is_deepspeed_checkpoint(folder):
         load_deepspeed_weights(folder, model)
         return

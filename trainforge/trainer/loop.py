@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -30,25 +29,15 @@ from trainforge.trainer.distributed import DistContext
 from trainforge.trainer.faults import FaultInjector
 from trainforge.trainer.health import current_monitor
 from trainforge.trainer.metrics import StepMeter
+from trainforge.trainer.parallel.deepspeed_engine import train_deepspeed
 from trainforge.trainer.parallel.parallelize import parallelize
+from trainforge.trainer.schedule import lr_at
 
 logger = logging.getLogger(__name__)
 
 
 class UserCodeError(Exception):
     """The user's entrypoint could not be imported or built the model wrongly: retrying will not help."""
-
-
-def lr_at(step: int, total: int, peak: float, warmup: int, decay: str, min_ratio: float) -> float:
-    """LR for optimizer step `step` (0-based): linear warm-up, then cosine/linear decay to min_ratio * peak."""
-    if warmup and step < warmup:
-        return peak * (step + 1) / warmup
-    if decay == "constant":
-        return peak
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if decay == "linear":
-        return peak * (1 - (1 - min_ratio) * progress)
-    return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def load_entrypoint(entrypoint: str, code_dir: str) -> Any:
@@ -188,9 +177,9 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
         load_init_weights(model, cfg.extra["init_weights"])
     layout = cfg.layout
     if cfg.extra.get("engine", layout.get("engine", "native")) == "deepspeed":
-        from trainforge.trainer.parallel.deepspeed_engine import train_deepspeed
-
-        return train_deepspeed(cfg, ctx, model, events)
+        # The engine gets the loop's data feed and manifest fields: it does not import the loop (no import cycle).
+        return train_deepspeed(cfg, ctx, model, events, feed=DataFeed(cfg, dp_rank=ctx.rank, dp_degree=ctx.world_size),
+                               manifest_fields=lambda step, loss: _manifest_fields(cfg, ctx, step, loss))
     pm = parallelize(model, layout, world_size=ctx.world_size, rank=ctx.rank, device=ctx.device,
                      local_batch=tr["global_batch_size"] // layout["dp"])
     pm.precision_ctx = lambda: _autocast(tr["precision"], ctx.device)

@@ -15,6 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
+from trainforge.contract.script_env import script_environment
 from trainforge.jobconfig import ENV_VAR, WorkerConfig
 from trainforge.trainer.health import HealthPolicy, current_monitor, start_monitor
 
@@ -65,8 +66,6 @@ def run_script(cfg: WorkerConfig) -> None:
     """Script mode: run the user's own script in this process with the framework's distributed environment.
     The script initialises its own process group (torch env://, jax.distributed, TF_CONFIG)."""
     import runpy
-
-    from trainforge.infra.launch import script_environment
 
     code = cfg.extra.get("code", {})
     script = Path(cfg.code_dir) / cfg.entrypoint

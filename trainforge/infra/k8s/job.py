@@ -10,6 +10,7 @@ from typing import Any
 
 from trainforge.infra.k8s.render import K8sOptions, render_job
 from trainforge.plan.cluster import ClusterSpec
+from trainforge.plan.job import make_plan
 from trainforge.spec import JobSpec
 
 
@@ -44,8 +45,6 @@ def preview_worker_config(spec: JobSpec, job_id: str, plan: dict[str, Any], stor
 
 def manifests_for_spec(spec: JobSpec, job_id: str, cluster: ClusterSpec, options: K8sOptions | None = None,
                        storage_url: str = "s3://trainforge") -> list[dict[str, Any]]:
-    from trainforge.tasks.prepare import make_plan
-
     plan = make_plan(spec, cluster)
     placement = preview_placement(spec, cluster, plan["layout"])
     config = preview_worker_config(spec, job_id, plan, storage_url)

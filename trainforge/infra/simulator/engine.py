@@ -34,6 +34,7 @@ from trainforge.infra.scheduler.model import (
 )
 from trainforge.infra.scheduler.policy import Scheduler
 from trainforge.infra.scheduler.state import ClusterState, NodeInfo
+from trainforge.infra.simulator.report import summarize
 from trainforge.infra.simulator.traces import ESTIMATE_FACTOR, Trace, TraceJob
 
 # event kinds, in processing order at equal times
@@ -146,8 +147,6 @@ class Simulation:
             decisions = self.sched.schedule(t)
             self.latencies.append(time.perf_counter() - t1)
             self._apply(decisions)
-        from trainforge.infra.simulator.report import summarize
-
         return summarize(self, time.perf_counter() - wall)
 
     def _active(self) -> bool:

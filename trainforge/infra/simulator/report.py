@@ -6,12 +6,35 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from trainforge.infra.simulator.engine import Simulation
+from trainforge.infra.cost import load_prices
+from trainforge.infra.scheduler.policy import Scheduler
+from trainforge.infra.scheduler.state import ClusterState
+from trainforge.infra.simulator.traces import Trace
 
 PRIORITY_ORDER = ["critical", "high", "normal", "low", "preemptible"]
+
+
+class FinishedSimulation(Protocol):
+    """What the report reads of a finished simulation (`engine.Simulation` is one). A protocol rather than an
+    import of the engine, which calls `summarize` at the end of its run: the report stays below it."""
+
+    cluster_name: str
+    config: Any  # engine.SimConfig: the policy and the arrival speed-up
+    trace: Trace
+    state: ClusterState
+    sched: Scheduler
+    runs: dict[str, Any]  # job id -> engine._Run (its trace job, submit / first start / end times, allocation)
+    now: float
+    t0: float
+    last_submit: float
+    busy_integral: float
+    arrival_integral: float | None
+    latencies: list[float]
+    lost: dict[str, float]
+    gpu_seconds: dict[tuple[str, str, str], float]
+    counts: dict[str, int]
 
 
 def percentiles(values: list[float]) -> dict[str, float | int]:
@@ -65,7 +88,7 @@ def cost_summary(gpu_seconds: dict[tuple[str, str, str], float], useful_gpu_s: f
     }
 
 
-def summarize(sim: Simulation, wall_s: float) -> dict[str, Any]:
+def summarize(sim: FinishedSimulation, wall_s: float) -> dict[str, Any]:
     done = [r for r in sim.runs.values() if not math.isnan(r.end)]
     end = max((r.end for r in done), default=sim.now)
     span = max(end - sim.t0, 1e-9)
@@ -87,8 +110,6 @@ def summarize(sim: Simulation, wall_s: float) -> dict[str, Any]:
                 for n in order}
 
     tail = [r for r in sim.runs.values() if r.tj.generated]
-    from trainforge.infra.cost import load_prices
-
     billed = dict(sim.gpu_seconds)
     for r in sim.runs.values():  # allocations still open when the simulation stopped
         for (gpu_type, market), gpus in r.alloc.items():

@@ -16,7 +16,7 @@ not list, and only then calls `engine.load_checkpoint(load_module_strict=True)`:
 pickles, loaded only from the job's own verified checkpoint. The LR is a pure function of the step and the data
 order of (seed, position), so model, ZeRO partitions, LR and data position all continue exactly.
 Evaluation/export consolidate the ZeRO partitions with `get_fp32_state_dict_from_zero_checkpoint`
-(`load_deepspeed_weights`).
+(`load_deepspeed_weights`, in `trainer/checkpointing/deepspeed_format.py` with the rest of the format).
 """
 
 from __future__ import annotations
@@ -25,20 +25,25 @@ import hashlib
 import logging
 import math
 import os
-import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file, save_file
 
+from trainforge.infra.storage import open_store
+from trainforge.trainer.checkpoint import CheckpointCorruptError, Checkpointer, capture_rng, restore_rng
+from trainforge.trainer.checkpointing.deepspeed_format import DS_TAG, deepspeed_rank_files
+from trainforge.trainer.faults import FaultInjector
 from trainforge.trainer.parallel.parallelize import cross_entropy
+from trainforge.trainer.schedule import lr_at
 
 logger = logging.getLogger(__name__)
 ZERO_STAGE = {"none": 1, "shard-grad-op": 2, "full-shard": 3, "hybrid-shard": 3}
-DS_TAG = "ds"  # DeepSpeed's checkpoint tag: its files live in `<step folder>/ds/`
 
 
 def deepspeed_config(layout: dict[str, Any], training: dict[str, Any], world_size: int) -> dict[str, Any]:
@@ -98,26 +103,9 @@ def deepspeed_step(engine: Any, inputs: list[torch.Tensor], targets: list[torch.
     return total
 
 
-def deepspeed_rank_files(folder: Path, rank: int) -> list[str]:
-    """The files of DeepSpeed's checkpoint in `folder` that `rank` wrote (relative names), plus its RNG file.
-    Each rank writes its ZeRO partition (`[bf16_]zero_pp_rank_{r}_mp_rank_XX_*`); the model states
-    (`mp_rank_XX_model_states.pt`) come from rank 0 under ZeRO-1/2 (under ZeRO-3 they are per rank and matched
-    above). DeepSpeed's recovery scripts (zero_to_fp32.py) are not part of the checkpoint."""
-    own = re.compile(rf"^(?:bf16_)?zero_pp_rank_{rank}_mp_rank_\d+_.*\.pt$")
-    rank0 = re.compile(r"^mp_rank_\d+_model_states\.pt$")
-    ds = folder / DS_TAG
-    names = sorted(f"{DS_TAG}/{p.name}" for p in ds.iterdir() if p.is_file()
-                   and (own.match(p.name) or (rank == 0 and rank0.match(p.name)))) if ds.is_dir() else []
-    return [*names, f"rng-rank{rank:05d}.safetensors"]
-
-
 def save_deepspeed(engine: Any, ckpt: Any, step: int, fields: dict[str, Any]) -> float:
     """DeepSpeed writes its checkpoint for `step` into the node-local staging folder (every rank, synchronously);
     the Checkpointer uploads and commits it in the background. Returns the seconds the loop was blocked."""
-    from safetensors.torch import save_file
-
-    from trainforge.trainer.checkpoint import capture_rng
-
     t0 = time.perf_counter()
     folder = ckpt.step_folder(step)
     folder.mkdir(parents=True, exist_ok=True)
@@ -133,10 +121,6 @@ def load_deepspeed(engine: Any, ckpt: Any, ref: Any) -> None:
     """Restore model, ZeRO partitions (fp32 master weights + optimizer state), DeepSpeed's step counters and this
     rank's RNG from a committed checkpoint. Only files the manifest lists (and that were sha256-verified) are
     loaded: DeepSpeed's checkpoint files are pickles."""
-    from safetensors.torch import load_file
-
-    from trainforge.trainer.checkpoint import CheckpointCorruptError, restore_rng
-
     if ref.manifest.get("engine") != "deepspeed" or ref.manifest.get("source") == "memory":
         raise CheckpointCorruptError(f"checkpoint step {ref.step} was not written by the deepspeed engine "
                                      f"(engine {ref.manifest.get('engine', 'native')!r}); it cannot resume here")
@@ -157,26 +141,10 @@ def load_deepspeed(engine: Any, ckpt: Any, ref: Any) -> None:
         restore_rng(load_file(str(rng_file)))
 
 
-def is_deepspeed_checkpoint(folder: Path) -> bool:
-    return (folder / DS_TAG).is_dir() and any((folder / DS_TAG).glob("*model_states.pt"))
-
-
-def load_deepspeed_weights(folder: Path, model: torch.nn.Module) -> None:
-    """Single-process: consolidate a DeepSpeed checkpoint's ZeRO partitions into a plain fp32 state dict and load
-    it strictly (evaluation, export). `folder` must be a materialized, sha256-verified committed checkpoint."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    state = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG)
-    own = model.state_dict()
-    model.load_state_dict({k: v.to(own[k].dtype) if k in own else v for k, v in state.items()}, strict=True)
-
-
-def train_deepspeed(cfg: Any, ctx: Any, model: torch.nn.Module, events: Any) -> dict[str, Any]:
-    from trainforge.infra.storage import open_store
-    from trainforge.trainer.checkpoint import Checkpointer
-    from trainforge.trainer.faults import FaultInjector
-    from trainforge.trainer.loop import DataFeed, _manifest_fields, lr_at
-
+def train_deepspeed(cfg: Any, ctx: Any, model: torch.nn.Module, events: Any, *, feed: Any,
+                    manifest_fields: Callable[[int, float], dict[str, Any]]) -> dict[str, Any]:
+    """`feed` (the loop's DataFeed for this rank) and `manifest_fields(step, loss)` come from the loop that calls
+    this: the engine does not import the loop (layers one way, tests/unit/test_layers.py)."""
     tr, opt, sched = cfg.training, cfg.training["optimizer"], cfg.training["lr_schedule"]
     engine = build_deepspeed(model.to(ctx.device), cfg.layout, tr, ctx.world_size)
     faults = FaultInjector.from_env(cfg.run_dir, ctx.rank)
@@ -196,7 +164,6 @@ def train_deepspeed(cfg: Any, ctx: Any, model: torch.nn.Module, events: Any) -> 
         load_deepspeed(engine, ckpt, ref)
         start = ref.step
     events.emit("segment_start", step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None)
-    feed = DataFeed(cfg, dp_rank=ctx.rank, dp_degree=ctx.world_size)
     total = cfg.total_steps
     end = total if cfg.segment_max_steps is None else min(total, start + cfg.segment_max_steps)
     zero_stage = engine.zero_optimization_stage()
@@ -214,7 +181,7 @@ def train_deepspeed(cfg: Any, ctx: Any, model: torch.nn.Module, events: Any) -> 
         events.emit("metrics", step=step + 1, loss=loss, lr=lr, step_time_s=time.perf_counter() - t0)
         done = step + 1
         if done % cfg.checkpoint_interval == 0 or done == end:
-            fields = {**_manifest_fields(cfg, ctx, done, loss), "engine": "deepspeed",
+            fields = {**manifest_fields(done, loss), "engine": "deepspeed",
                       "deepspeed": {"tag": DS_TAG, "zero_stage": zero_stage}}
             blocked = save_deepspeed(engine, ckpt, done, fields)
             events.emit("checkpoint_staged", step=done, blocked_s=blocked)

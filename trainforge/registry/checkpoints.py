@@ -1,0 +1,115 @@
+"""A job's committed checkpoints as the control plane reads them: the job's store, a committed step's reference,
+the metrics of every committed step (with its held-out evaluation), the step to promote, and the offline
+evaluation / export of one step.
+
+Below tasks/ and registry/promotion (both use it). Evaluation and export run the trainer's offline module in a
+subprocess, so the process that calls them never imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from trainforge.infra.storage import ObjectStore, open_store
+from trainforge.registry.manifest import (
+    CheckpointRef,
+    list_committed,
+    materialize,
+    quarantine,
+    read_manifest,
+    step_prefix,
+)
+from trainforge.spec import JobSpec
+
+EVAL_FILE = "evaluation.json"
+
+
+class CheckpointCorrupt(RuntimeError):
+    pass
+
+
+def job_store(config: dict[str, Any]) -> ObjectStore:
+    return open_store(config["storage_url"]).scoped(config["storage_prefix"])
+
+
+def committed_ref(store: ObjectStore, job_prefix: str, step: int) -> CheckpointRef:
+    prefix = step_prefix(job_prefix, step)
+    manifest = read_manifest(store, prefix)
+    if manifest is None:
+        raise CheckpointCorrupt(f"checkpoint step {step} has no manifest under {prefix}: not committed")
+    return CheckpointRef(step, prefix, manifest)
+
+
+def _materialize(store: ObjectStore, ref: CheckpointRef, scratch: Path) -> Path:
+    """The checkpoint's files in a local folder (reassembled from its chunks, every sha256 checked): the offline
+    evaluation and export read DCP from there, whatever the store (local folder or S3)."""
+    problems = materialize(store, ref, scratch)
+    if problems:
+        quarantine(store, ref, problems)
+        raise CheckpointCorrupt(f"checkpoint step {ref.step} is corrupt (quarantined): {'; '.join(problems)}")
+    return scratch
+
+
+def _run_offline(args: list[str], timeout_s: float) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "trainforge.trainer.offline", *args], capture_output=True,
+                          text=True, timeout=timeout_s, env=_single_thread_env())
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.splitlines()[-15:])
+        raise RuntimeError(f"offline {args[0]} failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _single_thread_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def evaluate(config_path: Path, config: dict[str, Any], step: int, batches: int,
+             timeout_s: float = 600) -> dict[str, float]:
+    store = job_store(config)
+    ref = committed_ref(store, config["storage_prefix"], step)
+    with tempfile.TemporaryDirectory(prefix="tf-eval-") as scratch:
+        folder = _materialize(store, ref, Path(scratch))
+        result = _run_offline(["evaluate", "--config", str(config_path), "--checkpoint", str(folder),
+                               "--batches", str(batches)], timeout_s)
+    # Results live beside the immutable manifest, so retention and promotion can rank checkpoints.
+    store.put_bytes(f"{ref.prefix}/{EVAL_FILE}", json.dumps(result).encode())
+    return result
+
+
+def export_safetensors(config_path: Path, config: dict[str, Any], step: int, out: Path,
+                       timeout_s: float = 600) -> dict[str, Any]:
+    store = job_store(config)
+    ref = committed_ref(store, config["storage_prefix"], step)
+    with tempfile.TemporaryDirectory(prefix="tf-export-") as scratch:
+        folder = _materialize(store, ref, Path(scratch))
+        return _run_offline(["export", "--config", str(config_path), "--checkpoint", str(folder), "--out",
+                             str(out)], timeout_s)
+
+
+def checkpoint_metrics(store: ObjectStore, job_prefix: str) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for ref in list_committed(store, job_prefix):
+        metrics = dict(ref.metrics)
+        with contextlib.suppress(KeyError, ValueError):
+            metrics.update(json.loads(store.get_bytes(f"{ref.prefix}/{EVAL_FILE}")))
+        out[ref.step] = metrics
+    return out
+
+
+def best_step(spec: JobSpec, metrics: dict[int, dict[str, float]]) -> int:
+    """The checkpoint to promote: best by keep_best's metric when configured and measured, else the newest."""
+    if not metrics:
+        raise LookupError("the job has no committed checkpoint")
+    kb = spec.checkpoint.keep_best
+    if kb:
+        scored = [(m[kb.metric], s) for s, m in metrics.items() if isinstance(m.get(kb.metric), int | float)]
+        if scored:
+            return (min(scored) if kb.mode == "min" else max(scored))[1]
+    return max(metrics)
