@@ -31,14 +31,12 @@ PACKAGE_DIR = Path(__file__).resolve().parents[2] / "trainforge"
 # The top: only these may import each other's modules (the CLI calls flows, flows call tasks, ...).
 TOP = ("trainforge.tasks", "trainforge.flows", "trainforge.commands", "trainforge.cli", "trainforge.__main__")
 
-# The control plane the trainer must never load: it runs on every rank, next to the user's code.
-CONTROL_PLANE = (
-    "trainforge.infra.scheduler", "trainforge.infra.backends", "trainforge.infra.launch", "trainforge.infra.k8s",
-    "trainforge.infra.servers", "trainforge.infra.simulator", "trainforge.infra.automations",
-    "trainforge.registry.jobs", "trainforge.registry.tracking", "trainforge.registry.promotion",
-    "trainforge.registry.lineage", "trainforge.registry.report", "trainforge.registry.alerts",
-    "trainforge.registry.retention", *TOP,
-)
+# The control plane the trainer must never load (it runs on every rank, next to the user's code): all of infra/
+# and registry/ (scheduler, backends, launch, k8s, servers, simulator, cost; job records, tracking, promotion,
+# lineage, reports, alerts, retention) but storage and the checkpoint format, which sit below both sides.
+CONTROL_PLANE = ("trainforge.infra", "trainforge.registry", *TOP)
+BELOW_BOTH = ("trainforge.infra.storage", "trainforge.registry.manifest", "trainforge.registry.dedup",
+              "trainforge.registry.safeload")
 TRAINER = ("trainforge.trainer", "trainforge.runtime")
 
 # What the contract may import of trainforge (it is imported by both sides, so it sits below both).
@@ -61,6 +59,8 @@ class Import:
     typing_only: bool  # under `if TYPE_CHECKING:`: never runs
 
     def __str__(self) -> str:
+        if self.line == 0:
+            return f"{self.importer} runs its package {self.target}"
         return f"{self.importer}:{self.line} imports {self.target}"
 
 
@@ -222,12 +222,19 @@ def upward_imports(graph: Mapping[str, list[Import]]) -> list[Import]:
             for imp in imports if _within(imp.target, TOP)]
 
 
-def reachable_violations(graph: Mapping[str, list[Import]], sources: Iterable[str],
-                         forbidden: Iterable[str]) -> list[list[Import]]:
-    """For each forbidden module reached from a module under `sources` (directly or through others, module- or
-    function-level), the shortest chain of imports that reaches it. Only the first step of a chain is checked
-    for being forbidden when it leaves trainforge (a third-party module's own imports are not scanned)."""
-    forbidden = tuple(forbidden)
+def _packages_of(module: str, graph: Mapping[str, object]) -> list[str]:
+    """The packages whose __init__ runs before `module` does (`a.b.c` -> `a`, `a.b`)."""
+    parts = module.split(".")
+    return [p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in graph]
+
+
+def reachable_violations(graph: Mapping[str, list[Import]], sources: Iterable[str], forbidden: Iterable[str],
+                         allowed: Iterable[str] = ()) -> list[list[Import]]:
+    """For each module under `forbidden` (and not under `allowed`) that a module under `sources` loads, directly or
+    through others, module- or function-level, the shortest chain of imports that loads it. Loading a module runs
+    its packages' __init__ first: those are walked too (never flagged themselves: `trainforge.infra` must run for
+    `trainforge.infra.storage`). Third-party modules are leaves (their own imports are not scanned)."""
+    forbidden, allowed = tuple(forbidden), tuple(allowed)
     starts = sorted(m for m in graph if _within(m, sources))
     came_from: dict[str, Import] = {}
     frontier, seen = list(starts), set(starts)
@@ -235,12 +242,13 @@ def reachable_violations(graph: Mapping[str, list[Import]], sources: Iterable[st
     while frontier:
         following = []
         for module in frontier:
-            for imp in graph.get(module, []):
+            implicit = [Import(module, 0, package, False, False) for package in _packages_of(module, graph)]
+            for imp in [*graph.get(module, []), *implicit]:
                 if imp.target in seen:
                     continue
                 seen.add(imp.target)
                 came_from[imp.target] = imp
-                if _within(imp.target, forbidden):
+                if imp.line and _within(imp.target, forbidden) and not _within(imp.target, allowed):
                     hits.append(imp.target)  # report it; don't walk on through it (its own deps are its rules)
                 elif imp.target in graph:
                     following.append(imp.target)
@@ -296,16 +304,17 @@ def test_nothing_below_tasks_flows_commands_imports_them(graph):
 
 
 def test_trainer_reaches_no_control_plane_module(graph):
-    chains = reachable_violations(graph, TRAINER, CONTROL_PLANE)
-    assert not chains, ("the trainer (trainer/, runtime.py) reaches control-plane modules; the chains of imports "
-                        "that do it:\n" + _chains(chains))
+    chains = reachable_violations(graph, TRAINER, CONTROL_PLANE, BELOW_BOTH)
+    assert not chains, ("the trainer (trainer/, runtime.py) loads control-plane modules (of infra/ and registry/ it "
+                        f"may load only {', '.join(BELOW_BOTH)}); the chains of imports that do it:\n"
+                        + _chains(chains))
 
 
 def test_contract_imports_only_spec_plan_and_storage(graph):
     direct = disallowed_imports(graph, CONTRACT, CONTRACT_MAY_IMPORT)
     assert not direct, ("contract/ may import only trainforge.spec, trainforge.plan, trainforge.infra.storage "
                         "(and pydantic / stdlib):\n" + _lines(direct))
-    chains = reachable_violations(graph, CONTRACT, (*CONTROL_PLANE, *TRAINER, *CONTRACT_NO_THIRD_PARTY))
+    chains = reachable_violations(graph, CONTRACT, (*CONTROL_PLANE, *TRAINER, *CONTRACT_NO_THIRD_PARTY), BELOW_BOTH)
     assert not chains, "contract/ reaches the trainer, torch or the control plane:\n" + _chains(chains)
 
 
@@ -364,16 +373,27 @@ def test_checker_flags_upward_and_transitive_control_plane_imports():
         "trainforge.helpers": "from .registry.tracking import Tracker\n",
         "trainforge.registry": "",
         "trainforge.registry.tracking": "",
+        "trainforge.registry.manifest": "",
+        "trainforge.infra.storage": "from trainforge.registry import manifest\n",
+        "trainforge.trainer.checkpoint": "from trainforge.infra.storage import open_store\n",
         "trainforge.contract": "",
         "trainforge.contract.config": "import torch\nfrom trainforge.trainer import loop\n",
         "trainforge.plan": "from trainforge.infra.k8s import job\n",
     }, package="trainforge")
     assert [str(imp) for imp in upward_imports(graph)] == [
         "trainforge.infra.k8s.job:2 imports trainforge.tasks.prepare"]
-    chains = reachable_violations(graph, TRAINER, CONTROL_PLANE)
+    chains = reachable_violations(graph, TRAINER, CONTROL_PLANE, BELOW_BOTH)  # storage and manifest are fine
     assert [[str(imp) for imp in chain] for chain in chains] == [[
         "trainforge.trainer.loop:1 imports trainforge.helpers",
         "trainforge.helpers:1 imports trainforge.registry.tracking"]]
+    # A package's __init__ runs before its modules: what it imports is loaded too.
+    graph["trainforge.infra"] = parse_imports("trainforge.infra", "from .k8s import job\n", is_package=True,
+                                              modules=graph, package="trainforge")
+    chains = reachable_violations(graph, ["trainforge.trainer.checkpoint"], CONTROL_PLANE, BELOW_BOTH)
+    assert [[str(imp) for imp in chain] for chain in chains] == [[
+        "trainforge.trainer.checkpoint:1 imports trainforge.infra.storage",
+        "trainforge.infra.storage runs its package trainforge.infra",
+        "trainforge.infra:1 imports trainforge.infra.k8s.job"]]
     assert [str(imp) for imp in disallowed_imports(graph, CONTRACT, CONTRACT_MAY_IMPORT)] == [
         "trainforge.contract.config:2 imports trainforge.trainer.loop"]
     torch_chains = reachable_violations(graph, CONTRACT, (*TRAINER, *CONTRACT_NO_THIRD_PARTY))

@@ -13,7 +13,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trainforge.spec import GpuType, Problem, SpecError, _problems_from_validation
+from trainforge.spec import GpuType, Problem, SpecError, _problems_from_validation, read_document
 
 Link = Literal["nvlink", "nvswitch", "pcie", "infiniband", "efa", "gpudirect-tcpx", "ethernet", "loopback"]
 
@@ -115,8 +115,6 @@ def local_cluster() -> ClusterSpec:
 
 def load_cluster(path: str | Path) -> ClusterSpec:
     """Read a cluster description; raises SpecError naming the file and field on any problem."""
-    from trainforge.spec import read_document
-
     doc = read_document(path)
     if not isinstance(doc, dict):
         raise SpecError([Problem("<root>", "a cluster description must be a mapping", None,

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainforge.plan.advisor import PlanRequest, search
 from trainforge.plan.cluster import ClusterSpec
+from trainforge.plan.hardware import gpu_spec
 from trainforge.plan.layout import Layout
 from trainforge.plan.model import ModelShape
+from trainforge.plan.topology import topology_for
 from trainforge.spec import JobSpec
 
 
@@ -42,12 +45,8 @@ def fixed_fields(spec: JobSpec) -> dict[str, Any]:
     return out
 
 
-def plan_request(spec: JobSpec, shape: ModelShape, cluster: ClusterSpec) -> Any:
+def plan_request(spec: JobSpec, shape: ModelShape, cluster: ClusterSpec) -> PlanRequest:
     """The advisor's request for a spec on a cluster (the flow, validation and `trainforge plan JOB` share it)."""
-    from trainforge.plan.advisor import PlanRequest
-    from trainforge.plan.hardware import gpu_spec
-    from trainforge.plan.topology import topology_for
-
     gpu = gpu_spec(spec.resources.gpu_type.value)
     world = spec.resources.world_size
     topo = topology_for(cluster, gpu.name, min(spec.resources.gpus_per_node, world))
@@ -58,8 +57,6 @@ def plan_request(spec: JobSpec, shape: ModelShape, cluster: ClusterSpec) -> Any:
 def resolve_layout(spec: JobSpec, shape: ModelShape, cluster: ClusterSpec) -> Layout:
     par = spec.parallelism
     if par.strategy == "auto":
-        from trainforge.plan.advisor import search
-
         return search(plan_request(spec, shape, cluster)).best.layout
     return explicit_layout(spec)
 

@@ -5,6 +5,8 @@ Plain functions (tested without Prefect); `trainforge.tasks` wraps them as Prefe
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,9 @@ from trainforge.plan.job import auto_checkpoint_interval
 from trainforge.plan.job import (
     make_plan as make_plan,  # re-exported: the flow's steps and the CLI call it from here
 )
+from trainforge.registry.checkpoints import export_safetensors
+from trainforge.registry.jobs import JobStore
+from trainforge.registry.tracking import Tracker
 from trainforge.spec import JobSpec, Problem, SpecError
 from trainforge.validate import validate_document
 
@@ -82,8 +87,6 @@ def code_dir(spec: JobSpec, base_dir: Path) -> Path:
 
 
 def storage_url() -> str:
-    import os
-
     return os.environ.get("TRAINFORGE_STORAGE_URL") or (home() / "store").as_uri()
 
 
@@ -123,11 +126,6 @@ def resolve_init_weights(spec: JobSpec, run_dir: Path) -> str | None:
     target = parse_target(spec.init_from)
     out = run_dir / "init"
     if target.startswith("checkpoint:"):
-        import json
-
-        from trainforge.registry.jobs import JobStore
-        from trainforge.tasks.checkpoints import export_safetensors
-
         job, _, step = target.removeprefix("checkpoint:").rpartition("@")
         try:
             parent = JobStore().get(job)
@@ -142,8 +140,6 @@ def resolve_init_weights(spec: JobSpec, run_dir: Path) -> str | None:
             raise InitWeightsError(f"init_from {spec.init_from!r}: cannot export step {step} of {job}: {exc}") from None
         return str(out / "model.safetensors")
     if target.startswith("model:"):
-        from trainforge.registry.tracking import Tracker
-
         name, _, version = target.removeprefix("model:").rpartition("/")
         try:
             source = Tracker().model_version(name, version).source

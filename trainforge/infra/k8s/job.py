@@ -9,16 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from trainforge.infra.k8s.render import K8sOptions, render_job
+from trainforge.infra.scheduler.model import SHARED_POOL
+from trainforge.infra.scheduler.placement import find_placement
+from trainforge.infra.scheduler.state import ClusterState
+from trainforge.infra.storage.layout import job_prefix
 from trainforge.plan.cluster import ClusterSpec
 from trainforge.plan.job import make_plan
 from trainforge.spec import JobSpec
 
 
 def preview_placement(spec: JobSpec, cluster: ClusterSpec, layout: dict[str, Any]) -> list[tuple[str, list[int]]]:
-    from trainforge.infra.scheduler.model import SHARED_POOL
-    from trainforge.infra.scheduler.placement import find_placement
-    from trainforge.infra.scheduler.state import ClusterState
-
     state = ClusterState.from_spec(cluster)
     world = spec.resources.world_size
     placement = find_placement(state, spec.resources.gpu_type.value, world, tp=layout.get("tp", 1) or 1,
@@ -34,8 +34,6 @@ def preview_placement(spec: JobSpec, cluster: ClusterSpec, layout: dict[str, Any
 
 def preview_worker_config(spec: JobSpec, job_id: str, plan: dict[str, Any], storage_url: str) -> dict[str, Any]:
     """The worker config's fields that do not depend on resolving the dataset (the flow fills the rest)."""
-    from trainforge.infra.storage.layout import job_prefix
-
     return {"team": spec.team, "name": spec.name, "storage_url": storage_url,
             "storage_prefix": job_prefix(spec.team, job_id), "entrypoint": spec.code.entrypoint,
             "model": plan["model"], "layout": plan["layout"], "training": spec.training.model_dump(mode="json"),
