@@ -55,7 +55,7 @@ class Import:
     importer: str
     line: int
     target: str  # a trainforge module, or the dotted name of a third-party / stdlib module
-    function_level: bool  # inside a def / lambda: runs when the function is called
+    function_level: bool  # inside a def: runs when the function is called
     typing_only: bool  # under `if TYPE_CHECKING:`: never runs
 
     def __str__(self) -> str:
@@ -117,15 +117,19 @@ def parse_imports(module: str, source: str, *, is_package: bool, modules: Mappin
                 # `from pkg import submodule` depends on the submodule; `from mod import name` on mod.
                 child = f"{base}.{alias.name}"
                 add(child if child in modules else base, node, function_level, typing_only)
-        inner_function = function_level or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        inner_function = function_level or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         if isinstance(node, ast.If) and _is_type_checking(node.test):
             for child in node.body:
                 visit(child, inner_function, True)
             for child in node.orelse:
                 visit(child, inner_function, typing_only)
             return
-        for child in ast.iter_child_nodes(node):
-            visit(child, inner_function, typing_only)
+        # Imports are statements: only statement blocks can hold one (bodies, else/finally, except, match cases).
+        for value in vars(node).values():
+            if isinstance(value, list):
+                for child in value:
+                    if isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                        visit(child, inner_function, typing_only)
 
     visit(ast.parse(source), False, False)
     return list(dict.fromkeys(found))  # `from m import a, b` is one dependency of that line
