@@ -4,10 +4,10 @@ The live scheduler (trainforge.infra.scheduler.live) admits the gang against the
 flow run on this host (SQLite in $TRAINFORGE_HOME); the local backend's inventory is this machine's worker slots.
 
 Elastic jobs (`resources.max_gpus` > `min_gpus`) ask for up to max_gpus and accept any size down to min_gpus that
-gives a valid data-parallel degree (`elastic_sizes`). The layout of a size keeps tp / pp and the global batch:
-dp = world / (tp * pp), and gradient accumulation (local batch / micro-batch) absorbs the change, so the
-learning-rate schedule and the sample order (a function of the step and the global batch only) are unchanged.
-The checkpoint reshards on load (DCP). Every change of size is a `resize` event and an entry of the job record's
+gives a valid data-parallel degree (`elastic_sizes`, pure, in trainforge/plan/elastic.py with `layout_for`). The
+layout of a size keeps tp / pp and the global batch: dp = world / (tp * pp), and gradient accumulation (local
+batch / micro-batch) absorbs the change, so the learning-rate schedule and the sample order (a function of the step
+and the global batch only) are unchanged. The checkpoint reshards on load (DCP). Every change of size is a `resize` event and an entry of the job record's
 `resizes`; the record's `allocation` is the gang the next segment runs on.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 from trainforge.events import EventWriter, read_events
 from trainforge.plan.cluster import default_cluster
+from trainforge.plan.elastic import accumulation, elastic_sizes, layout_for
 from trainforge.registry.jobs import JobRecord
 from trainforge.spec import JobSpec
 
@@ -35,47 +36,6 @@ def live_scheduler():  # -> LiveScheduler
     cluster = default_cluster()
     teams = {name: TeamPolicy(weight=t.weight, quota=dict(t.quota)) for name, t in cluster.teams.items()}
     return LiveScheduler(cluster, os.environ.get("TRAINFORGE_SCHEDULER_URL") or None, teams=teams or None)
-
-
-# ----------------------------------------------------------------------------------------- elastic sizes
-
-
-def elastic_sizes(spec: JobSpec, layout: dict[str, Any]) -> list[int]:
-    """World sizes the job can run at, largest first: multiples of tp * pp and of whole nodes between min_gpus and
-    max_gpus whose dp divides the global batch (and is a multiple of ep). A fixed-size job,
-    or one on the DeepSpeed engine (its ZeRO partitions do not reshard), has one size: min_gpus."""
-    res = spec.resources
-    if not res.elastic or spec.parallelism.engine == "deepspeed":
-        return [res.world_size]
-    unit = layout.get("tp", 1) * layout.get("pp", 1)
-    batch = spec.training.global_batch_size
-    top = res.max_gpus or res.min_gpus
-    # The gang is requested with one node shape (gpus_per_node of the largest size), so every size is whole
-    # nodes of it: the scheduler places, grows and shrinks an elastic job node by node.
-    node = min(res.gpus_per_node, top)
-    out = []
-    for world in range(top, res.min_gpus - 1, -1):
-        if world % unit or world % node or node % layout.get("tp", 1):
-            continue
-        dp = world // unit
-        if batch % dp or dp % layout.get("ep", 1):
-            continue
-        out.append(world)
-    return out or [res.world_size]
-
-
-def layout_for(layout: dict[str, Any], world: int, global_batch: int) -> dict[str, Any]:
-    """The plan's layout at `world` workers: same tp / pp / sharding, dp = world / (tp * pp); the micro-batch stays
-    unless the local batch got smaller than it (then the largest divisor of the local batch below it), so
-    accumulation = local batch / micro-batch keeps the global batch."""
-    dp = world // (layout.get("tp", 1) * layout.get("pp", 1))
-    local = global_batch // dp
-    micro = max(d for d in range(1, min(layout.get("micro_batch_size", 1), local) + 1) if local % d == 0)
-    return {**layout, "dp": dp, "micro_batch_size": micro}
-
-
-def accumulation(layout: dict[str, Any], global_batch: int) -> int:
-    return global_batch // layout["dp"] // layout["micro_batch_size"]
 
 
 # ------------------------------------------------------------------------------------------- the gang
