@@ -7,8 +7,8 @@ Elastic jobs (`resources.max_gpus` > `min_gpus`) ask for up to max_gpus and acce
 gives a valid data-parallel degree (`elastic_sizes`, pure, in trainforge/plan/elastic.py with `layout_for`). The
 layout of a size keeps tp / pp and the global batch: dp = world / (tp * pp), and gradient accumulation (local
 batch / micro-batch) absorbs the change, so the learning-rate schedule and the sample order (a function of the step
-and the global batch only) are unchanged. The checkpoint reshards on load (DCP). Every change of size is a `resize` event and an entry of the job record's
-`resizes`; the record's `allocation` is the gang the next segment runs on.
+and the global batch only) are unchanged. The checkpoint reshards on load (DCP). Every change of size is a `resize`
+event and an entry of the job record's `resizes`; the record's `allocation` is the gang the next segment runs on.
 """
 
 from __future__ import annotations
