@@ -11,9 +11,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainforge.contract.config import SegmentConfig
 from trainforge.infra.storage import ObjectStore, open_store
 from trainforge.registry.dedup import chunks_prefix, referenced_chunks
 from trainforge.registry.manifest import (
@@ -37,8 +39,19 @@ class CheckpointCorrupt(RuntimeError):
     pass
 
 
-def job_store(config: dict[str, Any]) -> ObjectStore:
-    return open_store(config["storage_url"]).scoped(config["storage_prefix"])
+JobLocation = SegmentConfig | Mapping[str, Any]
+"""A job's config: the flow's SegmentConfig, or a stored worker-config.json read as JSON (its storage fields)."""
+
+
+def _location(config: JobLocation) -> tuple[str, str]:
+    if isinstance(config, SegmentConfig):
+        return config.storage_url, config.storage_prefix
+    return config["storage_url"], config["storage_prefix"]
+
+
+def job_store(config: JobLocation) -> ObjectStore:
+    url, prefix = _location(config)
+    return open_store(url).scoped(prefix)
 
 
 def committed_ref(store: ObjectStore, job_prefix: str, step: int) -> CheckpointRef:
@@ -49,10 +62,10 @@ def committed_ref(store: ObjectStore, job_prefix: str, step: int) -> CheckpointR
     return CheckpointRef(step, prefix, manifest)
 
 
-def commit_bookkeeping(config: dict[str, Any], step: int) -> dict[str, Any]:
+def commit_bookkeeping(config: JobLocation, step: int) -> dict[str, Any]:
     """Verify every file of a committed checkpoint and return its catalog entry."""
     store = job_store(config)
-    ref = committed_ref(store, config["storage_prefix"], step)
+    ref = committed_ref(store, _location(config)[1], step)
     problems = verify(store, ref)
     if problems:
         quarantine(store, ref, problems)
@@ -89,10 +102,10 @@ def _single_thread_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def evaluate(config_path: Path, config: dict[str, Any], step: int, batches: int,
+def evaluate(config_path: Path, config: JobLocation, step: int, batches: int,
              timeout_s: float = 600) -> dict[str, float]:
     store = job_store(config)
-    ref = committed_ref(store, config["storage_prefix"], step)
+    ref = committed_ref(store, _location(config)[1], step)
     with tempfile.TemporaryDirectory(prefix="tf-eval-") as scratch:
         folder = _materialize(store, ref, Path(scratch))
         result = _run_offline(["evaluate", "--config", str(config_path), "--checkpoint", str(folder),
@@ -102,10 +115,10 @@ def evaluate(config_path: Path, config: dict[str, Any], step: int, batches: int,
     return result
 
 
-def export_safetensors(config_path: Path, config: dict[str, Any], step: int, out: Path,
+def export_safetensors(config_path: Path, config: JobLocation, step: int, out: Path,
                        timeout_s: float = 600) -> dict[str, Any]:
     store = job_store(config)
-    ref = committed_ref(store, config["storage_prefix"], step)
+    ref = committed_ref(store, _location(config)[1], step)
     with tempfile.TemporaryDirectory(prefix="tf-export-") as scratch:
         folder = _materialize(store, ref, Path(scratch))
         return _run_offline(["export", "--config", str(config_path), "--checkpoint", str(folder), "--out",
@@ -136,7 +149,7 @@ def policy_of(spec: JobSpec) -> RetentionPolicy:
 GC_GRACE_S = 3600.0
 
 
-def apply_retention(spec: JobSpec, config: dict[str, Any], protected: list[int],
+def apply_retention(spec: JobSpec, config: JobLocation, protected: list[int],
                     grace_s: float = GC_GRACE_S) -> list[int]:
     """Delete checkpoints the policy does not keep, then garbage-collect. Returns the deleted steps.
 
@@ -145,7 +158,7 @@ def apply_retention(spec: JobSpec, config: dict[str, Any], protected: list[int],
     registry references them), and anything younger than `grace_s` that no manifest references yet (an in-flight
     save's chunks and folders)."""
     store = job_store(config)
-    return collect_garbage(store, config["storage_prefix"], policy_of(spec), protected, grace_s)
+    return collect_garbage(store, _location(config)[1], policy_of(spec), protected, grace_s)
 
 
 def collect_garbage(store: ObjectStore, job_prefix: str, policy: RetentionPolicy, protected: list[int],
