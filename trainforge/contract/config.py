@@ -60,9 +60,12 @@ class ResolvedDataset(_Part):
         """From tasks/prepare.py `resolve_dataset`'s record (its `warnings` are the flow's to log, not the worker's)."""
         return cls.model_validate({k: v for k, v in resolved.items() if k != "warnings"})
 
-    @property
-    def pinned(self) -> bool:
-        return self.version is not None
+    def require_pinned(self) -> str:
+        """The pinned version; a worker never trains on an unresolved reference."""
+        if self.version is None:
+            raise ValueError(f"dataset {self.ref!r} in this segment config is not resolved to a version (a "
+                             "`trainforge render` preview); submit the job, which pins the version")
+        return self.version
 
 
 class EngineConfig(_Part):

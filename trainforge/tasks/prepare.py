@@ -14,22 +14,32 @@ from trainforge.contract.config import ResolvedDataset, SegmentConfig
 from trainforge.datasets.refs import resolve_reference
 from trainforge.home import home
 from trainforge.plan.cluster import ClusterSpec, default_cluster
+from trainforge.plan.layout import Layout
 from trainforge.plan.model import shape_from_spec
 from trainforge.plan.resolve import resolve_layout
 from trainforge.spec import JobSpec, Problem, SpecError
-from trainforge.validate import validate_document
+from trainforge.validate import ValidationReport, validate_document
 
 
 class JobRejected(ValueError):
     """Validation failed: nothing was started or written."""
 
 
-def validate_spec(doc: dict[str, Any], source: str, base_dir: Path, cluster: ClusterSpec | None = None) -> JobSpec:
+def validate_report(doc: dict[str, Any], source: str, base_dir: Path,
+                    cluster: ClusterSpec | None = None) -> ValidationReport:
+    """The one validation of a submit: the spec and the layout it resolved (make_plan reuses it, no second
+    resolution). Raises JobRejected with every problem."""
     report = validate_document(doc, source, base_dir, cluster)
     if not report.ok():
         raise JobRejected(str(SpecError(report.errors(), source)))
     assert report.spec is not None
-    return report.spec
+    return report
+
+
+def validate_spec(doc: dict[str, Any], source: str, base_dir: Path, cluster: ClusterSpec | None = None) -> JobSpec:
+    spec = validate_report(doc, source, base_dir, cluster).spec
+    assert spec is not None
+    return spec
 
 
 def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
@@ -47,14 +57,15 @@ def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
     return out
 
 
-def make_plan(spec: JobSpec, cluster: ClusterSpec | None = None) -> dict[str, Any]:
-    """The layout (the advisor's under `strategy: auto`) with the planner's predictions for it."""
+def make_plan(spec: JobSpec, cluster: ClusterSpec | None = None, layout: Layout | None = None) -> dict[str, Any]:
+    """The layout (the advisor's under `strategy: auto`) with the planner's predictions for it. `layout`: the one
+    validation already resolved (ValidationReport.layout, same spec and cluster), so it is not resolved again."""
     from trainforge.plan.advisor import evaluate_layout
     from trainforge.plan.resolve import plan_request
 
     cluster = cluster or default_cluster()
     shape = shape_from_spec(spec.model, spec.name)
-    layout = resolve_layout(spec, shape, cluster)
+    layout = layout or resolve_layout(spec, shape, cluster)
     predicted = evaluate_layout(plan_request(spec, shape, cluster), layout)
     step = predicted.step
     return {"layout": asdict(layout), "model": {"layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads,

@@ -16,16 +16,19 @@ from prefect.cache_policies import NO_CACHE
 
 from trainforge.contract.config import SegmentConfig
 from trainforge.plan.cluster import ClusterSpec
+from trainforge.plan.layout import Layout
 from trainforge.registry.jobs import JobRecord
 from trainforge.spec import JobSpec
 from trainforge.tasks import checkpoints as ckpt
 from trainforge.tasks import prepare
 from trainforge.tasks.segment import SegmentCancelled, SegmentFailed, SegmentResult, run_segment
+from trainforge.validate import ValidationReport
 
 
 @task(name="validate", cache_policy=NO_CACHE)
-def validate(doc: dict[str, Any], source: str, base_dir: str, cluster: ClusterSpec | None = None) -> JobSpec:
-    return prepare.validate_spec(doc, source, Path(base_dir), cluster)
+def validate(doc: dict[str, Any], source: str, base_dir: str, cluster: ClusterSpec | None = None) -> ValidationReport:
+    """The spec and the layout it resolved (handed to `plan`, so one submit resolves the layout once)."""
+    return prepare.validate_report(doc, source, Path(base_dir), cluster)
 
 
 @task(name="resolve-dataset", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
@@ -40,8 +43,9 @@ def resolve_init_weights(spec: JobSpec, run_dir: str) -> str | None:
 
 
 @task(name="plan", cache_policy=NO_CACHE)
-def plan(spec: JobSpec, dataset: dict[str, Any], cluster: ClusterSpec | None = None) -> dict[str, Any]:
-    result = prepare.make_plan(spec, cluster)
+def plan(spec: JobSpec, dataset: dict[str, Any], cluster: ClusterSpec | None = None,
+         layout: Layout | None = None) -> dict[str, Any]:
+    result = prepare.make_plan(spec, cluster, layout)
     prepare.check_dataset_fits(spec, dataset, result)
     return result
 

@@ -28,12 +28,14 @@ import os
 import re
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from trainforge.contract.config import SegmentConfig
 from trainforge.trainer.parallel.parallelize import cross_entropy
 
 logger = logging.getLogger(__name__)
@@ -171,14 +173,16 @@ def load_deepspeed_weights(folder: Path, model: torch.nn.Module) -> None:
     model.load_state_dict({k: v.to(own[k].dtype) if k in own else v for k, v in state.items()}, strict=True)
 
 
-def train_deepspeed(cfg: Any, ctx: Any, model: torch.nn.Module, events: Any) -> dict[str, Any]:
+def train_deepspeed(cfg: SegmentConfig, ctx: Any, model: torch.nn.Module, events: Any) -> dict[str, Any]:
     from trainforge.infra.storage import open_store
     from trainforge.trainer.checkpoint import Checkpointer
     from trainforge.trainer.faults import FaultInjector
     from trainforge.trainer.loop import DataFeed, _manifest_fields, lr_at
 
-    tr, opt, sched = cfg.training, cfg.training["optimizer"], cfg.training["lr_schedule"]
-    engine = build_deepspeed(model.to(ctx.device), cfg.layout, tr, ctx.world_size)
+    opt, sched = cfg.training.optimizer, cfg.training.lr_schedule
+    # deepspeed_config reads the mappings its own tests and the harness give it; an explicit stage wins.
+    layout = asdict(cfg.layout) | ({} if cfg.engine.zero_stage is None else {"zero_stage": cfg.engine.zero_stage})
+    engine = build_deepspeed(model.to(ctx.device), layout, cfg.training.model_dump(mode="json"), ctx.world_size)
     faults = FaultInjector.from_env(cfg.run_dir, ctx.rank)
     store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
 
@@ -204,7 +208,7 @@ def train_deepspeed(cfg: Any, ctx: Any, model: torch.nn.Module, events: Any) -> 
     for step in range(start, end):
         faults.maybe_fire(step, engine.module)
         t0 = time.perf_counter()
-        lr = lr_at(step, total, opt["lr"], sched["warmup_steps"], sched["decay"], sched["min_lr_ratio"])
+        lr = lr_at(step, total, opt.lr, sched.warmup_steps, sched.decay, sched.min_lr_ratio)
         for group in engine.optimizer.param_groups:
             group["lr"] = lr
         b = feed.step(step)
