@@ -50,8 +50,7 @@ def run_worker(spec_path: Path, home: Path, env: dict[str, str]) -> tuple[list[d
     job_id = new_job_id(spec.name)
     record = JobStore().create(job_id)
     config = prepare.worker_config(spec, job_id, record.folder, spec_path.parent, ds, plan, "bench")
-    path = record.folder / "worker-config.json"
-    path.write_text(config.to_json())
+    path = config.write(record.folder / "worker-config.json")
     t0 = time.perf_counter()
     torchrun(["-m", "trainforge.trainer.worker"], {**env, "TRAINFORGE_JOB_CONFIG": str(path),
                                                    "TRAINFORGE_HOME": str(home)})

@@ -43,13 +43,13 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from trainforge.jobconfig import ENV_VAR, WorkerConfig
+from trainforge.contract.config import ENV_VAR, SegmentConfig
 
 
 class RuntimeUsageError(ValueError):
@@ -86,7 +86,7 @@ class Job:
 
 @dataclass
 class _State:
-    cfg: WorkerConfig
+    cfg: SegmentConfig
     job: Job
     events: Any
     metrics: Any
@@ -109,13 +109,13 @@ def _state() -> _State:
     return _STATE
 
 
-def _config() -> WorkerConfig:
+def _config() -> SegmentConfig:
     path = os.environ.get(ENV_VAR)
     if not path:
         raise RuntimeUsageError(f"${ENV_VAR} is not set: trainforge.runtime works inside a platform job; submit the "
                                 "script with `code.mode: script` (trainforge submit SPEC) instead of running it "
                                 "directly")
-    return WorkerConfig.load(path)
+    return SegmentConfig.load(path)
 
 
 def init(*, process_group: bool | None = None, timeout_s: float | None = None) -> Job:
@@ -129,11 +129,10 @@ def init(*, process_group: bool | None = None, timeout_s: float | None = None) -
     if _STATE is not None and not _STATE.finished:
         return _STATE.job
     from trainforge.events import AsyncEventWriter, EventWriter
-    from trainforge.trainer.health import HealthPolicy, current_monitor
+    from trainforge.trainer.health import current_monitor
 
     cfg = _config()
-    code = cfg.extra.get("code", {})
-    framework = code.get("framework", "pytorch")
+    framework = cfg.code.framework
     if process_group is None:
         # TensorFlow: the script's MultiWorkerMirroredStrategy reads TF_CONFIG itself, when the script creates it.
         process_group = framework in ("pytorch", "jax")
@@ -148,7 +147,7 @@ def init(*, process_group: bool | None = None, timeout_s: float | None = None) -
         from trainforge.trainer.checkpoint import Checkpointer
         from trainforge.trainer.distributed import DistContext
 
-        policy = HealthPolicy.from_dict(cfg.extra.get("health")).with_env()
+        policy = cfg.health.with_env()
         ctx = DistContext.from_env(timeout_s or min(cfg.collective_timeout_s, policy.collective_timeout_s))
         rank, world, local_rank, device = ctx.rank, ctx.world_size, ctx.local_rank, ctx.device
 
@@ -158,11 +157,12 @@ def init(*, process_group: bool | None = None, timeout_s: float | None = None) -
         store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
         ckpt = Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir), on_commit)
     tr = cfg.training
+    # Job's dict fields are the script's public view (JSON-shaped, as documented); the config itself is typed.
     job = Job(job_id=cfg.job_id, rank=rank, world_size=world, local_rank=local_rank, framework=framework,
               total_steps=cfg.total_steps, checkpoint_interval=cfg.checkpoint_interval,
-              segment_max_steps=cfg.segment_max_steps, global_batch_size=tr["global_batch_size"],
-              seq_len=tr["seq_len"], seed=tr["seed"], training=dict(tr), model=dict(cfg.model),
-              layout=dict(cfg.layout), run_dir=cfg.run_dir, device=device)
+              segment_max_steps=cfg.segment_max_steps, global_batch_size=tr.global_batch_size,
+              seq_len=tr.seq_len, seed=tr.seed, training=tr.model_dump(mode="json"), model=cfg.model_args(),
+              layout=asdict(cfg.layout), run_dir=cfg.run_dir, device=device)
     _STATE = _State(cfg=cfg, job=job, events=events, metrics=AsyncEventWriter(events), ctx=ctx, ckpt=ckpt)
     current_monitor().set_phase("starting")
     return job
@@ -277,15 +277,15 @@ def save_checkpoint(step: int, state: Mapping[str, Any]) -> float:
         _begin(0, None)
     cfg, job = st.cfg, st.job
     fields = {
-        "job_id": cfg.job_id, "team": cfg.team, "world_size": job.world_size, "layout": cfg.layout, "mode": "script",
+        "job_id": cfg.job_id, "team": cfg.team, "world_size": job.world_size, "layout": asdict(cfg.layout),
+        "mode": "script",
         "framework": job.framework,
         "sampler": {"position": step * job.global_batch_size, "seed": job.seed,
-                    "dataset_version": cfg.dataset.get("version"), "skip": sorted(cfg.extra.get("skip_samples", []))},
+                    "dataset_version": cfg.dataset.version, "skip": list(cfg.skip_samples)},
         "rng": {"files": [f"rng-rank{r:05d}.safetensors" for r in range(job.world_size)]},
         "metrics": {} if st.last_loss is None else {"train_loss": st.last_loss},
-        "dataset": {"ref": cfg.dataset.get("ref"), "version": cfg.dataset.get("version"),
-                    "license": cfg.dataset.get("license")},
-        "code_commit": cfg.code_commit, "config_hash": cfg.config_hash, "model": cfg.model,
+        "dataset": {"ref": cfg.dataset.ref, "version": cfg.dataset.version, "license": cfg.dataset.license},
+        "code_commit": cfg.code_commit, "config_hash": cfg.config_hash, "model": cfg.model_args(),
     }
     blocked = float(ckpt.save(step, model, optimizer, fields))
     st.last_step = max(st.last_step, step)
@@ -336,13 +336,12 @@ def data_loader(*, start_step: int | None = None, end_step: int | None = None, d
         raise RuntimeUsageError(f"data_loader: training.global_batch_size ({job.global_batch_size}) is not divisible "
                                 f"by dp_degree ({dp_degree}); change the batch size in the spec or the degree")
     dset = cfg.dataset
-    ds = load_version_dir(Path(dset["path"]), dset["ref"])
-    if ds.version != dset["version"]:  # the pinned version is what the run records; never train on another
-        raise RuntimeError(f"dataset at {dset['path']} is version {ds.version}, the job pinned {dset['version']}")
-    source = StepSource(dset["path"], dset["ref"], dset["eval_fraction"], job.seed, job.global_batch_size, dp_rank,
-                        dp_degree, transforms=tuple(dset.get("transforms", ())),
-                        skip=tuple(sorted(cfg.extra.get("skip_samples", ()))))
-    workers = int(dset.get("num_workers", 0)) if num_workers is None else num_workers
+    ds = load_version_dir(Path(dset.path), dset.ref)
+    if ds.version != dset.require_pinned():  # the pinned version is what the run records; never train on another
+        raise RuntimeError(f"dataset at {dset.path} is version {ds.version}, the job pinned {dset.version}")
+    source = StepSource(dset.path, dset.ref, dset.eval_fraction, job.seed, job.global_batch_size, dp_rank,
+                        dp_degree, transforms=dset.transforms, skip=cfg.skip_samples)
+    workers = dset.num_workers if num_workers is None else num_workers
     width = job.seq_len + 1
     for step, rows in StepLoader(source, start_step, end, num_workers=workers):
         yield step, np.asarray(rows[:, :width], dtype=np.int64)

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,10 @@ import pytest
 import torch
 
 from tests.distributed.conftest import ROOT, free_port, run_torchrun
+from tests.segment_configs import segment_config
+from trainforge.contract.config import ENV_VAR, SegmentConfig
 from trainforge.events import read_events
 from trainforge.infra.storage import open_store
-from trainforge.jobconfig import ENV_VAR, WorkerConfig
 from trainforge.registry.manifest import list_committed, materialize, verify
 
 pytest.importorskip("deepspeed")
@@ -31,26 +31,28 @@ PREFIX = "teams/t/jobs/ds"
 MODEL = {"layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "ffn_hidden": 64, "vocab": 260}
 
 
-def make_config(tmp: Path, name: str, dataset: Any) -> WorkerConfig:
+def _copy(cfg: SegmentConfig, **fields: Any) -> SegmentConfig:
+    return cfg.model_copy(update=fields)
+
+
+def make_config(tmp: Path, name: str, dataset: Any) -> SegmentConfig:
     root = tmp / name
     (root / "run").mkdir(parents=True)
-    return WorkerConfig(
+    return segment_config(
         job_id=f"ds-{name}", team="t", name=name, run_dir=str(root / "run"), storage_url=str(root / "store"),
-        storage_prefix=PREFIX, staging_dir=str(root / "staging"),
-        entrypoint="trainforge.trainer.models.llama:build_model", code_dir="", model=MODEL,
+        storage_prefix=PREFIX, staging_dir=str(root / "staging"), model=MODEL,
         # 8 samples / (2 ranks x micro 2) = 2 micro-batches per rank: DeepSpeed's own accumulation is exercised
-        layout={"dp": 2, "micro_batch_size": 2, "sharding": "shard-grad-op", "engine": "deepspeed"},
+        layout={"dp": 2, "micro_batch_size": 2, "sharding": "shard-grad-op"}, engine={"kind": "deepspeed"},
         training={"global_batch_size": 8, "seq_len": 16, "precision": "fp32", "seed": 11, "grad_clip": 1.0,
                   "optimizer": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
                   "lr_schedule": {"warmup_steps": 2, "decay": "cosine", "min_lr_ratio": 0.1}},
         total_steps=6, checkpoint_interval=3, collective_timeout_s=60.0,
-        dataset={"path": str(dataset.path), "ref": "main", "version": dataset.version, "eval_fraction": 0.1},
-        extra={"engine": "deepspeed"})
+        dataset={"path": str(dataset.path), "ref": "main", "version": dataset.version, "eval_fraction": 0.1})
 
 
-def worker(cfg: WorkerConfig, *, fault: str | None = None, expect_ok: bool = True) -> None:
+def worker(cfg: SegmentConfig, *, fault: str | None = None, expect_ok: bool = True) -> None:
     path = Path(cfg.run_dir) / f"cfg-{len(list(Path(cfg.run_dir).glob('cfg-*')))}.json"
-    path.write_text(json.dumps(asdict(cfg)))
+    path.write_text(cfg.dump_json())
     env = {ENV_VAR: str(path), **({"TRAINFORGE_FAULT": fault} if fault else {})}
     if expect_ok:
         run_torchrun(2, "trainforge.trainer.worker", [], timeout=240, env=env)
@@ -63,16 +65,16 @@ def worker(cfg: WorkerConfig, *, fault: str | None = None, expect_ok: bool = Tru
     assert proc.returncode != 0, "the injected kill did not fail the segment"
 
 
-def losses(cfg: WorkerConfig) -> dict[int, float]:
+def losses(cfg: SegmentConfig) -> dict[int, float]:
     events, _ = read_events(Path(cfg.run_dir) / "events.jsonl")
     return {e["step"]: e["loss"] for e in events if e["type"] == "metrics"}
 
 
-def committed(cfg: WorkerConfig) -> dict[int, Any]:
+def committed(cfg: SegmentConfig) -> dict[int, Any]:
     return {r.step: r for r in list_committed(open_store(cfg.storage_url), PREFIX)}
 
 
-def final_weights(cfg: WorkerConfig, scratch: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+def final_weights(cfg: SegmentConfig, scratch: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     from trainforge.trainer.checkpoint import load_model_weights
     from trainforge.trainer.loop import build_model
 
@@ -86,7 +88,7 @@ def final_weights(cfg: WorkerConfig, scratch: Path) -> tuple[Path, dict[str, tor
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerConfig]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SegmentConfig]:
     from trainforge.datasets.catalog import EmbeddedCatalog
     from trainforge.datasets.demo import tiny_dataset
 
@@ -95,13 +97,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, WorkerConfig]:
     clean = make_config(tmp, "clean", ds)
     worker(clean)
     resumed = make_config(tmp, "resumed", ds)
-    worker(replace(resumed, segment_max_steps=3))  # segment 1: steps 1-3, commits step 3, ends
+    worker(_copy(resumed, segment_max_steps=3))  # segment 1: steps 1-3, commits step 3, ends
     worker(resumed, fault="kill:rank=1:step=4", expect_ok=False)  # segment 2: step 4, then rank 1 is SIGKILLed
     worker(resumed)  # segment 3: resumes from the committed step 3 (step 4's work is lost), runs to 6
     return {"clean": clean, "resumed": resumed}
 
 
-def test_manifest_lists_deepspeed_files_and_training_state(runs: dict[str, WorkerConfig]) -> None:
+def test_manifest_lists_deepspeed_files_and_training_state(runs: dict[str, SegmentConfig]) -> None:
     cfg = runs["resumed"]
     refs = committed(cfg)
     assert sorted(refs) == [3, 6]
@@ -118,7 +120,7 @@ def test_manifest_lists_deepspeed_files_and_training_state(runs: dict[str, Worke
     assert all(verify(store, r) == [] for r in refs.values())
 
 
-def test_resume_after_segment_end_and_kill_is_bitwise_equal(runs: dict[str, WorkerConfig], tmp_path: Path) -> None:
+def test_resume_after_segment_end_and_kill_is_bitwise_equal(runs: dict[str, SegmentConfig], tmp_path: Path) -> None:
     clean, resumed = runs["clean"], runs["resumed"]
     events, _ = read_events(Path(resumed.run_dir) / "events.jsonl")
     starts = [e["resumed_from"] for e in events if e["type"] == "segment_start"]
@@ -132,14 +134,14 @@ def test_resume_after_segment_end_and_kill_is_bitwise_equal(runs: dict[str, Work
         assert torch.equal(a[k], b[k]), k
 
 
-def test_offline_evaluate_and_export_consolidate_zero_partitions(runs: dict[str, WorkerConfig],
+def test_offline_evaluate_and_export_consolidate_zero_partitions(runs: dict[str, SegmentConfig],
                                                                  tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     cfg = runs["clean"]
     folder, weights = final_weights(cfg, tmp_path)
     cfg_path = tmp_path / "job.json"
-    cfg_path.write_text(json.dumps(asdict(cfg)))
+    cfg_path.write_text(cfg.dump_json())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
     def offline(*args: str) -> dict[str, Any]:
@@ -159,6 +161,6 @@ def test_offline_evaluate_and_export_consolidate_zero_partitions(runs: dict[str,
     # the consolidated weights are the trained ones: not the seed's initial weights
     from trainforge.trainer.loop import build_model
 
-    torch.manual_seed(cfg.training["seed"])
+    torch.manual_seed(cfg.training.seed)
     init = build_model(cfg).state_dict()
     assert any(not torch.equal(init[k], v) for k, v in weights.items())

@@ -5,9 +5,7 @@ platform is tests/distributed/test_script_runtime.py. Run: `.venv/bin/python -m 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,27 +13,29 @@ import numpy as np
 import pytest
 import torch
 
+from tests.segment_configs import segment_config
 from trainforge import runtime
+from trainforge.contract.config import ENV_VAR, SegmentConfig
 from trainforge.events import read_events
 from trainforge.infra.storage import open_store
-from trainforge.jobconfig import ENV_VAR, WorkerConfig
 from trainforge.registry.manifest import list_committed
 
 
 @pytest.fixture
-def job_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[WorkerConfig]:
+def job_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SegmentConfig]:
     from trainforge.datasets.catalog import EmbeddedCatalog
     from trainforge.datasets.demo import tiny_dataset
 
     ds = tiny_dataset(EmbeddedCatalog(tmp_path / "catalog"), "rt-tiny", num_samples=64, sample_len=17, seed=5)
     (tmp_path / "run").mkdir()
-    cfg = WorkerConfig(
+    cfg = segment_config(
         job_id="rt", team="t", name="rt", run_dir=str(tmp_path / "run"), storage_url=str(tmp_path / "store"),
-        storage_prefix="teams/t/jobs/rt", staging_dir=str(tmp_path / "staging"), entrypoint="train.py",
-        code_dir=str(tmp_path), model={"vocab": 260}, layout={"dp": 1, "micro_batch_size": 2},
+        storage_prefix="teams/t/jobs/rt", staging_dir=str(tmp_path / "staging"), code_dir=str(tmp_path),
+        code={"entrypoint": "train.py", "mode": "script", "framework": "pytorch", "args": []},
+        layout={"dp": 1, "micro_batch_size": 2},
         training={"global_batch_size": 4, "seq_len": 8, "seed": 3, "precision": "fp32"}, total_steps=6,
         dataset={"path": str(ds.path), "ref": "main", "version": ds.version, "eval_fraction": 0.1},
-        checkpoint_interval=2, extra={"code": {"mode": "script", "framework": "pytorch", "args": []}})
+        checkpoint_interval=2)
     write(tmp_path, cfg, monkeypatch)
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RESTART_COUNT"):
         monkeypatch.delenv(var, raising=False)
@@ -47,13 +47,17 @@ def job_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Work
     runtime._STATE = None
 
 
-def write(tmp: Path, cfg: WorkerConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+def _copy(cfg: SegmentConfig, **fields: Any) -> SegmentConfig:
+    return cfg.model_copy(update=fields)
+
+
+def write(tmp: Path, cfg: SegmentConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp / f"cfg-{len(list(tmp.glob('cfg-*')))}.json"
-    path.write_text(json.dumps(asdict(cfg)))
+    path.write_text(cfg.dump_json())
     monkeypatch.setenv(ENV_VAR, str(path))
 
 
-def events(cfg: WorkerConfig) -> list[dict[str, Any]]:
+def events(cfg: SegmentConfig) -> list[dict[str, Any]]:
     return read_events(Path(cfg.run_dir) / "events.jsonl")[0]
 
 
@@ -69,14 +73,14 @@ def test_outside_a_job_the_error_says_how_to_run_it(monkeypatch: pytest.MonkeyPa
     assert classify(info.value) == "user"  # the segment fails as the user's fault: no infrastructure retries
 
 
-def test_data_loader_is_the_platforms_deterministic_order(job_config: WorkerConfig) -> None:
+def test_data_loader_is_the_platforms_deterministic_order(job_config: SegmentConfig) -> None:
     from trainforge.datasets.catalog import load_version_dir
     from trainforge.datasets.sampler import SampleOrder
     from trainforge.datasets.stream import open_reader
 
     runtime.init(process_group=False)
     got = list(runtime.data_loader())
-    ds = load_version_dir(Path(job_config.dataset["path"]), "main")
+    ds = load_version_dir(Path(job_config.dataset.path), "main")
     order = SampleOrder(ds.manifest.num_samples, 0.1, ds.version, 3)
     reader = open_reader(ds.path, ds.manifest)
     assert [s for s, _ in got] == list(range(6))
@@ -93,7 +97,7 @@ def test_data_loader_is_the_platforms_deterministic_order(job_config: WorkerConf
     runtime.finish()
 
 
-def test_metrics_events_and_their_errors(job_config: WorkerConfig) -> None:
+def test_metrics_events_and_their_errors(job_config: SegmentConfig) -> None:
     runtime.init(process_group=False)
     runtime.log_metrics(1, loss=torch.tensor(2.5), lr=np.float32(0.5), tokens=32)
     with pytest.raises(runtime.RuntimeUsageError, match="not a scalar"):
@@ -124,11 +128,11 @@ def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, rows: np.ndarray)
     return float(loss)
 
 
-def test_checkpoint_round_trip_and_segments(job_config: WorkerConfig, monkeypatch: pytest.MonkeyPatch,
+def test_checkpoint_round_trip_and_segments(job_config: SegmentConfig, monkeypatch: pytest.MonkeyPatch,
                                             tmp_path: Path) -> None:
     """Segment 1 (segment_max_steps 3) trains steps 1-3 and checkpoints at 2 and 3; segment 2 resumes at 3 and ends
     with the weights of an uninterrupted run."""
-    def segment(cfg: WorkerConfig) -> tuple[dict[str, torch.Tensor], list[int]]:
+    def segment(cfg: SegmentConfig) -> tuple[dict[str, torch.Tensor], list[int]]:
         write(tmp_path, cfg, monkeypatch)
         runtime.init()
         torch.manual_seed(0)
@@ -152,10 +156,10 @@ def test_checkpoint_round_trip_and_segments(job_config: WorkerConfig, monkeypatc
         runtime.finish()
         return weights, ran
 
-    full, ran = segment(replace(job_config, storage_prefix="teams/t/jobs/full",
+    full, ran = segment(_copy(job_config, storage_prefix="teams/t/jobs/full",
                                   staging_dir=str(tmp_path / "staging-full")))
     assert ran == list(range(6))
-    short = replace(job_config, segment_max_steps=3)
+    short = _copy(job_config, segment_max_steps=3)
     _, first = segment(short)
     resumed, second = segment(short)
     assert (first, second) == ([0, 1, 2], [3, 4, 5])

@@ -4,13 +4,13 @@ Run: `.venv/bin/python -m pytest tests/distributed/test_script_mode.py -q`."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from tests.distributed.conftest import run_torchrun
-from trainforge.jobconfig import ENV_VAR, WorkerConfig
+from tests.segment_configs import segment_config
+from trainforge.contract.config import ENV_VAR
 
 TORCH_SCRIPT = '''
 import json, os, sys
@@ -39,11 +39,9 @@ def launch(tmp: Path, script: str, code: dict) -> Path:
     (tmp / "code" / "train.py").write_text(script)
     run_dir = tmp / "run"
     run_dir.mkdir()
-    cfg = WorkerConfig(job_id="j", team="t", name="n", run_dir=str(run_dir), storage_url="", storage_prefix="",
-                       staging_dir="", entrypoint="train.py", code_dir=str(tmp / "code"), model={}, layout={},
-                       training={}, total_steps=1, dataset={}, checkpoint_interval=1,
-                       extra={"code": {"mode": "script", **code}})
-    (tmp / "cfg.json").write_text(json.dumps(asdict(cfg)))
+    cfg = segment_config(run_dir=str(run_dir), storage_url="", storage_prefix="", staging_dir="",
+                         code_dir=str(tmp / "code"), code={"entrypoint": "train.py", "mode": "script", **code})
+    cfg.write(tmp / "cfg.json")
     run_torchrun(2, "trainforge.trainer.worker", [], timeout=120, env={ENV_VAR: str(tmp / "cfg.json")})
     return run_dir
 

@@ -13,7 +13,6 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +47,7 @@ def _job(name: str, segment_max_steps: int | None, spec_file: str = "train_torch
     record = JobStore().create(name, name=spec.name, team=spec.team, spec=doc, source="train_torch.yaml")
     record.update(plan=plan, dataset=dataset)
     config = prepare.worker_config(spec, name, record.folder, EXAMPLE, dataset, plan, "test")
-    path = record.folder / "worker-config.json"
-    path.write_text(config.to_json())
+    path = config.write(record.folder / "worker-config.json")
     results = []
     for _ in range(3):  # segments until the job is done, like the train-job flow
         fresh = JobStore().get(name)
@@ -111,7 +109,7 @@ def final_weights(job: dict[str, Any], scratch: Path) -> dict[str, torch.Tensor]
     assert materialize(open_store(cfg.storage_url), ref, folder) == []  # every file sha256-checked
     m = cfg.model
     torch.manual_seed(99)  # not the job's seed: every weight must come from the checkpoint
-    model = TinyCausalLM(m["vocab"], m["hidden"], m["heads"], m["layers"], cfg.training["seq_len"])
+    model = TinyCausalLM(m.vocab, m.hidden, m.heads, m.layers, cfg.training.seq_len)
     load_model_weights(folder, model)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -135,9 +133,9 @@ def test_resumed_job_equals_uninterrupted_bitwise(jobs: dict[str, dict[str, Any]
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
     cfg = jobs["clean"]["config"]
-    torch.manual_seed(cfg.training["seed"])  # the script's initial weights: training changed them
-    init = _model_class()(cfg.model["vocab"], cfg.model["hidden"], cfg.model["heads"], cfg.model["layers"],
-                          cfg.training["seq_len"]).state_dict()
+    torch.manual_seed(cfg.training.seed)  # the script's initial weights: training changed them
+    init = _model_class()(cfg.model.vocab, cfg.model.hidden, cfg.model.heads, cfg.model.layers,
+                          cfg.training.seq_len).state_dict()
     assert any(not torch.equal(init[k], v) for k, v in wa.items())
 
 
@@ -149,8 +147,8 @@ def test_checkpoints_are_platform_commits(jobs: dict[str, dict[str, Any]]) -> No
     assert all(verify(store, r) == [] for r in refs.values())
     m = refs[6].manifest
     assert m["mode"] == "script" and m["framework"] == "pytorch" and m["world_size"] == 2
-    assert m["sampler"]["position"] == 6 * cfg.training["global_batch_size"]
-    assert m["dataset"]["version"] == cfg.dataset["version"]
+    assert m["sampler"]["position"] == 6 * cfg.training.global_batch_size
+    assert m["dataset"]["version"] == cfg.dataset.version
     assert m["metrics"]["train_loss"] == losses(job)[6]
     names = {f["name"] for f in m["files"]}
     assert {".metadata", "__0_0.distcp", "__1_0.distcp", "rng-rank00000.safetensors",
@@ -174,8 +172,8 @@ def test_metrics_heartbeats_and_lr_from_the_script(jobs: dict[str, dict[str, Any
     beats = read_heartbeats(job["config"].run_dir, 0)
     assert sorted(beats) == [0, 1] and all(b["phase"] == "done" and b["step"] == 12 for b in beats.values())
     segment = job["record"].folder / "worker-config-segment-0.json"
-    assert json.loads(segment.read_text())["extra"]["code"]["mode"] == "script"
-    assert asdict(job["config"])["entrypoint"] == "train_torch.py"
+    assert json.loads(segment.read_text())["code"]["mode"] == "script"
+    assert job["config"].code.entrypoint == "train_torch.py"
 
 
 

@@ -91,7 +91,7 @@ def test_lineage_promotion_fine_tune_withdrawal(prefect_api):
     name_b, version_b = second["model"]["model_name"], second["model"]["version"]
     # the workers started from model A's weights: the registered safetensors, byte for byte
     config_b = json.loads((JobStore().get(second["job_id"]).folder / "worker-config.json").read_text())
-    init = Path(config_b["extra"]["init_weights"])
+    init = Path(config_b["init_weights"])
     assert init.read_bytes() == Path(first["model"]["path"]).read_bytes()
     deps_b = {(d["name"], d["license_class"]) for d in
               cli("lineage", "datasets-of", f"{name_b}/{version_b}")["datasets"]}

@@ -47,13 +47,18 @@ def run_job(spec_file: Path, *, job_id: str | None = None, resume: bool = False,
     """Run the train-job flow in this process (Prefect's ephemeral API when no server is configured)."""
     from trainforge.flows.train_job import train_job
     from trainforge.registry.jobs import JobStore, new_job_id
-    from trainforge.validate import validate_file
+    from trainforge.validate import ValidationReport, validate_document
 
-    report = validate_file(spec_file)
+    # Read and validated once, here (the precise errors before anything is allocated); the flow reuses the report.
+    try:
+        doc = read_document(spec_file)
+    except SpecError as exc:
+        doc, report = None, ValidationReport(str(spec_file), problems=exc.problems, unreadable=True)
+    else:
+        report = validate_document(doc, str(spec_file), spec_file.resolve().parent)
     if not report.ok():
         print_spec_error(SpecError(report.errors(), str(spec_file), report.unreadable))
     assert report.spec is not None
-    doc = read_document(spec_file)
     job_id = job_id or new_job_id(report.spec.name)
     store = JobStore()
     stop = threading.Event()
@@ -65,7 +70,7 @@ def run_job(spec_file: Path, *, job_id: str | None = None, resume: bool = False,
 
         thread = _progress_thread(folder, report.spec.training.total_steps, stop)
     try:
-        return train_job(doc, str(spec_file), str(spec_file.resolve().parent), job_id, resume)
+        return train_job(doc, str(spec_file), str(spec_file.resolve().parent), job_id, resume, validated=report)
     finally:
         stop.set()
         if thread is not None:

@@ -96,18 +96,24 @@ def render(
 def submit_kubernetes(spec_file: Path, *, cluster: Path | None, namespace: str, image: str | None,
                       kube_api: str | None, timeout_s: float, as_json: bool) -> None:
     """Validate, plan, reserve the nodes with the live scheduler, render, apply, and follow the pods."""
+    from trainforge.contract.config import ResolvedDataset
     from trainforge.infra.backends.kubernetes import GangFailed, KubernetesBackend, api_client
     from trainforge.infra.k8s.job import preview_worker_config
     from trainforge.infra.k8s.render import jobset_name, render_job
     from trainforge.infra.k8s.validate import validate_manifests
     from trainforge.infra.scheduler.live import GangRequest, LiveScheduler
     from trainforge.registry.jobs import new_job_id
-    from trainforge.tasks.prepare import make_plan, storage_url
+    from trainforge.tasks.prepare import make_plan, resolve_dataset, storage_url
 
     cluster_spec = load_cluster_option(cluster)
     spec = _load_spec(spec_file, cluster_spec)
     job_id = new_job_id(spec.name)
     plan = make_plan(spec, cluster_spec)
+    # The pods train on the version pinned here (the ConfigMap carries it), as the local backend's workers do.
+    try:
+        dataset = ResolvedDataset.from_resolution(resolve_dataset(spec, spec_file.resolve().parent))
+    except Exception as exc:  # CatalogError and the catalogs' own: nothing was reserved yet
+        fail(f"dataset.ref {spec.dataset.ref!r} does not resolve: {exc}")
     layout = plan["layout"]
     scheduler = LiveScheduler(cluster_spec)
     allocation = scheduler.request(GangRequest(
@@ -118,7 +124,7 @@ def submit_kubernetes(spec_file: Path, *, cluster: Path | None, namespace: str, 
     events: list[dict[str, Any]] = []
     try:
         manifests = render_job(spec, job_id, cluster_spec, allocation.nodes,
-                               preview_worker_config(spec, job_id, plan, storage_url()),
+                               preview_worker_config(spec, job_id, plan, storage_url(), dataset),
                                _options(namespace, image, None, False))
         validate_manifests(manifests)
         backend = KubernetesBackend(api_client(kube_api), namespace)

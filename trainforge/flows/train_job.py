@@ -15,6 +15,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
 
+from trainforge.contract.config import SegmentConfig
 from trainforge.events import read_events
 from trainforge.registry.jobs import JobRecord, JobStore, new_job_id
 from trainforge.registry.lineage import LineageStore, parse_target
@@ -25,6 +26,7 @@ from trainforge.tasks.checkpoints import CheckpointCorrupt
 from trainforge.tasks.provision import provision_gang, record_allocation, release_gang
 from trainforge.tasks.segment import SegmentCancelled, terminate_job
 from trainforge.tasks.supervisor import give_up_report
+from trainforge.validate import ValidationReport
 
 POLL_S = 0.5
 
@@ -36,25 +38,29 @@ CANCEL_CHECK_S = 2.0
 
 @flow(name="train-job", log_prints=False, validate_parameters=False)
 def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".", job_id: str | None = None,
-              resume: bool = False) -> dict[str, Any]:
+              resume: bool = False, validated: ValidationReport | None = None) -> dict[str, Any]:
     """Train one job end to end. `spec` is the job document (YAML/JSON parsed); `job_id` names the job (new by
-    default); `resume=True` continues an existing job from its last committed checkpoint."""
+    default); `resume=True` continues an existing job from its last committed checkpoint. `validated`: the
+    caller's validation of this very document (`trainforge submit` validates before it starts the flow), so a
+    submit validates and resolves the layout once."""
     log = get_run_logger()
-    jobspec = steps.validate(spec, source, base_dir)  # a bad spec fails here: nothing created, nothing started
+    # A bad spec fails here: nothing created, nothing started.
+    checked = validated if validated is not None and validated.ok() else steps.validate(spec, source, base_dir)
+    jobspec = checked.spec
+    assert jobspec is not None
     resolve_secrets(jobspec.secrets)  # a missing secret fails here too; the values are registered for redaction
     if jobspec.init_from:  # the parent must be in lineage and not quarantined
         LineageStore().check_usable(parse_target(jobspec.init_from), must_exist=True)
     dataset = steps.resolve_dataset(jobspec, base_dir)
     for warning in dataset.get("warnings", []):
         log.warning(warning)
-    plan = steps.plan(jobspec, dataset)
+    plan = steps.plan(jobspec, dataset, layout=checked.layout)
     record = _open_record(jobspec, job_id, resume, spec, source)
     init_weights = steps.resolve_init_weights(jobspec, str(record.folder)) if jobspec.init_from else None
     config = prepare.worker_config(jobspec, record.job_id, record.folder, Path(base_dir), dataset, plan,
                                    prepare.code_commit(prepare.code_dir(jobspec, Path(base_dir)), jobspec.code.commit),
                                    init_weights)
-    config_path = record.folder / "worker-config.json"
-    config_path.write_text(config.to_json())
+    config_path = config.write(record.folder / "worker-config.json")
     lineage = _lineage(jobspec, dataset, config.code_commit, record.job_id)
     run_id = record.data.get("mlflow_run_id") or _start_tracking(jobspec, record, plan, dataset, lineage)
     record.update(dataset=dataset, plan=plan, mlflow_run_id=run_id, code_commit=config.code_commit,
@@ -66,7 +72,7 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
     log.info("job %s: dataset %s@%s (%s), layout %s", record.job_id, dataset["name"], dataset["version"][:12],
              dataset["license"], plan["layout"])
     allocation = _provision(jobspec, record, plan, "provisioned")
-    pump = _EventPump(jobspec, record, str(config_path), config.__dict__, run_id)
+    pump = _EventPump(jobspec, record, str(config_path), config, run_id)
     try:
         while True:
             result = _run_segment(jobspec, record, config_path, config, allocation, pump)
@@ -81,7 +87,7 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
             else:  # a segment boundary (segment_max_steps): the scheduler may have grown the gang meanwhile
                 allocation = _provision(jobspec, record, plan, "segment boundary")
         pump.drain()
-        model = _promote(jobspec, record, str(config_path), config.__dict__, run_id, lineage, pump)
+        model = _promote(jobspec, record, str(config_path), config, run_id, lineage, pump)
         record.update(state="completed", model=model, completed_at=time.time())
         _end_tracking(run_id, "FINISHED")
         return {"job_id": record.job_id, "state": "completed", "mlflow_run_id": run_id, "model": model,
@@ -114,7 +120,7 @@ def _provision(spec: JobSpec, record: JobRecord, plan: dict[str, Any], reason: s
     return allocation
 
 
-def _run_segment(spec: JobSpec, record: JobRecord, config_path: Path, config: Any, allocation: dict[str, Any],
+def _run_segment(spec: JobSpec, record: JobRecord, config_path: Path, config: SegmentConfig, allocation: dict[str, Any],
                  pump: _EventPump) -> Any:
     retries = spec.fault_tolerance.max_segment_retries
     segment = steps.train_segment.with_options(retries=retries)
@@ -184,11 +190,11 @@ def _flow_run_id() -> str | None:
     return flow_run.id
 
 
-def _promote(spec: JobSpec, record: JobRecord, config_path: str, config: dict[str, Any], run_id: str,
+def _promote(spec: JobSpec, record: JobRecord, config_path: str, config: SegmentConfig, run_id: str,
              lineage: dict[str, str], pump: _EventPump) -> dict[str, Any]:
     from trainforge.tasks.checkpoints import best_step, checkpoint_metrics, job_store
 
-    metrics = checkpoint_metrics(job_store(config), config["storage_prefix"])
+    metrics = checkpoint_metrics(job_store(config), config.storage_prefix)
     step = best_step(spec, metrics)
     model = steps.promote(spec, str(record.folder), config_path, config, run_id, step, lineage, metrics[step])
     protected = sorted(set(record.data.get("protected_steps", [])) | {step})
@@ -203,7 +209,7 @@ def _superseded(step: int, committed: dict[int, dict[str, Any]]) -> bool:
 class _EventPump:
     """Tails events.jsonl: metrics -> MLflow, checkpoints -> commit + evaluate tasks, cancel requests -> stop."""
 
-    def __init__(self, spec: JobSpec, record: JobRecord, config_path: str, config: dict[str, Any], run_id: str):
+    def __init__(self, spec: JobSpec, record: JobRecord, config_path: str, config: SegmentConfig, run_id: str):
         from trainforge.registry.tracking import Tracker
 
         self.spec, self.record, self.config_path, self.config, self.run_id = spec, record, config_path, config, run_id

@@ -14,16 +14,18 @@ from typing import Any
 from trainforge.plan.advisor import evaluate_layout
 from trainforge.plan.checkpointing import plan_checkpoints
 from trainforge.plan.cluster import ClusterSpec, default_cluster
+from trainforge.plan.layout import Layout
 from trainforge.plan.model import shape_from_spec
 from trainforge.plan.resolve import plan_request, resolve_layout
 from trainforge.spec import JobSpec
 
 
-def make_plan(spec: JobSpec, cluster: ClusterSpec | None = None) -> dict[str, Any]:
-    """The layout (the advisor's under `strategy: auto`) with the planner's predictions for it."""
+def make_plan(spec: JobSpec, cluster: ClusterSpec | None = None, layout: Layout | None = None) -> dict[str, Any]:
+    """The layout (the advisor's under `strategy: auto`) with the planner's predictions for it. `layout`: the one
+    validation already resolved (ValidationReport.layout, same spec and cluster), so it is not resolved again."""
     cluster = cluster or default_cluster()
     shape = shape_from_spec(spec.model, spec.name)
-    layout = resolve_layout(spec, shape, cluster)
+    layout = layout or resolve_layout(spec, shape, cluster)
     predicted = evaluate_layout(plan_request(spec, shape, cluster), layout)
     step = predicted.step
     return {"layout": asdict(layout), "model": {"layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads,

@@ -14,9 +14,11 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainforge.contract.config import SegmentConfig
 from trainforge.infra.storage import ObjectStore, open_store
 from trainforge.registry.manifest import (
     CheckpointRef,
@@ -35,8 +37,19 @@ class CheckpointCorrupt(RuntimeError):
     pass
 
 
-def job_store(config: dict[str, Any]) -> ObjectStore:
-    return open_store(config["storage_url"]).scoped(config["storage_prefix"])
+JobLocation = SegmentConfig | Mapping[str, Any]
+"""A job's config: the flow's SegmentConfig, or a stored worker-config.json read as JSON (its storage fields)."""
+
+
+def job_location(config: JobLocation) -> tuple[str, str]:
+    if isinstance(config, SegmentConfig):
+        return config.storage_url, config.storage_prefix
+    return config["storage_url"], config["storage_prefix"]
+
+
+def job_store(config: JobLocation) -> ObjectStore:
+    url, prefix = job_location(config)
+    return open_store(url).scoped(prefix)
 
 
 def committed_ref(store: ObjectStore, job_prefix: str, step: int) -> CheckpointRef:
@@ -70,10 +83,10 @@ def _single_thread_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def evaluate(config_path: Path, config: dict[str, Any], step: int, batches: int,
+def evaluate(config_path: Path, config: JobLocation, step: int, batches: int,
              timeout_s: float = 600) -> dict[str, float]:
     store = job_store(config)
-    ref = committed_ref(store, config["storage_prefix"], step)
+    ref = committed_ref(store, job_location(config)[1], step)
     with tempfile.TemporaryDirectory(prefix="tf-eval-") as scratch:
         folder = _materialize(store, ref, Path(scratch))
         result = _run_offline(["evaluate", "--config", str(config_path), "--checkpoint", str(folder),
@@ -83,10 +96,10 @@ def evaluate(config_path: Path, config: dict[str, Any], step: int, batches: int,
     return result
 
 
-def export_safetensors(config_path: Path, config: dict[str, Any], step: int, out: Path,
+def export_safetensors(config_path: Path, config: JobLocation, step: int, out: Path,
                        timeout_s: float = 600) -> dict[str, Any]:
     store = job_store(config)
-    ref = committed_ref(store, config["storage_prefix"], step)
+    ref = committed_ref(store, job_location(config)[1], step)
     with tempfile.TemporaryDirectory(prefix="tf-export-") as scratch:
         folder = _materialize(store, ref, Path(scratch))
         return _run_offline(["export", "--config", str(config_path), "--checkpoint", str(folder), "--out",

@@ -94,8 +94,7 @@ def prepare_job(doc: dict[str, Any], source: str, base_dir: Path, job_id: str,
     record = JobStore().create(job_id, name=spec.name, team=spec.team, spec=doc, source=source)
     record.update(plan=plan, dataset=dataset)
     config = prepare.worker_config(spec, job_id, record.folder, base_dir, dataset, plan, "chaos")
-    path = record.folder / "worker-config.json"
-    path.write_text(config.to_json())
+    path = config.write(record.folder / "worker-config.json")
     res = spec.resources
     top = res.max_gpus or res.min_gpus
     return ChaosJob(record, path, config, spec=spec, workers=top, cluster=cluster,

@@ -14,11 +14,13 @@ from trainforge.infra.storage import ObjectStore
 from trainforge.infra.storage.layout import parse_checkpoint_step
 from trainforge.registry.checkpoints import (
     CheckpointCorrupt,
+    JobLocation,
     best_step,
     checkpoint_metrics,
     committed_ref,
     evaluate,
     export_safetensors,
+    job_location,
     job_store,
 )
 from trainforge.registry.dedup import chunks_prefix, referenced_chunks
@@ -38,10 +40,10 @@ __all__ = ["GC_GRACE_S", "CheckpointCorrupt", "apply_retention", "best_step", "c
            "export_safetensors", "job_store", "policy_of"]
 
 
-def commit_bookkeeping(config: dict[str, Any], step: int) -> dict[str, Any]:
+def commit_bookkeeping(config: JobLocation, step: int) -> dict[str, Any]:
     """Verify every file of a committed checkpoint and return its catalog entry."""
     store = job_store(config)
-    ref = committed_ref(store, config["storage_prefix"], step)
+    ref = committed_ref(store, job_location(config)[1], step)
     problems = verify(store, ref)
     if problems:
         quarantine(store, ref, problems)
@@ -67,7 +69,7 @@ def policy_of(spec: JobSpec) -> RetentionPolicy:
 GC_GRACE_S = 3600.0
 
 
-def apply_retention(spec: JobSpec, config: dict[str, Any], protected: list[int],
+def apply_retention(spec: JobSpec, config: JobLocation, protected: list[int],
                     grace_s: float = GC_GRACE_S) -> list[int]:
     """Delete checkpoints the policy does not keep, then garbage-collect. Returns the deleted steps.
 
@@ -76,7 +78,7 @@ def apply_retention(spec: JobSpec, config: dict[str, Any], protected: list[int],
     registry references them), and anything younger than `grace_s` that no manifest references yet (an in-flight
     save's chunks and folders)."""
     store = job_store(config)
-    return collect_garbage(store, config["storage_prefix"], policy_of(spec), protected, grace_s)
+    return collect_garbage(store, job_location(config)[1], policy_of(spec), protected, grace_s)
 
 
 def collect_garbage(store: ObjectStore, job_prefix: str, policy: RetentionPolicy, protected: list[int],

@@ -11,10 +11,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from trainforge.contract.config import ResolvedDataset, SegmentConfig
 from trainforge.datasets.refs import resolve_reference
 from trainforge.home import home
-from trainforge.infra.storage.layout import job_prefix
-from trainforge.jobconfig import WorkerConfig
 from trainforge.plan.cluster import ClusterSpec
 from trainforge.plan.job import auto_checkpoint_interval
 from trainforge.plan.job import (
@@ -24,19 +23,28 @@ from trainforge.registry.checkpoints import export_safetensors
 from trainforge.registry.jobs import JobStore
 from trainforge.registry.tracking import Tracker
 from trainforge.spec import JobSpec, Problem, SpecError
-from trainforge.validate import validate_document
+from trainforge.validate import ValidationReport, validate_document
 
 
 class JobRejected(ValueError):
     """Validation failed: nothing was started or written."""
 
 
-def validate_spec(doc: dict[str, Any], source: str, base_dir: Path, cluster: ClusterSpec | None = None) -> JobSpec:
+def validate_report(doc: dict[str, Any], source: str, base_dir: Path,
+                    cluster: ClusterSpec | None = None) -> ValidationReport:
+    """The one validation of a submit: the spec and the layout it resolved (make_plan reuses it, no second
+    resolution). Raises JobRejected with every problem."""
     report = validate_document(doc, source, base_dir, cluster)
     if not report.ok():
         raise JobRejected(str(SpecError(report.errors(), source)))
     assert report.spec is not None
-    return report.spec
+    return report
+
+
+def validate_spec(doc: dict[str, Any], source: str, base_dir: Path, cluster: ClusterSpec | None = None) -> JobSpec:
+    spec = validate_report(doc, source, base_dir, cluster).spec
+    assert spec is not None
+    return spec
 
 
 def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
@@ -91,23 +99,16 @@ def storage_url() -> str:
 
 
 def worker_config(spec: JobSpec, job_id: str, run_dir: Path, base_dir: Path, dataset: dict[str, Any],
-                  plan: dict[str, Any], commit: str, init_weights: str | None = None) -> WorkerConfig:
+                  plan: dict[str, Any], commit: str, init_weights: str | None = None) -> SegmentConfig:
+    """The job's SegmentConfig from what the flow resolved once (the validated spec, the dataset, the plan)."""
     interval = spec.checkpoint.interval_steps
     if interval == "auto":
         interval = auto_checkpoint_interval(spec, plan)
-    return WorkerConfig(
-        job_id=job_id, team=spec.team, name=spec.name, run_dir=str(run_dir),
-        storage_url=storage_url(), storage_prefix=job_prefix(spec.team, job_id),
-        staging_dir=str(home() / "staging" / job_id),
-        entrypoint=spec.code.entrypoint, code_dir=str(code_dir(spec, base_dir)),
-        model=plan["model"], layout=plan["layout"],
-        training=spec.training.model_dump(mode="json"), total_steps=spec.training.total_steps,
-        dataset=dataset, checkpoint_interval=int(interval),
-        segment_max_steps=spec.fault_tolerance.segment_max_steps,
-        collective_timeout_s=120.0, code_commit=commit, config_hash=spec.config_hash(),
-        extra={"engine": spec.parallelism.engine, "init_weights": init_weights,
-               "code": {"mode": spec.code.mode, "framework": spec.code.framework, "args": list(spec.code.args)}},
-    )
+    return SegmentConfig.build(spec, ResolvedDataset.from_resolution(dataset), plan, job_id=job_id,
+                               run_dir=str(run_dir), storage_url=storage_url(),
+                               staging_dir=str(home() / "staging" / job_id),
+                               code_dir=str(code_dir(spec, base_dir)), code_commit=commit,
+                               checkpoint_interval=int(interval), init_weights=init_weights)
 
 
 class InitWeightsError(ValueError):

@@ -18,14 +18,15 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainforge.contract.config import SegmentConfig
 from trainforge.events import last_event
 from trainforge.infra.backends.local import LocalGang, LocalMultiNodeGang, free_port
 from trainforge.infra.launch import LaunchSpec, allocator_environment, worker_environment
-from trainforge.jobconfig import WorkerConfig
+from trainforge.plan.layout import Layout
 from trainforge.registry.jobs import JobRecord
 from trainforge.tasks.supervisor import SegmentSupervisor, offending_samples
 from trainforge.trainer.health import HealthPolicy, collective_timeout_for
@@ -85,18 +86,17 @@ def health_policy(record: JobRecord, env: dict[str, str] | None = None) -> Healt
     return base.with_env(env)
 
 
-def segment_config(record: JobRecord, config: WorkerConfig, attempt: int, policy: HealthPolicy,
+def segment_config(record: JobRecord, config: SegmentConfig, attempt: int, policy: HealthPolicy,
                    layout: dict[str, Any] | None = None) -> Path:
     """This attempt's worker config: the job's, plus the health policy, the samples divergence rollbacks
     skip (the job record keeps the list, so every later segment replays the same order) and, for an elastic job
     resized to another data-parallel degree, that size's layout (tasks/provision.py `layout_for`)."""
-    extra = {**config.extra, "health": policy.to_dict(), "skip_samples": sorted(record.data.get("skip_samples", []))}
-    path = record.folder / f"worker-config-segment-{attempt}.json"
-    path.write_text(replace(config, extra=extra, layout=layout or config.layout).to_json())
-    return path
+    attempt_config = config.for_attempt(attempt, policy, record.data.get("skip_samples", []),
+                                        Layout(**layout) if layout else None)
+    return attempt_config.write(record.folder / f"worker-config-segment-{attempt}.json")
 
 
-def run_segment(record: JobRecord, config_path: Path, config: WorkerConfig, *, nproc: int, max_restarts: int,
+def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, nproc: int, max_restarts: int,
                 extra_env: dict[str, str] | None = None, cancel: threading.Event | None = None,
                 scheduler_status: Callable[[], dict[str, Any] | None] | None = None, nnodes: int = 1,
                 node_names: list[str] | None = None, layout: dict[str, Any] | None = None,
@@ -196,7 +196,7 @@ KIND_ORDER = {"user": 0, "divergence": 1, "infra": 2}
 
 
 def _failure(record: JobRecord, attempt: int, log_dir: Path, code: int, supervisor: SegmentSupervisor | None = None,
-             config: WorkerConfig | None = None) -> SegmentFailed:
+             config: SegmentConfig | None = None) -> SegmentFailed:
     reports = []
     for path in sorted((record.folder / "failures").glob(f"segment-{attempt}-rank-*.json")):
         try:
@@ -274,7 +274,7 @@ def _killed_rank(log_dir: Path) -> tuple[int | None, str | None]:
 
 
 def _divergence(record: JobRecord, attempt: int, report: dict[str, Any], supervisor: SegmentSupervisor,
-                config: WorkerConfig) -> SegmentFailed:
+                config: SegmentConfig) -> SegmentFailed:
     """Policy `rollback`: skip the offending batch's samples from now on (the job record keeps the list, each
     checkpoint manifest records it) and retry from the last good checkpoint; past `max_rollbacks`, stop."""
     record.reload()

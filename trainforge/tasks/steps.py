@@ -14,18 +14,21 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from trainforge.jobconfig import WorkerConfig
+from trainforge.contract.config import SegmentConfig
 from trainforge.plan.cluster import ClusterSpec
+from trainforge.plan.layout import Layout
 from trainforge.registry.jobs import JobRecord
 from trainforge.spec import JobSpec
 from trainforge.tasks import checkpoints as ckpt
 from trainforge.tasks import prepare
 from trainforge.tasks.segment import SegmentCancelled, SegmentFailed, SegmentResult, run_segment
+from trainforge.validate import ValidationReport
 
 
 @task(name="validate", cache_policy=NO_CACHE)
-def validate(doc: dict[str, Any], source: str, base_dir: str, cluster: ClusterSpec | None = None) -> JobSpec:
-    return prepare.validate_spec(doc, source, Path(base_dir), cluster)
+def validate(doc: dict[str, Any], source: str, base_dir: str, cluster: ClusterSpec | None = None) -> ValidationReport:
+    """The spec and the layout it resolved (handed to `plan`, so one submit resolves the layout once)."""
+    return prepare.validate_report(doc, source, Path(base_dir), cluster)
 
 
 @task(name="resolve-dataset", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
@@ -40,8 +43,9 @@ def resolve_init_weights(spec: JobSpec, run_dir: str) -> str | None:
 
 
 @task(name="plan", cache_policy=NO_CACHE)
-def plan(spec: JobSpec, dataset: dict[str, Any], cluster: ClusterSpec | None = None) -> dict[str, Any]:
-    result = prepare.make_plan(spec, cluster)
+def plan(spec: JobSpec, dataset: dict[str, Any], cluster: ClusterSpec | None = None,
+         layout: Layout | None = None) -> dict[str, Any]:
+    result = prepare.make_plan(spec, cluster, layout)
     prepare.check_dataset_fits(spec, dataset, result)
     return result
 
@@ -60,7 +64,7 @@ def _retry_infra_only(task_: Any, task_run: Any, state: Any) -> bool:
 
 
 @task(name="train-segment", cache_policy=NO_CACHE, retry_condition_fn=_retry_infra_only, retry_delay_seconds=1)
-def train_segment(record: JobRecord, config_path: str, config: WorkerConfig, nproc: int, max_restarts: int,
+def train_segment(record: JobRecord, config_path: str, config: SegmentConfig, nproc: int, max_restarts: int,
                   cancel: threading.Event, spec: JobSpec | None = None) -> SegmentResult:
     # Re-read the record: a retry must see the segments the failed attempt appended.
     from trainforge.registry.jobs import JobStore
@@ -115,26 +119,26 @@ def _scheduler_status(job_id: str) -> Any:
 
 
 @task(name="commit-checkpoint", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def commit_checkpoint(config: dict[str, Any], step: int) -> dict[str, Any]:
+def commit_checkpoint(config: SegmentConfig, step: int) -> dict[str, Any]:
     from trainforge.registry.lineage import LineageStore
 
     entry = ckpt.commit_bookkeeping(config, step)
-    LineageStore().record_checkpoint(config["job_id"], step, team=config["team"], attrs={"prefix": entry["prefix"]})
+    LineageStore().record_checkpoint(config.job_id, step, team=config.team, attrs={"prefix": entry["prefix"]})
     return entry
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
-def evaluate(config_path: str, config: dict[str, Any], step: int, batches: int) -> dict[str, float]:
+def evaluate(config_path: str, config: SegmentConfig, step: int, batches: int) -> dict[str, float]:
     return ckpt.evaluate(Path(config_path), config, step, batches)
 
 
 @task(name="apply-retention", cache_policy=NO_CACHE)
-def apply_retention(spec: JobSpec, config: dict[str, Any], protected: list[int]) -> list[int]:
+def apply_retention(spec: JobSpec, config: SegmentConfig, protected: list[int]) -> list[int]:
     return ckpt.apply_retention(spec, config, protected)
 
 
 @task(name="promote", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def promote(spec: JobSpec, record_folder: str, config_path: str, config: dict[str, Any], run_id: str,
+def promote(spec: JobSpec, record_folder: str, config_path: str, config: SegmentConfig, run_id: str,
             step: int, lineage: dict[str, str], metrics: dict[str, float]) -> dict[str, Any]:
     from trainforge.registry.tracking import Tracker
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from trainforge.contract.config import SegmentConfig
 from trainforge.events import EventWriter, read_events
 from trainforge.registry.jobs import JobRecord
 from trainforge.trainer.health import HealthPolicy, read_heartbeats, stacks_dir
@@ -435,15 +436,15 @@ def _kill(pid: int, sig: int) -> None:
 # ---------------------------------------------------------------------- divergence and the give-up report
 
 
-def offending_samples(config: Any, step: int, skip: list[int]) -> list[int]:
+def offending_samples(config: SegmentConfig, step: int, skip: list[int]) -> list[int]:
     """The global batch of 0-based step `step`, in the order the workers used (same construction as the
     trainer's DataFeed, with the skip list that was in force)."""
     from trainforge.datasets.sampler import SampleOrder
 
     ds = config.dataset
-    order = SampleOrder(ds["num_samples"], ds["eval_fraction"], ds["version"], config.training["seed"],
+    order = SampleOrder(ds.num_samples, ds.eval_fraction, ds.version or "", config.training.seed,
                         skip=frozenset(skip))
-    batch = config.training["global_batch_size"]
+    batch = config.training.global_batch_size
     return order.global_indices(step * batch, batch)
 
 

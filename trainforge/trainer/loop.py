@@ -12,18 +12,18 @@ import importlib
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainforge.contract.config import SegmentConfig
 from trainforge.datasets.catalog import load_version_dir
 from trainforge.datasets.sampler import SampleOrder
 from trainforge.datasets.stream import open_reader
 from trainforge.events import AsyncEventWriter, EventWriter
 from trainforge.infra.storage import open_store
-from trainforge.jobconfig import WorkerConfig
 from trainforge.trainer.checkpoint import Checkpointer
 from trainforge.trainer.distributed import DistContext
 from trainforge.trainer.faults import FaultInjector
@@ -68,9 +68,9 @@ def load_init_weights(model: torch.nn.Module, path: str) -> None:
     model.load_state_dict(state, strict=True)
 
 
-def build_model(cfg: WorkerConfig) -> torch.nn.Module:
+def build_model(cfg: SegmentConfig) -> torch.nn.Module:
     factory = load_entrypoint(cfg.entrypoint, cfg.code_dir)
-    model = factory({**cfg.model, "max_seq_len": cfg.training["seq_len"]})
+    model = factory({**cfg.model_args(), "max_seq_len": cfg.training.seq_len})
     if not isinstance(model, torch.nn.Module):
         raise UserCodeError(f"entrypoint {cfg.entrypoint!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model
@@ -91,30 +91,29 @@ class DataFeed:
     the batches are the same bytes in the same order either way. `last_wait_s` is the time the step waited.
     """
 
-    def __init__(self, cfg: WorkerConfig, dp_rank: int, dp_degree: int):
+    def __init__(self, cfg: SegmentConfig, dp_rank: int, dp_degree: int):
         from trainforge.datasets.pipeline import StepSource
 
         dset = cfg.dataset
-        ds = load_version_dir(Path(dset["path"]), dset["ref"])
-        if ds.version != dset["version"]:
-            raise RuntimeError(f"dataset at {dset['path']} is version {ds.version}, expected "
-                               f"{dset['version']}")
-        skip = frozenset(cfg.extra.get("skip_samples", ()))
-        self.global_batch = cfg.training["global_batch_size"]
-        self.micro = cfg.layout["micro_batch_size"]
+        ds = load_version_dir(Path(dset.path), dset.ref)
+        if ds.version != dset.require_pinned():
+            raise RuntimeError(f"dataset at {dset.path} is version {ds.version}, expected {dset.version}")
+        skip = frozenset(cfg.skip_samples)
+        self.global_batch = cfg.training.global_batch_size
+        self.micro = cfg.layout.micro_batch_size
         self.dp_rank, self.dp_degree = dp_rank, dp_degree
-        self.seq_len = cfg.training["seq_len"]
+        self.seq_len = cfg.training.seq_len
         self.last_wait_s = 0.0  # time the last step() spent getting data (data-wait)
-        self.num_workers = int(dset.get("num_workers", 0))
+        self.num_workers = dset.num_workers
         self.total_steps = cfg.total_steps
-        self.order = SampleOrder(ds.manifest.num_samples, dset["eval_fraction"], ds.version, cfg.training["seed"],
+        self.order = SampleOrder(ds.manifest.num_samples, dset.eval_fraction, ds.version, cfg.training.seed,
                                  skip=skip)
         self.source: StepSource | None = None
         self._loader: Any = None
         self._next_step: int | None = None
-        if self.num_workers or dset.get("transforms"):
-            self.source = StepSource(dset["path"], dset["ref"], dset["eval_fraction"], cfg.training["seed"],
-                                     self.global_batch, dp_rank, dp_degree, transforms=tuple(dset.get("transforms", ())),
+        if self.num_workers or dset.transforms:
+            self.source = StepSource(dset.path, dset.ref, dset.eval_fraction, cfg.training.seed,
+                                     self.global_batch, dp_rank, dp_degree, transforms=dset.transforms,
                                      skip=tuple(sorted(skip)))
         if self.num_workers == 0:  # the workers open their own readers; the training process opens none
             self.reader = open_reader(ds.path, ds.manifest)  # local shards, or streamed through the cache tiers
@@ -164,28 +163,29 @@ def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContex
     return contextlib.nullcontext()
 
 
-def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
+def train(cfg: SegmentConfig, ctx: DistContext) -> dict[str, Any]:
     """Train one segment: from the last committed checkpoint (or step 0) to the end or the segment limit."""
     tr = cfg.training
     events = EventWriter(cfg.run_dir, ctx.is_main)
     faults = FaultInjector.from_env(cfg.run_dir, ctx.rank)
     monitor = current_monitor()  # heartbeats, divergence policy, termination notice (trainer/health.py)
-    torch.manual_seed(tr["seed"])
+    torch.manual_seed(tr.seed)
     model = build_model(cfg).to(ctx.device)
-    if cfg.extra.get("init_weights"):
+    if cfg.init_weights:
         # Fine-tuning (spec init_from): the parent's weights; this job's own committed checkpoint, if any, wins below.
-        load_init_weights(model, cfg.extra["init_weights"])
+        load_init_weights(model, cfg.init_weights)
     layout = cfg.layout
-    if cfg.extra.get("engine", layout.get("engine", "native")) == "deepspeed":
+    if cfg.engine.kind == "deepspeed":
         # The engine gets the loop's data feed and manifest fields: it does not import the loop (no import cycle).
         return train_deepspeed(cfg, ctx, model, events, feed=DataFeed(cfg, dp_rank=ctx.rank, dp_degree=ctx.world_size),
                                manifest_fields=lambda step, loss: _manifest_fields(cfg, ctx, step, loss))
-    pm = parallelize(model, layout, world_size=ctx.world_size, rank=ctx.rank, device=ctx.device,
-                     local_batch=tr["global_batch_size"] // layout["dp"])
-    pm.precision_ctx = lambda: _autocast(tr["precision"], ctx.device)
-    opt = tr["optimizer"]
-    optimizer = torch.optim.AdamW(pm.model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
-                                  weight_decay=opt["weight_decay"])
+    # The parallel modules take the layout as a mapping (tests drive them with extra knobs: hsdp_shard_degree...).
+    pm = parallelize(model, asdict(layout), world_size=ctx.world_size, rank=ctx.rank, device=ctx.device,
+                     local_batch=tr.global_batch_size // layout.dp)
+    pm.precision_ctx = lambda: _autocast(tr.precision.value, ctx.device)
+    opt = tr.optimizer
+    optimizer = torch.optim.AdamW(pm.model.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
+                                  weight_decay=opt.weight_decay)
     store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
 
     def on_commit(step: int, prefix: str, manifest: dict[str, Any]) -> None:
@@ -207,8 +207,8 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
     meter = StepMeter(cfg, ctx, pm, emit=live.emit, start_step=start)  # step-time split, memory, MFU, ranks
     total = cfg.total_steps
     end = total if cfg.segment_max_steps is None else min(total, start + cfg.segment_max_steps)
-    sched = tr["lr_schedule"]
-    tokens_per_step = tr["global_batch_size"] * tr["seq_len"]
+    sched = tr.lr_schedule
+    tokens_per_step = tr.global_batch_size * tr.seq_len
     last_loss = float("nan")
     preempted = False
     nan_steps = {f.step for f in faults.faults if f.kind == "nan"}
@@ -227,20 +227,20 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
         t0 = time.perf_counter()
         batches = feed.step(step)
         monitor.local_done()
-        lr = lr_at(step, total, opt["lr"], sched["warmup_steps"], sched["decay"], sched["min_lr_ratio"])
+        lr = lr_at(step, total, opt.lr, sched.warmup_steps, sched.decay, sched.min_lr_ratio)
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
         local_loss = pm.forward_backward([x.to(ctx.device) for x in batches.inputs],
                                          [y.to(ctx.device) for y in batches.targets])
         pm.finish_gradients()
-        grad_norm = pm.clip_grad_norm(tr.get("grad_clip"))
+        grad_norm = pm.clip_grad_norm(tr.grad_clip)
         optimizer.step()  # its pre-hook waits for the last save's host copy
         report_staged()
         last_loss = pm.global_loss(local_loss)
         dt = time.perf_counter() - t0
         live.emit("metrics", step=step + 1, loss=last_loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
-                  tokens_per_s=tokens_per_step / dt, samples_per_s=tr["global_batch_size"] / dt,
+                  tokens_per_s=tokens_per_step / dt, samples_per_s=tr.global_batch_size / dt,
                   **meter.end_step(step + 1, dt, feed.last_wait_s))
         preempted = monitor.end_step(step, last_loss, grad_norm, dt)  # raises on divergence (policy)
         done = step + 1
@@ -263,19 +263,18 @@ def train(cfg: WorkerConfig, ctx: DistContext) -> dict[str, Any]:
     return {"step": end, "reason": reason, "loss": last_loss}
 
 
-def _manifest_fields(cfg: WorkerConfig, ctx: DistContext, step: int, loss: float) -> dict[str, Any]:
+def _manifest_fields(cfg: SegmentConfig, ctx: DistContext, step: int, loss: float) -> dict[str, Any]:
     return {
         "job_id": cfg.job_id,
         "team": cfg.team,
         "world_size": ctx.world_size,
-        "layout": cfg.layout,
-        "sampler": {"position": step * cfg.training["global_batch_size"], "seed": cfg.training["seed"],
-                    "dataset_version": cfg.dataset["version"], "skip": sorted(cfg.extra.get("skip_samples", []))},
+        "layout": asdict(cfg.layout),
+        "sampler": {"position": step * cfg.training.global_batch_size, "seed": cfg.training.seed,
+                    "dataset_version": cfg.dataset.version, "skip": list(cfg.skip_samples)},
         "rng": {"files": [f"rng-rank{r:05d}.safetensors" for r in range(ctx.world_size)]},
         "metrics": {"train_loss": loss},
-        "dataset": {"ref": cfg.dataset["ref"], "version": cfg.dataset["version"],
-                    "license": cfg.dataset.get("license")},
+        "dataset": {"ref": cfg.dataset.ref, "version": cfg.dataset.version, "license": cfg.dataset.license},
         "code_commit": cfg.code_commit,
         "config_hash": cfg.config_hash,
-        "model": cfg.model,
+        "model": cfg.model_args(),
     }

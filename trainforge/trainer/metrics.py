@@ -33,8 +33,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from trainforge.contract.config import SegmentConfig
 
 logger = logging.getLogger(__name__)
 
@@ -228,16 +231,14 @@ class StepMeter:
     the DDP comm hook) and turns each step into the extra fields of its `metrics` event. Every rank runs it;
     `end_step` returns rank 0's fields (other ranks' return value is unused)."""
 
-    def __init__(self, cfg: Any, ctx: Any, pm: Any, *, emit: Callable[..., None], start_step: int = 0):
+    def __init__(self, cfg: SegmentConfig, ctx: Any, pm: Any, *, emit: Callable[..., None], start_step: int = 0):
         from trainforge.home import home
-        from trainforge.plan.model import ModelShape
 
         tr = cfg.training
         self.ctx, self.emit = ctx, emit
-        shape = ModelShape(name=cfg.name, **{k: v for k, v in cfg.model.items() if k != "max_seq_len"})
-        self.flops_per_token = shape.model_flops_per_token(tr["seq_len"])
-        self.tokens_per_step = tr["global_batch_size"] * tr["seq_len"]
-        self.bubble_frac = bubble_fraction(cfg.layout, tr["global_batch_size"] // max(1, cfg.layout.get("dp", 1)))
+        self.flops_per_token = cfg.model.model_flops_per_token(tr.seq_len)
+        self.tokens_per_step = tr.global_batch_size * tr.seq_len
+        self.bubble_frac = bubble_fraction(asdict(cfg.layout), tr.global_batch_size // max(1, cfg.layout.dp))
         gpu_type = None
         if ctx.device.type == "cuda":
             import torch
@@ -245,7 +246,7 @@ class StepMeter:
             props = torch.cuda.get_device_properties(ctx.device)
             gpu_type = gpu_type_from_name(props.name, props.total_memory)
         self.peak_flops, self.peak_source = device_peak_flops(
-            gpu_type, tr["precision"], lambda: calibrate_cpu_peak(tr["precision"], cache_dir=home() / "calibration"))
+            gpu_type, tr.precision.value, lambda: calibrate_cpu_peak(tr.precision.value, cache_dir=home() / "calibration"))
         self.last_step = start_step
         self._start_side_threads(cfg, ctx, start_step)
         self.laps = {"fb": 0.0, "sync": 0.0}
@@ -256,11 +257,11 @@ class StepMeter:
         emit("metrics_meta", step=start_step, peak_flops=self.peak_flops, peak_source=self.peak_source,
              flops_per_token=self.flops_per_token, world_size=ctx.world_size, bubble_fraction=self.bubble_frac)
 
-    def _start_side_threads(self, cfg: Any, ctx: Any, start_step: int) -> None:
+    def _start_side_threads(self, cfg: SegmentConfig, ctx: Any, start_step: int) -> None:
         from trainforge.trainer import telemetry
         from trainforge.trainer.profiling import StepProfiler, parse_window
 
-        window = parse_window(cfg.extra.get("profile_steps") or os.environ.get("TRAINFORGE_PROFILE_STEPS"))
+        window = parse_window(cfg.profile_steps or os.environ.get("TRAINFORGE_PROFILE_STEPS"))
         self.profiler = StepProfiler(cfg.run_dir, ctx.rank, window, start_step, self.peak_flops,
                                      self.flops_per_token * self.tokens_per_step / ctx.world_size, self.bubble_frac)
         self.telemetry = telemetry.maybe_start(self.emit, lambda: self.last_step, job_id=cfg.job_id,

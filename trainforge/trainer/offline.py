@@ -18,15 +18,15 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from trainforge.contract.config import SegmentConfig
 from trainforge.datasets.catalog import load_version_dir
 from trainforge.datasets.sampler import SampleOrder
 from trainforge.datasets.shards import ShardReader
-from trainforge.jobconfig import WorkerConfig
 from trainforge.trainer.checkpoint import load_model_weights
 from trainforge.trainer.loop import build_model
 
 
-def _model(cfg: WorkerConfig, checkpoint: Path) -> torch.nn.Module:
+def _model(cfg: SegmentConfig, checkpoint: Path) -> torch.nn.Module:
     torch.manual_seed(0)
     model = build_model(cfg)
     load_model_weights(checkpoint, model)
@@ -34,16 +34,16 @@ def _model(cfg: WorkerConfig, checkpoint: Path) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def evaluate(cfg: WorkerConfig, checkpoint: Path, batches: int) -> dict[str, float]:
+def evaluate(cfg: SegmentConfig, checkpoint: Path, batches: int) -> dict[str, float]:
     model = _model(cfg, checkpoint)
-    ds = load_version_dir(Path(cfg.dataset["path"]), cfg.dataset["ref"])
+    ds = load_version_dir(Path(cfg.dataset.path), cfg.dataset.ref)
     reader = ShardReader(ds.path, ds.manifest)
-    order = SampleOrder(ds.manifest.num_samples, cfg.dataset["eval_fraction"], ds.version, cfg.training["seed"])
-    micro = cfg.layout["micro_batch_size"]
+    order = SampleOrder(ds.manifest.num_samples, cfg.dataset.eval_fraction, ds.version, cfg.training.seed)
+    micro = cfg.layout.micro_batch_size
     idx = order.eval_indices(batches * micro)
     if not idx:
         raise SystemExit("the dataset has no held-out samples: raise dataset.eval_fraction")
-    seq = cfg.training["seq_len"]
+    seq = cfg.training.seq_len
     total, count = 0.0, 0
     for i in range(0, len(idx), micro):
         tokens = torch.from_numpy(reader.get(idx[i : i + micro]))[:, : seq + 1]
@@ -55,13 +55,13 @@ def evaluate(cfg: WorkerConfig, checkpoint: Path, batches: int) -> dict[str, flo
     return {"eval_loss": mean, "eval_perplexity": math.exp(min(mean, 50.0)), "eval_tokens": count}
 
 
-def export(cfg: WorkerConfig, checkpoint: Path, out: Path) -> dict[str, object]:
+def export(cfg: SegmentConfig, checkpoint: Path, out: Path) -> dict[str, object]:
     model = _model(cfg, checkpoint)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt", "job_id": cfg.job_id})
-    (out / "config.json").write_text(json.dumps({"entrypoint": cfg.entrypoint, "model": cfg.model,
-                                                 "seq_len": cfg.training["seq_len"]}, indent=1))
+    (out / "config.json").write_text(json.dumps({"entrypoint": cfg.entrypoint, "model": cfg.model_args(),
+                                                 "seq_len": cfg.training.seq_len}, indent=1))
     return {"files": ["model.safetensors", "config.json"], "tensors": len(tensors),
             "parameters": sum(t.numel() for t in tensors.values())}
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    cfg = WorkerConfig.load(args.config)
+    cfg = SegmentConfig.load(args.config)
     if args.command == "evaluate":
         result = evaluate(cfg, Path(args.checkpoint), args.batches)
     else:

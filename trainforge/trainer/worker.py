@@ -15,8 +15,8 @@ import time
 import traceback
 from pathlib import Path
 
+from trainforge.contract.config import ENV_VAR, SegmentConfig
 from trainforge.contract.script_env import script_environment
-from trainforge.jobconfig import ENV_VAR, WorkerConfig
 from trainforge.trainer.health import HealthPolicy, current_monitor, start_monitor
 
 USER_ERRORS = ("UserCodeError", "OutOfMemoryError", "MemoryError", "FloatingPointError", "InjectedFault")
@@ -44,7 +44,7 @@ def classify(exc: BaseException) -> str:
     return "user" if isinstance(exc, (ValueError, TypeError, AttributeError, KeyError, IndexError)) else "infra"
 
 
-def write_failure(cfg: WorkerConfig, rank: int, exc: BaseException) -> None:
+def write_failure(cfg: SegmentConfig, rank: int, exc: BaseException) -> None:
     folder = Path(cfg.run_dir) / "failures"
     folder.mkdir(parents=True, exist_ok=True)
     attempt = os.environ.get("TRAINFORGE_SEGMENT_ATTEMPT", "0")
@@ -62,20 +62,20 @@ def write_failure(cfg: WorkerConfig, rank: int, exc: BaseException) -> None:
     (folder / f"segment-{attempt}-rank-{rank:05d}.json").write_text(json.dumps(report, indent=1))
 
 
-def run_script(cfg: WorkerConfig) -> None:
+def run_script(cfg: SegmentConfig) -> None:
     """Script mode: run the user's own script in this process with the framework's distributed environment.
     The script initialises its own process group (torch env://, jax.distributed, TF_CONFIG)."""
     import runpy
 
-    code = cfg.extra.get("code", {})
+    code = cfg.code
     script = Path(cfg.code_dir) / cfg.entrypoint
     if not script.is_file():
         from trainforge.trainer.loop import UserCodeError
 
         raise UserCodeError(f"script-mode entrypoint {cfg.entrypoint!r} is not a file under {cfg.code_dir}")
-    os.environ.update(script_environment(code.get("framework", "pytorch"), dict(os.environ)))
+    os.environ.update(script_environment(code.framework, dict(os.environ)))
     os.environ["TRAINFORGE_RUN_DIR"] = cfg.run_dir
-    sys.argv = [str(script), *code.get("args", [])]
+    sys.argv = [str(script), *code.args]
     sys.path.insert(0, str(script.parent))
     # A plain script reports no steps: its ranks get liveness checks only (lost heartbeat = lost rank), never the
     # start-up or step-progress hang timeouts. `trainforge.runtime.init()` moves it back under those.
@@ -87,23 +87,23 @@ def run_script(cfg: WorkerConfig) -> None:
             raise
 
 
-def start_health(cfg: WorkerConfig, rank: int) -> HealthPolicy:
+def start_health(cfg: SegmentConfig, rank: int) -> HealthPolicy:
     """Heartbeats, stack dumps on SIGUSR1 and the termination-notice handler, before anything slow runs."""
-    policy = HealthPolicy.from_dict(cfg.extra.get("health")).with_env()
-    managed = cfg.extra.get("code", {}).get("mode") != "script"  # a script handles its own SIGTERM
+    policy = cfg.health.with_env()
+    managed = not cfg.script_mode  # a script handles its own SIGTERM
     start_monitor(policy, cfg.run_dir, rank, os.environ.get("TRAINFORGE_SEGMENT_ATTEMPT", "0"),
                   handle_sigterm=managed)
     return policy
 
 
 def main() -> int:
-    cfg = WorkerConfig.load(os.environ[ENV_VAR])
+    cfg = SegmentConfig.load(os.environ[ENV_VAR])
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     policy = start_health(cfg, rank)
     # Imported here so a broken torch install is reported like any other failure.
     try:
-        if cfg.extra.get("code", {}).get("mode") == "script":
+        if cfg.script_mode:
             run_script(cfg)
             current_monitor().close()  # the supervisor's last pass must see this rank finished, not lost
             return 0

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from tests.segment_configs import segment_config
+from trainforge.contract.config import SegmentConfig
 from trainforge.datasets.catalog import EmbeddedCatalog
 from trainforge.datasets.demo import tiny_dataset
-from trainforge.jobconfig import WorkerConfig
 from trainforge.trainer.loop import DataFeed
 
 
@@ -22,12 +23,10 @@ def plus_one(sample: np.ndarray, index: int) -> np.ndarray:
     return sample + 1
 
 
-def _cfg(ds, **dataset) -> WorkerConfig:
-    return WorkerConfig(
-        job_id="j", team="t", name="n", run_dir="/nonexistent", storage_url="file:///nonexistent",
-        storage_prefix="p", staging_dir="/nonexistent", entrypoint="x:y", code_dir=".", model={},
+def _cfg(ds, **dataset) -> SegmentConfig:
+    return segment_config(
         layout={"micro_batch_size": 2}, training={"global_batch_size": 8, "seq_len": 16, "seed": 5},
-        total_steps=40, checkpoint_interval=10, extra={"skip_samples": [3, 17]},
+        total_steps=40, checkpoint_interval=10, skip_samples=[3, 17],
         dataset={"path": str(ds.path), "ref": "catalog://feed", "version": ds.version, "eval_fraction": 0.05,
                  **dataset})
 

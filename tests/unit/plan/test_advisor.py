@@ -113,7 +113,7 @@ def test_model_file_and_meta_module(tmp_path):
     with pytest.raises(ValueError, match="neither a preset"):
         resolve_model("no-such-model")
     torch = pytest.importorskip("torch")
-    from trainforge.plan.model import shape_from_module
+    from trainforge.plan.module_shape import shape_from_module
 
     class Block(torch.nn.Module):
         def __init__(self):

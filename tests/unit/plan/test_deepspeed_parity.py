@@ -54,7 +54,7 @@ def _gpu_gib_from_all_live(fn, model, gpus_per_node: int) -> float:
 
 @pytest.mark.parametrize("gpus_per_node", [1, 4])
 def test_all_live_estimators_on_a_real_module(gpus_per_node: int) -> None:
-    from trainforge.plan.model import summarize_module
+    from trainforge.plan.module_shape import summarize_module
 
     model = _model()
     summary = summarize_module(model)

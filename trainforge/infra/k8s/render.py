@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainforge.contract.config import SegmentConfig
 from trainforge.infra.k8s.nccl import TCPX_SOCKET_DIR, NcclConfig, nccl_environment
 from trainforge.infra.launch import WORKER_MODULE, worker_environment
 from trainforge.plan.cluster import ClusterSpec, NodeGroup
@@ -152,10 +153,11 @@ def render_workload_priority_class(priority: Priority) -> dict[str, Any]:
             "value": PRIORITY_VALUES[priority], "description": f"trainforge jobs of priority {priority.value}"}
 
 
-def render_config_map(name: str, spec: JobSpec, options: K8sOptions, worker_config: dict[str, Any]) -> dict[str, Any]:
+def render_config_map(name: str, spec: JobSpec, options: K8sOptions, worker_config: SegmentConfig) -> dict[str, Any]:
+    """The worker's SegmentConfig, rendered as every backend renders it (the pods read it with SegmentConfig.load)."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"{name}-config", "namespace": options.namespace, "labels": _labels(spec, name)},
-            "data": {CONFIG_FILE: json.dumps(worker_config, indent=1, sort_keys=True)}}
+            "data": {CONFIG_FILE: worker_config.dump_json()}}
 
 
 def render_network_policy(name: str, spec: JobSpec, options: K8sOptions) -> dict[str, Any]:
@@ -350,7 +352,7 @@ def render_jobset(name: str, job_id: str, spec: JobSpec, nodes: list[GangNode], 
 
 
 def render_job(spec: JobSpec, job_id: str, cluster: ClusterSpec, placement: Sequence[tuple[str, Sequence[int]]],
-               worker_config: dict[str, Any], options: K8sOptions | None = None) -> list[dict[str, Any]]:
+               worker_config: SegmentConfig, options: K8sOptions | None = None) -> list[dict[str, Any]]:
     """Every manifest of one job, in apply order: cluster-scoped classes first, the JobSet last."""
     options = options or K8sOptions()
     nodes = gang_nodes(cluster, placement)
@@ -361,7 +363,9 @@ def render_job(spec: JobSpec, job_id: str, cluster: ClusterSpec, placement: Sequ
         raise ValueError(f"job wants {spec.resources.gpu_type.value} but the placement is on "
                          f"{nodes[0].group.gpu_type.value} nodes")
     name = jobset_name(job_id)
-    config = dict(worker_config) | {"job_id": job_id, "run_dir": RUN_DIR}
+    if worker_config.job_id != job_id:
+        raise ValueError(f"the worker config is job {worker_config.job_id}'s, not {job_id}'s")
+    config = worker_config.model_copy(update={"run_dir": RUN_DIR})  # the pod's run folder (an emptyDir)
     out = [render_priority_class(spec.priority)]
     if options.kueue:
         out.append(render_workload_priority_class(spec.priority))

@@ -28,6 +28,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from trainforge.contract.config import SegmentConfig
 from trainforge.infra.storage import open_store
 from trainforge.trainer.checkpoint import CheckpointCorruptError, Checkpointer, capture_rng, restore_rng
 from trainforge.trainer.checkpointing.deepspeed_format import DS_TAG, deepspeed_rank_files
@@ -141,12 +143,14 @@ def load_deepspeed(engine: Any, ckpt: Any, ref: Any) -> None:
         restore_rng(load_file(str(rng_file)))
 
 
-def train_deepspeed(cfg: Any, ctx: Any, model: torch.nn.Module, events: Any, *, feed: Any,
+def train_deepspeed(cfg: SegmentConfig, ctx: Any, model: torch.nn.Module, events: Any, *, feed: Any,
                     manifest_fields: Callable[[int, float], dict[str, Any]]) -> dict[str, Any]:
     """`feed` (the loop's DataFeed for this rank) and `manifest_fields(step, loss)` come from the loop that calls
     this: the engine does not import the loop (layers one way, tests/unit/test_layers.py)."""
-    tr, opt, sched = cfg.training, cfg.training["optimizer"], cfg.training["lr_schedule"]
-    engine = build_deepspeed(model.to(ctx.device), cfg.layout, tr, ctx.world_size)
+    opt, sched = cfg.training.optimizer, cfg.training.lr_schedule
+    # deepspeed_config reads the mappings its own tests and the harness give it; an explicit stage wins.
+    layout = asdict(cfg.layout) | ({} if cfg.engine.zero_stage is None else {"zero_stage": cfg.engine.zero_stage})
+    engine = build_deepspeed(model.to(ctx.device), layout, cfg.training.model_dump(mode="json"), ctx.world_size)
     faults = FaultInjector.from_env(cfg.run_dir, ctx.rank)
     store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
 
@@ -171,7 +175,7 @@ def train_deepspeed(cfg: Any, ctx: Any, model: torch.nn.Module, events: Any, *, 
     for step in range(start, end):
         faults.maybe_fire(step, engine.module)
         t0 = time.perf_counter()
-        lr = lr_at(step, total, opt["lr"], sched["warmup_steps"], sched["decay"], sched["min_lr_ratio"])
+        lr = lr_at(step, total, opt.lr, sched.warmup_steps, sched.decay, sched.min_lr_ratio)
         for group in engine.optimizer.param_groups:
             group["lr"] = lr
         b = feed.step(step)

@@ -1,0 +1,173 @@
+"""`SegmentConfig`: the typed, complete config one segment attempt of a job hands to every worker.
+
+Built once per submit from the validated `JobSpec`, the resolved dataset and the plan (`SegmentConfig.build`),
+copied per attempt with that attempt's health policy, skip list and (elastic jobs) layout (`for_attempt`), and
+rendered by every backend the same way (`dump_json`): the local backend writes it to a file named by
+$TRAINFORGE_JOB_CONFIG, the Kubernetes backend puts it in the job's ConfigMap. The worker reads it back with
+`load` / `model_validate_json`; an unknown or misspelt field is refused with its name, never ignored.
+
+It carries no secrets (environment variables) and no topology (rank and world size come from torchrun).
+Fields that are still paths on the flow's host (a remote worker cannot read them until the channel replaces
+them): `run_dir`, `staging_dir`, `code_dir`, `init_weights`, `dataset.path` for a local catalog.
+Pure: pydantic, the spec and the plan's types; no torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainforge.contract.health import HealthPolicy
+from trainforge.infra.storage.layout import job_prefix
+from trainforge.plan.layout import Layout
+from trainforge.plan.model import ModelShape
+from trainforge.spec import CodeSpec, JobSpec, TrainingSpec
+
+ENV_VAR = "TRAINFORGE_JOB_CONFIG"
+"""The environment variable naming the config file in every worker."""
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ResolvedDataset(_Part):
+    """The dataset version the job pinned (datasets.refs.resolve_reference) and how the trainer reads it."""
+
+    ref: str
+    """The reference the spec names (catalog://name@branch, file://..., lakefs://...)."""
+    pinned_ref: str | None = None
+    """The reference to this exact version."""
+    name: str = ""
+    version: str | None = None
+    """The committed version's id; None only in a preview (`trainforge render`) that could not resolve it."""
+    license: str | None = None
+    path: str = ""
+    """The version's folder (local shards) or URI (streamed through the cache tiers)."""
+    num_samples: int = 0
+    sample_len: int = 0
+    vocab_size: int = 0
+    eval_fraction: float = 0.01
+    transforms: tuple[str, ...] = ()
+    """Online preprocessing (spec dataset.transforms), applied in the data pipeline."""
+    num_workers: int = 0
+    """Data-loader worker processes (0: read in the training process)."""
+
+    @classmethod
+    def from_resolution(cls, resolved: dict[str, Any]) -> ResolvedDataset:
+        """From tasks/prepare.py `resolve_dataset`'s record (its `warnings` are the flow's to log, not the worker's)."""
+        return cls.model_validate({k: v for k, v in resolved.items() if k != "warnings"})
+
+    def require_pinned(self) -> str:
+        """The pinned version; a worker never trains on an unresolved reference."""
+        if self.version is None:
+            raise ValueError(f"dataset {self.ref!r} in this segment config is not resolved to a version (a "
+                             "`trainforge render` preview); submit the job, which pins the version")
+        return self.version
+
+
+class EngineConfig(_Part):
+    """The training engine: the native loop (DDP/FSDP/TP/PP/EP from the layout) or DeepSpeed ZeRO."""
+
+    kind: Literal["native", "deepspeed"] = "native"
+    zero_stage: int | None = Field(default=None, ge=0, le=3)
+    """DeepSpeed's ZeRO stage; None derives it from the layout's sharding (parallel/deepspeed_engine.py)."""
+
+
+class SegmentConfig(BaseModel):
+    """Everything a worker of one segment attempt needs (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: str
+    team: str
+    name: str
+    run_dir: str
+    """Job folder on the flow's host: events, per-rank logs, failure reports (flow-host path)."""
+    storage_url: str
+    """Object store root (file:///... or s3://bucket)."""
+    storage_prefix: str
+    """The job's prefix in the store: teams/{team}/jobs/{job}."""
+    staging_dir: str
+    """Node-local staging folder for checkpoints before upload."""
+    code: CodeSpec
+    code_dir: str
+    """The resolved code folder the entrypoint is imported from (flow-host path)."""
+    code_commit: str = "unknown"
+    config_hash: str = ""
+    model: ModelShape
+    layout: Layout
+    engine: EngineConfig = EngineConfig()
+    training: TrainingSpec
+    total_steps: int = Field(ge=1)
+    dataset: ResolvedDataset
+    checkpoint_interval: int = Field(ge=1)
+    segment_max_steps: int | None = Field(default=None, ge=1)
+    collective_timeout_s: float = Field(default=120.0, gt=0)
+    init_weights: str | None = None
+    """Fine-tuning: a safetensors file of the parent's weights, loaded before step 0 (flow-host path)."""
+    profile_steps: str | None = None
+    """A profiler window (trainer/profiling.py `parse_window`); $TRAINFORGE_PROFILE_STEPS when unset."""
+    # The segment attempt's part (for_attempt): absent in the job's base config.
+    attempt: int | None = Field(default=None, ge=0)
+    health: HealthPolicy = HealthPolicy()
+    skip_samples: tuple[int, ...] = ()
+    """Samples divergence rollbacks skip: the job record keeps them, so every later segment replays one order."""
+
+    @property
+    def entrypoint(self) -> str:
+        return self.code.entrypoint
+
+    @property
+    def script_mode(self) -> bool:
+        return self.code.mode == "script"
+
+    def model_args(self) -> dict[str, int]:
+        """The model section a managed entrypoint's factory receives (and a checkpoint manifest records)."""
+        m = self.model
+        return {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
+                "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "experts": m.experts, "top_k": m.top_k}
+
+    @classmethod
+    def build(cls, spec: JobSpec, dataset: ResolvedDataset, plan: dict[str, Any], *, job_id: str, run_dir: str,
+              storage_url: str, staging_dir: str, code_dir: str, code_commit: str, checkpoint_interval: int,
+              init_weights: str | None = None, collective_timeout_s: float = 120.0) -> SegmentConfig:
+        """The job's config from the validated spec, the resolved dataset and the plan (tasks/prepare.py `make_plan`:
+        its `layout` and `model` are the planner's, resolved once per submit)."""
+        return cls(
+            job_id=job_id, team=spec.team, name=spec.name, run_dir=run_dir, storage_url=storage_url,
+            storage_prefix=job_prefix(spec.team, job_id), staging_dir=staging_dir, code=spec.code, code_dir=code_dir,
+            code_commit=code_commit, config_hash=spec.config_hash(),
+            model=ModelShape(name=spec.name, **plan["model"]), layout=Layout(**plan["layout"]),
+            engine=EngineConfig(kind=spec.parallelism.engine), training=spec.training,
+            total_steps=spec.training.total_steps, dataset=dataset, checkpoint_interval=checkpoint_interval,
+            segment_max_steps=spec.fault_tolerance.segment_max_steps, collective_timeout_s=collective_timeout_s,
+            init_weights=init_weights)
+
+    def for_attempt(self, attempt: int, health: HealthPolicy, skip_samples: tuple[int, ...] | list[int] = (),
+                    layout: Layout | None = None) -> SegmentConfig:
+        """This attempt's copy: its health policy, the samples to skip and, for an elastic job resized to another
+        data-parallel degree, that size's layout (tasks/provision.py `layout_for`)."""
+        return self.model_copy(update={"attempt": attempt, "health": health,
+                                       "skip_samples": tuple(sorted(skip_samples)),
+                                       "layout": layout or self.layout})
+
+    def dump_json(self) -> str:
+        return self.model_dump_json(indent=1)
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.dump_json())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> SegmentConfig:
+        """Read a rendered config; a file that is not one raises naming the file and each bad field."""
+        path = Path(path)
+        try:
+            return cls.model_validate_json(path.read_bytes())
+        except ValueError as exc:
+            raise ValueError(f"{path} is not a valid segment config (trainforge.contract.config.SegmentConfig); "
+                             f"it was written by another trainforge version or edited by hand: {exc}") from exc
