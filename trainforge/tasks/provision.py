@@ -18,6 +18,7 @@ import os
 import time
 from typing import Any
 
+from trainforge.contract.events import Resize, Sender
 from trainforge.events import EventWriter, read_events
 from trainforge.plan.cluster import default_cluster
 from trainforge.registry.jobs import JobRecord
@@ -135,7 +136,8 @@ def record_allocation(record: JobRecord, allocation: dict[str, Any], reason: str
         "nodes": allocation.get("nodes", []), "after_step": max(committed, default=None),
     }
     record.update(resizes=[*record.data.get("resizes", []), entry])
-    EventWriter(record.folder, True).emit("resize", **{k: v for k, v in entry.items() if k != "time"})
+    EventWriter(record.folder, True, Sender(job=record.job_id)).publish(
+        Resize(**{k: v for k, v in entry.items() if k != "time"}))
     return entry
 
 

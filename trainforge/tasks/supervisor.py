@@ -33,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from trainforge.contract.events import FaultDetected, Recovered, Sender
 from trainforge.events import EventWriter, read_events
 from trainforge.registry.jobs import JobRecord
 from trainforge.trainer.health import HealthPolicy, read_heartbeats, stacks_dir
@@ -70,7 +71,7 @@ class SegmentSupervisor:
         self.resize_to: int | None = None
         self.rank_hosts = rank_hosts or {}  # the launch's node of each rank (several "nodes" on one host)
         self.run_dir = record.folder
-        self.events = EventWriter(record.folder, True)
+        self.events = EventWriter(record.folder, True, Sender(job=record.job_id, attempt=attempt))
         self.scheduler_status = scheduler_status
         self.started = time.time()
         self.incidents: list[Incident] = []
@@ -283,11 +284,11 @@ class SegmentSupervisor:
         mttr = now - pending["detected_at"]
         reached = self._reached_before(pending["detected_at"])
         lost = max(0, reached - resumed) if reached is not None else None
-        self.events.emit("recovered", fault=pending["kind"], rank=pending.get("rank"), mttr_s=round(mttr, 3),
-                         resumed_from=resumed, lost_steps=lost, attempt=self.attempt,
-                         tier="in-segment restart" if pending["attempt"] == self.attempt else
-                         "resume after preemption" if pending["kind"] == "preemption" else
-                         "resume after resize" if pending["kind"] == "resize" else "segment retry")
+        self.events.publish(Recovered(fault=pending["kind"], rank=pending.get("rank"), mttr_s=round(mttr, 3),
+                                      resumed_from=resumed, lost_steps=lost, attempt=self.attempt,
+                                      tier="in-segment restart" if pending["attempt"] == self.attempt else
+                                      "resume after preemption" if pending["kind"] == "preemption" else
+                                      "resume after resize" if pending["kind"] == "resize" else "segment retry"))
         self._pending = None
         self.record.update(pending_recovery=None)
 
@@ -306,8 +307,8 @@ class SegmentSupervisor:
                        evidence=evidence or {})
         self.incidents.append(inc)
         logger.warning("%s", message)
-        self.events.emit("fault_detected", fault=kind, rank=rank, message=message, action=action, step=step,
-                         attempt=self.attempt, detected_at=inc.detected_at)
+        self.events.publish(FaultDetected(fault=kind, rank=rank, message=message, action=action, step=step,
+                                          attempt=self.attempt, detected_at=inc.detected_at))
         if kind in FATAL:
             self._fatal_gen = self._restarts
         if kind in FATAL or kind in ("preemption", "resize"):
@@ -321,8 +322,8 @@ class SegmentSupervisor:
         """A fault the workers reported themselves (divergence): recorded like the supervisor's own findings."""
         inc = Incident(kind, rank, detected_at, message, action, self.attempt, step)
         self.incidents.append(inc)
-        self.events.emit("fault_detected", fault=kind, rank=rank, message=message, action=action, step=step,
-                         attempt=self.attempt, detected_at=detected_at)
+        self.events.publish(FaultDetected(fault=kind, rank=rank, message=message, action=action, step=step,
+                                          attempt=self.attempt, detected_at=detected_at))
         if fatal:
             self._pending = {"kind": kind, "rank": rank, "detected_at": detected_at, "step": step,
                              "attempt": self.attempt}
