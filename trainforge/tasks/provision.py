@@ -18,8 +18,8 @@ import os
 import time
 from typing import Any
 
-from trainforge.contract.events import Resize, Sender
-from trainforge.events import EventWriter, read_events
+from trainforge.contract.events import CheckpointCommitted, Resize, Sender
+from trainforge.events import EventWriter, read_typed_events
 from trainforge.plan.cluster import default_cluster
 from trainforge.registry.jobs import JobRecord
 from trainforge.spec import JobSpec
@@ -127,7 +127,7 @@ def record_allocation(record: JobRecord, allocation: dict[str, Any], reason: str
         return None
     batch = spec.training.global_batch_size
     # The newest checkpoint the workers committed: the step the resized gang resumes from.
-    committed = [int(e["step"]) for e in read_events(record.events_path)[0] if e.get("type") == "checkpoint"]
+    committed = [e.step for e in read_typed_events(record.events_path)[0] if isinstance(e, CheckpointCommitted)]
     entry = {
         "time": time.time(), "reason": reason, "from_workers": before["workers"], "to_workers": allocation["workers"],
         "from_dp": before["layout"]["dp"], "to_dp": allocation["layout"]["dp"],

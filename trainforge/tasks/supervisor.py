@@ -33,8 +33,8 @@ from typing import Any
 
 import psutil
 
-from trainforge.contract.events import FaultDetected, Recovered, Sender
-from trainforge.events import EventWriter, read_events
+from trainforge.contract.events import CheckpointCommitted, FaultDetected, Metrics, Recovered, Sender
+from trainforge.events import EventWriter, read_typed_events
 from trainforge.registry.jobs import JobRecord
 from trainforge.trainer.health import HealthPolicy, read_heartbeats, stacks_dir
 
@@ -332,13 +332,12 @@ class SegmentSupervisor:
 
     def _reached_before(self, t: float) -> int | None:
         """The furthest step completed (metrics reported) before time t."""
-        events, _ = read_events(self.record.events_path)
-        return max((int(e["step"]) for e in events if e.get("type") == "metrics" and e.get("time", 0) <= t),
-                   default=None)
+        events, _, _ = read_typed_events(self.record.events_path)
+        return max((e.step for e in events if isinstance(e, Metrics) and e.time <= t), default=None)
 
     def _checkpoint_since(self, t: float) -> bool:
-        events, _ = read_events(self.record.events_path)
-        return any(e.get("type") == "checkpoint" and e.get("time", 0) > t for e in events)
+        events, _, _ = read_typed_events(self.record.events_path)
+        return any(isinstance(e, CheckpointCommitted) and e.time > t for e in events)
 
     def root_cause(self) -> Incident | None:
         fatal = [i for i in self.incidents if i.kind in FATAL]
@@ -468,8 +467,8 @@ def give_up_report(record: JobRecord, error: BaseException | str) -> str:
     for rb in rollbacks:
         lines.append(f"  divergence at step {rb['step'] + 1}: {rb['reason']} -> skipped {len(rb['samples'])} samples")
     committed = sorted(int(s) for s in data.get("checkpoints", {}))
-    events, _ = read_events(record.events_path)
-    reached = max((int(e["step"]) for e in events if e.get("type") == "metrics"), default=0)
+    events, _, _ = read_typed_events(record.events_path)
+    reached = max((e.step for e in events if isinstance(e, Metrics)), default=0)
     last = committed[-1] if committed else 0
     lines.append(f"last committed checkpoint: step {last if committed else 'none'}; furthest step reached: "
                  f"{reached}; work lost if resumed: {max(0, reached - last)} steps")
