@@ -392,3 +392,10 @@ def dump_event(event: _Event) -> dict[str, Any]:
     elif out.get("src") is None:
         out.pop("src", None)
     return out
+
+
+def from_file(kind: type[Heartbeat] | type[FailureReport], data: Mapping[str, Any]) -> Any:
+    """A heartbeat file (trainer/health.py) or a failure report file (trainer/worker.py) as its typed event: the
+    files predate the union and carry no `type`."""
+    return parse_event({**data, "type": kind.model_fields["type"].default})
+

@@ -19,9 +19,6 @@ from typing import Any
 
 import torch
 
-from trainforge.datasets.catalog import load_version_dir
-from trainforge.datasets.sampler import SampleOrder
-from trainforge.datasets.stream import open_reader
 from trainforge.contract.events import (
     CheckpointCommitted,
     CheckpointCorrupt,
@@ -31,6 +28,9 @@ from trainforge.contract.events import (
     SegmentEnd,
     SegmentStart,
 )
+from trainforge.datasets.catalog import load_version_dir
+from trainforge.datasets.sampler import SampleOrder
+from trainforge.datasets.stream import open_reader
 from trainforge.events import AsyncEventWriter, EventWriter, worker_sender
 from trainforge.infra.storage import open_store
 from trainforge.jobconfig import WorkerConfig
