@@ -388,7 +388,7 @@ def log_metrics(step: int, **metrics: Any) -> None:
     dt = now - (st.last_log or now)
     st.last_log = now
     values.setdefault("step_time_s", dt)
-    st.metrics.publish(Metrics(step=step, **values))
+    st.metrics.publish(Metrics.of(step, values))
     _report_staged(st)
     st.last_step = max(st.last_step, step)
     monitor = current_monitor()

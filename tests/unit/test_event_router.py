@@ -246,3 +246,9 @@ def test_router_sends_metrics_through_the_observer_and_books_each_commit_once():
     assert (4, {"system/cpu_percent": 50.0}) in rows
     assert "loss_nan" in [a.kind for a in observer.take_alerts()]
     assert router.route_all(batch[2:4], committed={4}) == []
+
+
+def test_a_free_metric_map_cannot_overwrite_the_event_fields():
+    assert Metrics.of(5, {"loss": 1.5, "accuracy": 0.9}).values() == {"loss": 1.5, "accuracy": 0.9}
+    with pytest.raises(EventError, match=r"metric name\(s\) \['time', 'v'\] are reserved"):
+        Metrics.of(5, {"time": 3.2, "v": 2.0, "loss": 1.0})

@@ -98,6 +98,16 @@ class Metrics(_MetricMap):
     tokens_per_s: MetricValue | None = None
     samples_per_s: MetricValue | None = None
 
+    @classmethod
+    def of(cls, step: int, values: Mapping[str, float]) -> Metrics:
+        """A step's metrics from a free map (script mode's `log_metrics`): a name that is one of the event's own
+        fields (`time`, `v`, `src`, `type`) would overwrite it, so it is refused by name."""
+        reserved = sorted(set(values) & {"type", "v", "time", "src", "step"})
+        if reserved:
+            raise EventError(f"metric name(s) {reserved} are reserved by the event format (fields type, v, time, "
+                             "src, step): rename the metric")
+        return cls(step=step, **values)
+
 
 class RankMetrics(_MetricMap):
     """The per-rank aggregate of a step: `<field>_{min,median,max}`, `straggler_rank`, `straggler_ratio`."""
