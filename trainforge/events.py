@@ -125,13 +125,22 @@ def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]]
     return events, offset + end + 1
 
 
-def read_typed_events(path: str | Path, offset: int = 0) -> tuple[list[SegmentEvent], int, list[str]]:
+def _type_of(cls: type) -> str:
+    return cls.model_fields["type"].default  # type: ignore[attr-defined, no-any-return]
+
+
+def read_typed_events(path: str | Path, offset: int = 0, only: tuple[type, ...] = ()
+                      ) -> tuple[list[SegmentEvent], int, list[str]]:
     """Like read_events, typed: (events, next offset, problems). A line that is not a valid event (or comes from
     a newer schema) is left out and described in `problems` (with its file and byte offset) for the reader to log:
-    one bad line must not stop the flow from reading the commits after it."""
+    one bad line must not stop the flow from reading the commits after it. `only`: parse just these event
+    classes (a reader that needs the commits of a long job does not validate its 100,000 metrics lines)."""
     raw, end = read_events(path, offset)
+    wanted = {_type_of(cls) for cls in only}
     events, problems = [], []
     for i, data in enumerate(raw):
+        if wanted and data.get("type") not in wanted:
+            continue
         try:
             events.append(parse_event(data))
         except EventError as exc:
@@ -160,7 +169,7 @@ def last_event(path: str | Path, kind: str) -> dict[str, Any] | None:
 
 def last_of(path: str | Path, cls: type[E]) -> E | None:
     """The newest valid event of class `cls` in the stream (typed counterpart of last_event)."""
-    events, _, _ = read_typed_events(path)
+    events, _, _ = read_typed_events(path, only=(cls,))
     for event in reversed(events):
         if isinstance(event, cls):
             return event

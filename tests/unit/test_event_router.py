@@ -166,6 +166,8 @@ def test_sinks_stamp_the_sender_and_write_what_readers_read(tmp_path):
     assert offset == (tmp_path / "events.jsonl").stat().st_size
     assert len(problems) == 2 and "field 'step': Field required" in problems[0] and "schema version 9" in problems[1]
     assert all(e.src is not None and e.src.job == "demo-1" for e in events)
+    ends, _, problems = read_typed_events(tmp_path / "events.jsonl", only=(SegmentEnd,))
+    assert [type(e) for e in ends] == [SegmentEnd] and problems == []  # the other lines are not even validated
     disabled = EventWriter(tmp_path / "off", enabled=False)
     disabled.publish(SegmentEnd(step=1, reason="finished"))
     assert not (tmp_path / "off").exists()

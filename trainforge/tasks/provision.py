@@ -127,7 +127,8 @@ def record_allocation(record: JobRecord, allocation: dict[str, Any], reason: str
         return None
     batch = spec.training.global_batch_size
     # The newest checkpoint the workers committed: the step the resized gang resumes from.
-    committed = [e.step for e in read_typed_events(record.events_path)[0] if isinstance(e, CheckpointCommitted)]
+    committed = [e.step for e in read_typed_events(record.events_path, only=(CheckpointCommitted,))[0]
+                 if isinstance(e, CheckpointCommitted)]
     entry = {
         "time": time.time(), "reason": reason, "from_workers": before["workers"], "to_workers": allocation["workers"],
         "from_dp": before["layout"]["dp"], "to_dp": allocation["layout"]["dp"],

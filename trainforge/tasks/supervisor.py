@@ -332,11 +332,11 @@ class SegmentSupervisor:
 
     def _reached_before(self, t: float) -> int | None:
         """The furthest step completed (metrics reported) before time t."""
-        events, _, _ = read_typed_events(self.record.events_path)
+        events, _, _ = read_typed_events(self.record.events_path, only=(Metrics,))
         return max((e.step for e in events if isinstance(e, Metrics) and e.time <= t), default=None)
 
     def _checkpoint_since(self, t: float) -> bool:
-        events, _, _ = read_typed_events(self.record.events_path)
+        events, _, _ = read_typed_events(self.record.events_path, only=(CheckpointCommitted,))
         return any(isinstance(e, CheckpointCommitted) and e.time > t for e in events)
 
     def root_cause(self) -> Incident | None:
@@ -467,7 +467,7 @@ def give_up_report(record: JobRecord, error: BaseException | str) -> str:
     for rb in rollbacks:
         lines.append(f"  divergence at step {rb['step'] + 1}: {rb['reason']} -> skipped {len(rb['samples'])} samples")
     committed = sorted(int(s) for s in data.get("checkpoints", {}))
-    events, _, _ = read_typed_events(record.events_path)
+    events, _, _ = read_typed_events(record.events_path, only=(Metrics,))
     reached = max((e.step for e in events if isinstance(e, Metrics)), default=0)
     last = committed[-1] if committed else 0
     lines.append(f"last committed checkpoint: step {last if committed else 'none'}; furthest step reached: "
