@@ -1,58 +1,90 @@
-"""Events the workers report to the control plane: one JSON object per line in run_dir/events.jsonl.
+"""Where a segment's events go and how they are read back: today one JSON object per line in run_dir/events.jsonl.
 
-The flow tails this file to stream metrics to MLflow and to start commit bookkeeping and evaluation of each
-checkpoint while training goes on. Only rank 0 writes (plus any rank's failure report in failures/).
+Senders build typed events (trainforge/contract/events.py) and hand them to a sink's `publish`; the sink is the one
+place that knows the transport, so moving from the shared file to the cross-machine channel
+(trainforge/contract/channel.py) is one change here. The flow tails the stream to stream metrics to MLflow and to
+start commit bookkeeping and evaluation of each checkpoint while training goes on. Only rank 0 writes the segment's
+events (plus the supervisor's fault and recovery records, and any rank's failure report in failures/).
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import queue
+import socket
 import threading
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
+
+from trainforge.contract.events import EventError, Metrics, SegmentEvent, Sender, dump_event, parse_event
+
+logger = logging.getLogger(__name__)
+
+E = TypeVar("E")
+
+
+class EventSink(Protocol):
+    """Anything a sender publishes typed events to (the events file today, the node publisher of the channel)."""
+
+    def publish(self, event: SegmentEvent) -> None: ...
+
+
+def worker_sender(job: str | None, rank: int | None) -> Sender:
+    """The identity a worker process stamps on what it sends: its job, segment attempt, rank, host and node
+    (the launcher's environment: TRAINFORGE_SEGMENT_ATTEMPT, torchrun's GROUP_RANK)."""
+    attempt = os.environ.get("TRAINFORGE_SEGMENT_ATTEMPT")
+    node = os.environ.get("GROUP_RANK")
+    return Sender(job=job, attempt=int(attempt) if attempt and attempt.isdigit() else None, rank=rank,
+                  host=socket.gethostname(), node=int(node) if node and node.isdigit() else None)
+
+
+def _stamp(event: SegmentEvent, src: Sender | None) -> SegmentEvent:
+    return event if src is None or event.src is not None else event.model_copy(update={"src": src})
 
 
 class EventWriter:
-    def __init__(self, run_dir: str | Path, enabled: bool):
+    """The events.jsonl sink: one line per event, appended and flushed per event for live tailing."""
+
+    def __init__(self, run_dir: str | Path, enabled: bool, src: Sender | None = None):
         self.path = Path(run_dir) / "events.jsonl"
         self.enabled = enabled
+        self.src = src
 
-    def emit(self, kind: str, **fields: Any) -> None:
+    def publish(self, event: SegmentEvent) -> None:
         if not self.enabled:
             return
-        line = json.dumps({"type": kind, "time": time.time(), **fields}, sort_keys=True)
-        # One writer, one line per append; flushed per event for live tailing. Only events that change what a
-        # resume does are fsynced: a per-step fsync would cost the loop milliseconds for nothing.
+        line = json.dumps(dump_event(_stamp(event, self.src)), sort_keys=True)
+        # One writer, one line per append. Only events that change what a resume does are fsynced: a per-step
+        # fsync would cost the loop milliseconds for nothing.
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
-            if kind != "metrics":
+            if not isinstance(event, Metrics):
                 os.fsync(f.fileno())
 
 
 class AsyncEventWriter:
-    """Appends events from a background thread so the training step never waits on file I/O: `emit` stamps the
-    time and queues; the thread writes and flushes whatever is queued in one append. `close` (also run at exit,
-    so a failing worker's last metrics still land) drains the queue. Only for events no resume depends on
-    (metrics): those keep the synchronous, fsynced EventWriter."""
+    """Publishes from a background thread so the training step never waits on file I/O: `publish` queues the
+    event (stamped with its time when it was made); the thread writes and flushes whatever is queued in one
+    append. `close` (also run at exit, so a failing worker's last metrics still land) drains the queue. Only for
+    events no resume depends on (metrics, telemetry): those keep the synchronous, fsynced EventWriter."""
 
     def __init__(self, writer: EventWriter):
         self.writer = writer
         self.enabled = writer.enabled
-        self._queue: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[SegmentEvent | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         if self.enabled:
             self._thread = threading.Thread(target=self._run, name="event-writer", daemon=True)
             self._thread.start()
             atexit.register(self.close)
 
-    def emit(self, kind: str, **fields: Any) -> None:
+    def publish(self, event: SegmentEvent) -> None:
         if self.enabled:
-            self._queue.put({"type": kind, "time": time.time(), **fields})
+            self._queue.put(event)
 
     def _run(self) -> None:
         while True:
@@ -63,7 +95,8 @@ class AsyncEventWriter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            lines = [json.dumps(e, sort_keys=True) for e in batch if e is not None]
+            lines = [json.dumps(dump_event(_stamp(e, self.writer.src)), sort_keys=True)
+                     for e in batch if e is not None]
             if lines:
                 with open(self.writer.path, "a", encoding="utf-8") as f:
                     f.write("\n".join(lines) + "\n")
@@ -78,7 +111,7 @@ class AsyncEventWriter:
 
 
 def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """Complete lines from byte `offset` on, and the offset after the last complete line."""
+    """Complete lines from byte `offset` on (as JSON objects), and the offset after the last complete line."""
     p = Path(path)
     if not p.is_file():
         return [], offset
@@ -92,9 +125,52 @@ def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]]
     return events, offset + end + 1
 
 
+def _type_of(cls: type) -> str:
+    return cls.model_fields["type"].default  # type: ignore[attr-defined, no-any-return]
+
+
+def read_typed_events(path: str | Path, offset: int = 0, only: tuple[type, ...] = ()
+                      ) -> tuple[list[SegmentEvent], int, list[str]]:
+    """Like read_events, typed: (events, next offset, problems). A line that is not a valid event (or comes from
+    a newer schema) is left out and described in `problems` (with its file and byte offset) for the reader to log:
+    one bad line must not stop the flow from reading the commits after it. `only`: parse just these event
+    classes (a reader that needs the commits of a long job does not validate its 100,000 metrics lines)."""
+    raw, end = read_events(path, offset)
+    wanted = {_type_of(cls) for cls in only}
+    events, problems = [], []
+    for i, data in enumerate(raw):
+        if wanted and data.get("type") not in wanted:
+            continue
+        try:
+            events.append(parse_event(data))
+        except EventError as exc:
+            problems.append(f"{path} (event {i + 1} after byte {offset}): {exc}")
+    return events, end, problems
+
+
+def typed(events: list[dict[str, Any]]) -> list[SegmentEvent]:
+    """Parse already-read event objects, leaving out (and logging) the ones that are not valid events."""
+    out = []
+    for data in events:
+        try:
+            out.append(parse_event(data))
+        except EventError as exc:
+            logger.warning("ignoring an event: %s", exc)
+    return out
+
+
 def last_event(path: str | Path, kind: str) -> dict[str, Any] | None:
     events, _ = read_events(path)
     for event in reversed(events):
         if event.get("type") == kind:
+            return event
+    return None
+
+
+def last_of(path: str | Path, cls: type[E]) -> E | None:
+    """The newest valid event of class `cls` in the stream (typed counterpart of last_event)."""
+    events, _, _ = read_typed_events(path, only=(cls,))
+    for event in reversed(events):
+        if isinstance(event, cls):
             return event
     return None

@@ -50,6 +50,15 @@ from typing import Any
 import numpy as np
 
 from trainforge.contract.config import ENV_VAR, SegmentConfig
+from trainforge.contract.events import (
+    CheckpointCommitted,
+    CheckpointCorrupt,
+    CheckpointSkipped,
+    CheckpointStaged,
+    Metrics,
+    SegmentEnd,
+    SegmentStart,
+)
 
 
 class RuntimeUsageError(ValueError):
@@ -128,7 +137,7 @@ def init(*, process_group: bool | None = None, timeout_s: float | None = None) -
     global _STATE
     if _STATE is not None and not _STATE.finished:
         return _STATE.job
-    from trainforge.events import AsyncEventWriter, EventWriter
+    from trainforge.events import AsyncEventWriter, EventWriter, worker_sender
     from trainforge.trainer.health import current_monitor
 
     cfg = _config()
@@ -139,7 +148,7 @@ def init(*, process_group: bool | None = None, timeout_s: float | None = None) -
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     ctx = ckpt = device = None
-    events = EventWriter(cfg.run_dir, rank == 0)
+    events = EventWriter(cfg.run_dir, rank == 0, worker_sender(cfg.job_id, rank))
     if process_group and framework == "jax":
         _init_jax()
     elif process_group:
@@ -152,7 +161,7 @@ def init(*, process_group: bool | None = None, timeout_s: float | None = None) -
         rank, world, local_rank, device = ctx.rank, ctx.world_size, ctx.local_rank, ctx.device
 
         def on_commit(step: int, prefix: str, manifest: dict[str, Any]) -> None:
-            events.emit("checkpoint", step=step, prefix=prefix, metrics=manifest.get("metrics", {}))
+            events.publish(CheckpointCommitted(step=step, prefix=prefix, metrics=manifest.get("metrics", {})))
 
         store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
         ckpt = Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir), on_commit)
@@ -193,8 +202,8 @@ def _begin(start: int, resumed_from: int | None) -> None:
     if st.start is not None:
         return
     st.start, st.last_step = start, start
-    st.events.emit("segment_start", step=start, world_size=st.job.world_size, resumed_from=resumed_from,
-                   mode="script")
+    st.events.publish(SegmentStart(step=start, world_size=st.job.world_size, resumed_from=resumed_from,
+                                   mode="script"))
     st.last_log = time.perf_counter()
 
 
@@ -257,7 +266,7 @@ def load_checkpoint(state: Mapping[str, Any]) -> int | None:
     model, optimizer = _model_and_optimizer(state, "load_checkpoint")
     ref, skipped = ckpt.latest()
     for bad_step, problems in skipped:
-        st.events.emit("checkpoint_corrupt", step=bad_step, problems=problems)
+        st.events.publish(CheckpointCorrupt(step=bad_step, problems=problems))
     if ref is None:
         _begin(0, None)
         return None
@@ -305,7 +314,7 @@ def _report_staged(st: _State) -> None:
     (the save call plus the wait for the copy before the next optimizer step), as the managed loop reports."""
     if st.ckpt is not None:
         for staged_step, blocked_s in st.ckpt.take_staged():
-            st.events.emit("checkpoint_staged", step=staged_step, blocked_s=blocked_s)
+            st.events.publish(CheckpointStaged(step=staged_step, blocked_s=blocked_s))
 
 
 # -------------------------------------------------------------------------------------------------- data
@@ -378,7 +387,7 @@ def log_metrics(step: int, **metrics: Any) -> None:
     dt = now - (st.last_log or now)
     st.last_log = now
     values.setdefault("step_time_s", dt)
-    st.metrics.emit("metrics", step=step, **values)
+    st.metrics.publish(Metrics.of(step, values))
     _report_staged(st)
     st.last_step = max(st.last_step, step)
     monitor = current_monitor()
@@ -418,10 +427,10 @@ def finish(step: int | None = None) -> dict[str, Any]:
         st.ckpt.close()
         _report_staged(st)
         for bad_step, why in st.ckpt.skipped:
-            st.events.emit("checkpoint_skipped", step=bad_step, reason=why)
+            st.events.publish(CheckpointSkipped(step=bad_step, reason=why))
     st.metrics.close()
     reason = "finished" if end >= st.cfg.total_steps else "segment_max_steps"
-    st.events.emit("segment_end", step=end, reason=reason, mode="script")
+    st.events.publish(SegmentEnd(step=end, reason=reason, mode="script"))
     st.finished = True
     monitor.close("done")
     if st.job.framework == "jax" and "jax" in sys.modules:

@@ -181,9 +181,9 @@ class _Stop(Exception):
 def test_a_submit_validates_parses_and_resolves_the_layout_once(prefect_api, monkeypatch, tmp_path) -> None:
     import trainforge.commands.jobs as jobs
     import trainforge.flows.train_job as flow
+    import trainforge.plan.job as plan_job
     import trainforge.plan.resolve as resolve
     import trainforge.spec as spec_module
-    import trainforge.plan.job as plan_job
     import trainforge.tasks.prepare as prepare
     import trainforge.validate as validate
     from trainforge.datasets.demo import ensure_demo_dataset

@@ -42,21 +42,22 @@ class LiveState:
         self.stall_s = 0.0
 
     def update(self) -> None:
-        from trainforge.events import read_events
+        from trainforge.contract.events import CheckpointStaged, Metrics, MetricsMeta, RankMetrics, System
+        from trainforge.events import read_typed_events
 
-        events, self.offset = read_events(self.path, self.offset)
+        events, self.offset, _ = read_typed_events(self.path, self.offset)  # a line it cannot read: not shown
         for ev in events:
-            kind = ev.get("type")
-            if kind == "metrics":
-                self.metrics = ev
-            elif kind == "rank_metrics":
-                self.ranks = ev
-            elif kind == "system":
-                self.system = ev
-            elif kind == "metrics_meta":
-                self.meta = ev
-            elif kind == "checkpoint_staged":
-                self.stall_s += float(ev.get("blocked_s", 0.0))
+            match ev:
+                case Metrics():
+                    self.metrics = {"step": ev.step, **ev.values()}
+                case RankMetrics():
+                    self.ranks = {"step": ev.step, **ev.values()}
+                case System():
+                    self.system = {"step": ev.step, "source": ev.source, **ev.values()}
+                case MetricsMeta():
+                    self.meta = ev.model_dump()
+                case CheckpointStaged():
+                    self.stall_s += ev.blocked_s
 
 
 def render(record_data: dict[str, Any], live: LiveState) -> Any:

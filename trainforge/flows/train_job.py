@@ -16,7 +16,8 @@ from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
 
 from trainforge.contract.config import SegmentConfig
-from trainforge.events import read_events
+from trainforge.contract.router import EventRouter, Log, RecordResume, StartBookkeeping, TrackMetrics
+from trainforge.events import read_typed_events
 from trainforge.registry.jobs import JobRecord, JobStore, new_job_id
 from trainforge.registry.lineage import LineageStore, parse_target
 from trainforge.registry.secrets import job_access_policy, redact, resolve_secrets
@@ -224,28 +225,26 @@ class _EventPump:
         from trainforge.registry.alerts import MetricsObserver, load_rules
 
         self.observer = MetricsObserver(load_rules(), (record.data.get("plan") or {}).get("predicted"))
+        self.router = EventRouter(observe=self.observer.rows)
 
     def poll(self) -> None:
-        events, self.offset = read_events(self.record.events_path, self.offset)
+        events, self.offset, problems = read_typed_events(self.record.events_path, self.offset)
+        for problem in problems:  # a worker of another version, or a corrupt line: said, and the rest still read
+            self.log.warning("ignored an event: %s", problem)
         rows = []
         for ev in events:
-            kind = ev.get("type")
-            rows.extend(self.observer.rows(ev))  # metrics, rank aggregates, system telemetry, checkpoint stalls
-            if kind == "checkpoint" and ev["step"] not in self.committed:
-                self._on_checkpoint(ev["step"])
-            elif kind in ("fault_detected", "recovered"):  # recovery transitions: Prefect log + MLflow
-                self.log.warning("%s: %s", kind, ev.get("message") or {k: ev.get(k) for k in (
-                    "fault", "mttr_s", "resumed_from", "lost_steps", "tier")})
-                if kind == "recovered" and ev.get("mttr_s") is not None:
-                    rows.append((ev.get("resumed_from") or 0, {"mttr_s": ev["mttr_s"],
-                                                               "lost_steps": ev.get("lost_steps") or 0}))
-            elif kind == "checkpoint_corrupt":
-                self.log.warning("skipped corrupt checkpoint step %s: %s", ev["step"], ev.get("problems"))
-            elif kind == "resize":  # elastic: the record's `resizes` has it; MLflow gets the world size
-                rows.append((ev.get("after_step") or 0, {"world_size": ev["to_workers"]}))
-            elif kind == "segment_start" and ev.get("resumed_from") is not None:
-                self.log.info("segment resumed from committed checkpoint step %s", ev["resumed_from"])
-                LineageStore().record_resume(self.record.job_id, ev["resumed_from"])
+            for action in self.router.route(ev, self.committed):  # the routing rules: trainforge/contract/router.py
+                match action:
+                    case TrackMetrics():
+                        rows.extend(action.rows)
+                    case StartBookkeeping():
+                        self._on_checkpoint(action.step)
+                    case Log(level="warning"):
+                        self.log.warning("%s", action.message)
+                    case Log():
+                        self.log.info("%s", action.message)
+                    case RecordResume():
+                        LineageStore().record_resume(self.record.job_id, action.step)
         if rows:
             self.tracker.log_metrics(self.run_id, rows)
         self.observer.check_stalled(time.time())

@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainforge.contract.events import CheckpointStaged, Metrics, RankMetrics, SegmentEvent, System
+
 STEP_KINDS = ("loss_nan", "loss_spike", "mfu_below_plan", "throughput_drop", "data_wait")
 KINDS = ("loss_nan", "loss_spike", "mfu_below_plan", "throughput_drop", "data_wait", "straggler", "ecc_errors",
          "stalled")
@@ -221,10 +223,6 @@ def dumps(alerts: list[Alert]) -> str:
     return json.dumps([a.to_dict() for a in alerts])
 
 
-# Fields of a worker `metrics` event that are not metrics.
-_NOT_METRICS = {"type", "time", "step"}
-
-
 class MetricsObserver:
     """Turns worker events into MLflow metric rows and runs the alert rules on them (the flow's pump owns one).
 
@@ -244,27 +242,26 @@ class MetricsObserver:
         self.last_step = 0
         self.last_progress: float | None = None
 
-    def rows(self, ev: Mapping[str, Any]) -> list[tuple[int, dict[str, float]]]:
-        kind, step = ev.get("type"), int(ev.get("step", 0) or 0)
-        if kind == "metrics":
-            values = _numeric(ev)
+    def rows(self, ev: SegmentEvent) -> list[tuple[int, dict[str, float]]]:
+        if isinstance(ev, Metrics):
+            values = ev.values()
             if self.predicted_mfu is not None:
                 values["mfu_predicted"] = float(self.predicted_mfu)
             if self.predicted_step and values.get("step_time_s"):
                 values["plan_attainment"] = self.predicted_step / values["step_time_s"]
-            self.last_step, self.last_progress = step, float(ev.get("time", 0.0)) or None
-            self.alerts += self.engine.observe(step, values)
-            return [(step, values)]
-        if kind == "rank_metrics":
-            values = _numeric(ev)
-            self.alerts += self.engine.observe_ranks(step, values)
-            return [(step, {f"ranks/{k}": v for k, v in values.items()})]
-        if kind == "system":
-            values = {f"system/{k}": v for k, v in _numeric(ev).items()}
-            self.alerts += self.engine.observe_system(step, values)
-            return [(step, values)]
-        if kind == "checkpoint_staged" and "blocked_s" in ev:
-            return [(step, {"checkpoint_stall_s": float(ev["blocked_s"])})]
+            self.last_step, self.last_progress = ev.step, ev.time or None
+            self.alerts += self.engine.observe(ev.step, values)
+            return [(ev.step, values)]
+        if isinstance(ev, RankMetrics):
+            values = ev.values()
+            self.alerts += self.engine.observe_ranks(ev.step, values)
+            return [(ev.step, {f"ranks/{k}": v for k, v in values.items()})]
+        if isinstance(ev, System):
+            values = {f"system/{k}": v for k, v in ev.values().items()}
+            self.alerts += self.engine.observe_system(ev.step, values)
+            return [(ev.step, values)]
+        if isinstance(ev, CheckpointStaged):
+            return [(ev.step, {"checkpoint_stall_s": ev.blocked_s})]
         return []
 
     def check_stalled(self, now: float) -> None:
@@ -274,8 +271,3 @@ class MetricsObserver:
     def take_alerts(self) -> list[Alert]:
         out, self.alerts = self.alerts, []
         return out
-
-
-def _numeric(ev: Mapping[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in ev.items()
-            if k not in _NOT_METRICS and isinstance(v, int | float) and not isinstance(v, bool)}

@@ -21,6 +21,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from trainforge.contract.events import (
+    CheckpointCommitted,
+    CheckpointCorrupt,
+    CheckpointSkipped,
+    CheckpointStaged,
+    FaultDetected,
+    Metrics,
+    MetricsMeta,
+    Recovered,
+    Resize,
+    SegmentEnd,
+    SegmentEvent,
+    SegmentStart,
+    dump_event,
+)
+
 REPORT_NAME = "report.html"
 # A chart line holds at most this many points: a 100k-step job would otherwise make a report of tens of MB.
 MAX_POINTS = 2000
@@ -44,16 +60,17 @@ class Segmented:
         return [v for _, v in self.last_by_step()]
 
 
-def metric_series(events: Iterable[Mapping[str, Any]], name: str, kind: str = "metrics") -> Segmented:
+def metric_series(events: Iterable[SegmentEvent], name: str) -> Segmented:
+    """The `metrics` events' `name` by step, one run per segment."""
     out = Segmented()
     current: list[tuple[int, float]] = []
     for ev in events:
-        if ev.get("type") == "segment_start":
+        if isinstance(ev, SegmentStart):
             if current:
                 out.runs.append(current)
             current = []
-        elif ev.get("type") == kind and isinstance(ev.get(name), int | float) and "step" in ev:
-            current.append((int(ev["step"]), float(ev[name])))
+        elif isinstance(ev, Metrics) and (value := ev.values().get(name)) is not None:
+            current.append((ev.step, value))
     if current:
         out.runs.append(current)
     return out
@@ -126,7 +143,7 @@ def _plot_runs(ax: Any, series: Segmented, gid: str, label: str, color: str) -> 
                 ls="-" if i == 0 else "--")
 
 
-def loss_chart(events: list[dict[str, Any]], checkpoints: Mapping[str, Any]) -> str | None:
+def loss_chart(events: list[SegmentEvent], checkpoints: Mapping[str, Any]) -> str | None:
     loss = metric_series(events, "loss")
     if not loss.runs:
         return None
@@ -139,7 +156,7 @@ def loss_chart(events: list[dict[str, Any]], checkpoints: Mapping[str, Any]) -> 
     return _finish(ctx, fig, ax, "loss", "loss")
 
 
-def throughput_chart(events: list[dict[str, Any]]) -> str | None:
+def throughput_chart(events: list[SegmentEvent]) -> str | None:
     tps = metric_series(events, "tokens_per_s")
     if not tps.runs:
         return None
@@ -148,7 +165,7 @@ def throughput_chart(events: list[dict[str, Any]]) -> str | None:
     return _finish(ctx, fig, ax, "throughput", "tokens / s")
 
 
-def mfu_chart(events: list[dict[str, Any]], predicted: float | None, peak_source: str | None) -> str | None:
+def mfu_chart(events: list[SegmentEvent], predicted: float | None, peak_source: str | None) -> str | None:
     mfu = metric_series(events, "mfu")
     if not mfu.runs:
         return None
@@ -159,7 +176,7 @@ def mfu_chart(events: list[dict[str, Any]], predicted: float | None, peak_source
     return _finish(ctx, fig, ax, "mfu", "MFU")
 
 
-def split_chart(events: list[dict[str, Any]]) -> str | None:
+def split_chart(events: list[SegmentEvent]) -> str | None:
     parts = {p: dict(metric_series(events, p).last_by_step()) for p in SPLIT_PARTS}
     steps = sorted(set().union(*(set(v) for v in parts.values())))
     if not steps:
@@ -171,7 +188,7 @@ def split_chart(events: list[dict[str, Any]]) -> str | None:
     return _finish(ctx, fig, ax, "split", "step time (s)")
 
 
-def timeline_chart(record: Mapping[str, Any], events: list[dict[str, Any]]) -> str | None:
+def timeline_chart(record: Mapping[str, Any], events: list[SegmentEvent]) -> str | None:
     segments = record.get("segments") or []
     if not segments:
         return None
@@ -187,11 +204,12 @@ def timeline_chart(record: Mapping[str, Any], events: list[dict[str, Any]]) -> s
         ax.broken_barh([(start, max(stop - start, 1e-3))], (0.6, 0.8), color=colors.get(seg.get("state"), "gray"),
                        gid=f"segment-{seg.get('attempt')}")
         ax.text(start, 1.5, f"#{seg.get('attempt')} {seg.get('state')}", fontsize=7, va="bottom")
-    marks = {"checkpoint": ("|", "black", "checkpoint committed"), "fault_detected": ("x", "tab:red", "fault"),
-             "recovered": ("^", "tab:green", "recovered"), "checkpoint_corrupt": ("s", "tab:red", "corrupt")}
-    for kind, (marker, color, label) in marks.items():
-        ts = [float(e["time"]) - t0 for e in events if e.get("type") == kind and "time" in e]
+    marks = [(CheckpointCommitted, "|", "black", "checkpoint committed"), (FaultDetected, "x", "tab:red", "fault"),
+             (Recovered, "^", "tab:green", "recovered"), (CheckpointCorrupt, "s", "tab:red", "corrupt")]
+    for cls, marker, color, label in marks:
+        ts = [e.time - t0 for e in events if isinstance(e, cls)]
         if ts:
+            kind = cls.model_fields["type"].default
             ax.scatter(ts, [0.3] * len(ts), marker=marker, color=color, label=label, gid=f"mark-{kind}", zorder=3)
     ax.set_ylim(0, 2.2)
     ax.set_yticks([])
@@ -210,7 +228,7 @@ def timeline_chart(record: Mapping[str, Any], events: list[dict[str, Any]]) -> s
 
 # ---- tables -----------------------------------------------------------------------------------------------------
 
-def timeline_rows(record: Mapping[str, Any], events: list[dict[str, Any]]) -> list[tuple[float, str, str]]:
+def timeline_rows(record: Mapping[str, Any], events: list[SegmentEvent]) -> list[tuple[float, str, str]]:
     """(time, what, detail) in time order: submission, segments, checkpoints, faults, recoveries, alerts, end."""
     rows: list[tuple[float, str, str]] = []
     if record.get("created_at"):
@@ -221,29 +239,28 @@ def timeline_rows(record: Mapping[str, Any], events: list[dict[str, Any]]) -> li
             rows.append((float(seg["ended_at"]), f"segment #{seg.get('attempt')} {seg.get('state')}",
                          str(seg.get("error") or "")[:400]))
     for ev in events:
-        kind, t = ev.get("type"), float(ev.get("time") or 0)
-        if kind == "segment_start":
-            rows.append((t, "training started", f"from step {ev.get('step')}" + (
-                f" (resumed from committed checkpoint {ev['resumed_from']})" if ev.get("resumed_from") else "")
-                + f", world size {ev.get('world_size')}"))
-        elif kind == "segment_end":
-            rows.append((t, "training stopped", f"at step {ev.get('step')}: {ev.get('reason')}"))
-        elif kind == "checkpoint":
-            rows.append((t, "checkpoint committed", f"step {ev.get('step')}"))
-        elif kind == "fault_detected":
-            rows.append((t, f"fault: {ev.get('fault')}", f"rank {ev.get('rank')}, step {ev.get('step')}: "
-                                                         f"{ev.get('message') or ''} -> {ev.get('action') or ''}"))
-        elif kind == "recovered":
-            rows.append((t, f"recovered ({ev.get('tier')})", f"MTTR {_fmt(ev.get('mttr_s'), '.1f')} s, resumed "
-                                                              f"from step {ev.get('resumed_from')}, "
-                                                              f"{ev.get('lost_steps')} step(s) recomputed"))
-        elif kind == "checkpoint_corrupt":
-            rows.append((t, "corrupt checkpoint skipped", f"step {ev.get('step')}: {ev.get('problems')}"))
-        elif kind == "resize":  # elastic: the scheduler grew or shrank the gang between segments
-            rows.append((t, "resized", f"{ev.get('from_workers')} -> {ev.get('to_workers')} workers after step "
-                                       f"{ev.get('after_step')}: {ev.get('reason') or ''}"))
-        elif kind == "checkpoint_skipped":
-            rows.append((t, "checkpoint not committed", f"step {ev.get('step')}: {ev.get('reason')}"))
+        t = ev.time
+        match ev:
+            case SegmentStart():
+                rows.append((t, "training started", f"from step {ev.step}" + (
+                    f" (resumed from committed checkpoint {ev.resumed_from})" if ev.resumed_from else "")
+                    + f", world size {ev.world_size}"))
+            case SegmentEnd():
+                rows.append((t, "training stopped", f"at step {ev.step}: {ev.reason}"))
+            case CheckpointCommitted():
+                rows.append((t, "checkpoint committed", f"step {ev.step}"))
+            case FaultDetected():
+                rows.append((t, f"fault: {ev.fault}", f"rank {ev.rank}, step {ev.step}: {ev.message} -> {ev.action}"))
+            case Recovered():
+                rows.append((t, f"recovered ({ev.tier})", f"MTTR {_fmt(ev.mttr_s, '.1f')} s, resumed from step "
+                                                          f"{ev.resumed_from}, {ev.lost_steps} step(s) recomputed"))
+            case CheckpointCorrupt():
+                rows.append((t, "corrupt checkpoint skipped", f"step {ev.step}: {ev.problems}"))
+            case Resize():  # elastic: the scheduler grew or shrank the gang between segments
+                rows.append((t, "resized", f"{ev.from_workers} -> {ev.to_workers} workers after step "
+                                           f"{ev.after_step}: {ev.reason}"))
+            case CheckpointSkipped():
+                rows.append((t, "checkpoint not committed", f"step {ev.step}: {ev.reason}"))
     for alert in record.get("alerts") or []:
         rows.append((float(alert.get("time") or 0), f"alert: {alert.get('rule')}",
                      f"step {alert.get('step')}: {alert.get('message')}"))
@@ -254,18 +271,18 @@ def timeline_rows(record: Mapping[str, Any], events: list[dict[str, Any]]) -> li
     return sorted(rows, key=lambda r: r[0])
 
 
-def checkpoint_rows(record: Mapping[str, Any], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def checkpoint_rows(record: Mapping[str, Any], events: list[SegmentEvent]) -> list[dict[str, Any]]:
     """One row per staged checkpoint: how long the step loop was blocked, and what was committed."""
     committed = record.get("checkpoints") or {}
-    commit_time = {int(e["step"]): float(e["time"]) for e in events if e.get("type") == "checkpoint"}
+    commit_time = {e.step: e.time for e in events if isinstance(e, CheckpointCommitted)}
     rows = []
     for ev in events:
-        if ev.get("type") != "checkpoint_staged":
+        if not isinstance(ev, CheckpointStaged):
             continue
-        step = int(ev["step"])
+        step = ev.step
         entry = committed.get(str(step)) or {}
-        rows.append({"step": step, "stall_s": float(ev.get("blocked_s") or 0.0),
-                     "commit_after_s": commit_time[step] - float(ev["time"]) if step in commit_time else None,
+        rows.append({"step": step, "stall_s": ev.blocked_s,
+                     "commit_after_s": commit_time[step] - ev.time if step in commit_time else None,
                      "bytes": entry.get("bytes"), "eval_loss": entry.get("eval_loss"),
                      "kept": str(step) in committed})
     return rows
@@ -285,7 +302,7 @@ font-size:13px;vertical-align:top}th{background:#f3f3f3}figure{margin:0 0 1.5em}
 .state-completed{color:#186a18}.state-failed{color:#b00}.state-cancelled{color:#a60}.note{color:#666;font-size:13px}"""
 
 
-def render_html(record: Mapping[str, Any], events: list[dict[str, Any]], *, now: float | None = None) -> str:
+def render_html(record: Mapping[str, Any], events: list[SegmentEvent], *, now: float | None = None) -> str:
     """The report of one job as a self-contained HTML page (pure: record and events in, text out)."""
     from trainforge.infra.cost import job_cost, load_prices
     from trainforge.registry.secrets import redact
@@ -297,15 +314,15 @@ def render_html(record: Mapping[str, Any], events: list[dict[str, Any]], *, now:
     plan = record.get("plan") or {}
     predicted = plan.get("predicted") or {}
     dataset = record.get("dataset") or {}
-    meta = next((e for e in events if e.get("type") == "metrics_meta"), {})
-    steps = [e for e in events if e.get("type") == "metrics"]
+    meta = next((e.model_dump() for e in events if isinstance(e, MetricsMeta)), {})
+    steps = [e for e in events if isinstance(e, Metrics)]
     loss = metric_series(events, "loss").last_by_step()
     tps = metric_series(events, "tokens_per_s").values()
     mfu = metric_series(events, "mfu").values()
     stalls = checkpoint_rows(record, events)
     evals = [c["eval_loss"] for c in (record.get("checkpoints") or {}).values() if c.get("eval_loss") is not None]
     total_steps = (spec.get("training") or {}).get("max_steps")
-    step_time = sum(float(e.get("step_time_s") or 0) for e in steps)
+    step_time = sum(e.step_time_s or 0.0 for e in steps)
     stall_total = sum(r["stall_s"] for r in stalls)
     segments = record.get("segments") or []
     wall = sum(float(s.get("ended_at") or now) - float(s["started_at"]) for s in segments)
@@ -374,7 +391,7 @@ def render_html(record: Mapping[str, Any], events: list[dict[str, Any]], *, now:
     parts.append("<h2 id='cost'>Cost</h2>")
     try:
         prices, storage = load_prices()
-        cost = job_cost(record, events, prices=prices, storage_gb_month=storage, now=now)
+        cost = job_cost(record, [dump_event(e) for e in events], prices=prices, storage_gb_month=storage, now=now)
         rows = [("GPU-hours (allocated)", f"{cost.gpu_hours:.4f}", f"{cost.workers} x {cost.gpu_type} at "
                  f"${cost.price_per_gpu_hour:.2f}/GPU-h ({cost.market})"),
                 ("productive", f"{cost.productive_hours:.4f}", "steps that count, minus data wait"),
@@ -406,10 +423,10 @@ def render_html(record: Mapping[str, Any], events: list[dict[str, Any]], *, now:
 
 def write_report(record: Any, out: Path | None = None, *, log_to_mlflow: bool = True) -> Path:
     """Render `record`'s report into its folder (and `out`), and log it as an artifact of the job's MLflow run."""
-    from trainforge.events import read_events
+    from trainforge.events import read_typed_events
 
     record.reload()
-    events, _ = read_events(record.events_path)
+    events, _, _ = read_typed_events(record.events_path)  # a line it cannot read is left out of the report
     page = render_html(record.data, events)
     path = record.folder / REPORT_NAME
     tmp = path.with_suffix(".html.tmp")

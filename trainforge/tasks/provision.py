@@ -18,7 +18,8 @@ import os
 import time
 from typing import Any
 
-from trainforge.events import EventWriter, read_events
+from trainforge.contract.events import CheckpointCommitted, Resize, Sender
+from trainforge.events import EventWriter, read_typed_events
 from trainforge.plan.cluster import default_cluster
 from trainforge.plan.elastic import accumulation, elastic_sizes, layout_for
 from trainforge.registry.jobs import JobRecord
@@ -86,7 +87,8 @@ def record_allocation(record: JobRecord, allocation: dict[str, Any], reason: str
         return None
     batch = spec.training.global_batch_size
     # The newest checkpoint the workers committed: the step the resized gang resumes from.
-    committed = [int(e["step"]) for e in read_events(record.events_path)[0] if e.get("type") == "checkpoint"]
+    committed = [e.step for e in read_typed_events(record.events_path, only=(CheckpointCommitted,))[0]
+                 if isinstance(e, CheckpointCommitted)]
     entry = {
         "time": time.time(), "reason": reason, "from_workers": before["workers"], "to_workers": allocation["workers"],
         "from_dp": before["layout"]["dp"], "to_dp": allocation["layout"]["dp"],
@@ -95,7 +97,8 @@ def record_allocation(record: JobRecord, allocation: dict[str, Any], reason: str
         "nodes": allocation.get("nodes", []), "after_step": max(committed, default=None),
     }
     record.update(resizes=[*record.data.get("resizes", []), entry])
-    EventWriter(record.folder, True).emit("resize", **{k: v for k, v in entry.items() if k != "time"})
+    EventWriter(record.folder, True, Sender(job=record.job_id)).publish(
+        Resize(**{k: v for k, v in entry.items() if k != "time"}))
     return entry
 
 

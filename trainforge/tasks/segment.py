@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from trainforge.contract.config import SegmentConfig
-from trainforge.events import last_event
+from trainforge.contract.events import SegmentEnd
+from trainforge.events import last_of
 from trainforge.infra.backends.local import LocalGang, LocalMultiNodeGang, free_port
 from trainforge.infra.launch import LaunchSpec, allocator_environment, worker_environment
 from trainforge.plan.layout import Layout
@@ -167,15 +168,15 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
         supervisor.finish()
     duration = time.monotonic() - t0
     end = _last_segment_end(record, since=started)
-    if code != 0 and not (supervisor.preempting and end.get("reason") == "preempted"):
+    if code != 0 and not (supervisor.preempting and end is not None and end.reason == "preempted"):
         exc = _failure(record, attempt, log_dir, code, supervisor, config)
         _finish(record, attempt, "failed", error=str(exc))
         raise exc
-    reason = end.get("reason")
+    reason = end.reason if end is not None else None
     if reason == "preempted" and supervisor.resize_to is not None:  # our own notice: a resize, not a reclaim
         reason = "resize"
     _finish(record, attempt, {"preempted": "preempted", "resize": "resized"}.get(reason or "", "completed"))
-    return SegmentResult(attempt, code, duration, end.get("step"), reason)
+    return SegmentResult(attempt, code, duration, end.step if end is not None else None, reason)
 
 
 def _finish(record: JobRecord, attempt: int, state: str, error: str | None = None) -> None:
@@ -187,9 +188,10 @@ def _finish(record: JobRecord, attempt: int, state: str, error: str | None = Non
     record.update(segments=segments)
 
 
-def _last_segment_end(record: JobRecord, since: float = 0.0) -> dict:
-    end = last_event(record.events_path, "segment_end") or {}
-    return end if end.get("time", 0) >= since else {}
+def _last_segment_end(record: JobRecord, since: float = 0.0) -> SegmentEnd | None:
+    """This segment's end event (one written at or after `since`), or None when it did not end cleanly."""
+    end = last_of(record.events_path, SegmentEnd)
+    return end if end is not None and end.time >= since else None
 
 
 KIND_ORDER = {"user": 0, "divergence": 1, "infra": 2}

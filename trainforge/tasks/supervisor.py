@@ -34,7 +34,8 @@ from typing import Any
 import psutil
 
 from trainforge.contract.config import SegmentConfig
-from trainforge.events import EventWriter, read_events
+from trainforge.contract.events import CheckpointCommitted, FaultDetected, Metrics, Recovered, Sender
+from trainforge.events import EventWriter, read_typed_events
 from trainforge.registry.jobs import JobRecord
 from trainforge.trainer.health import HealthPolicy, read_heartbeats, stacks_dir
 
@@ -71,7 +72,7 @@ class SegmentSupervisor:
         self.resize_to: int | None = None
         self.rank_hosts = rank_hosts or {}  # the launch's node of each rank (several "nodes" on one host)
         self.run_dir = record.folder
-        self.events = EventWriter(record.folder, True)
+        self.events = EventWriter(record.folder, True, Sender(job=record.job_id, attempt=attempt))
         self.scheduler_status = scheduler_status
         self.started = time.time()
         self.incidents: list[Incident] = []
@@ -284,11 +285,11 @@ class SegmentSupervisor:
         mttr = now - pending["detected_at"]
         reached = self._reached_before(pending["detected_at"])
         lost = max(0, reached - resumed) if reached is not None else None
-        self.events.emit("recovered", fault=pending["kind"], rank=pending.get("rank"), mttr_s=round(mttr, 3),
-                         resumed_from=resumed, lost_steps=lost, attempt=self.attempt,
-                         tier="in-segment restart" if pending["attempt"] == self.attempt else
-                         "resume after preemption" if pending["kind"] == "preemption" else
-                         "resume after resize" if pending["kind"] == "resize" else "segment retry")
+        self.events.publish(Recovered(fault=pending["kind"], rank=pending.get("rank"), mttr_s=round(mttr, 3),
+                                      resumed_from=resumed, lost_steps=lost, attempt=self.attempt,
+                                      tier="in-segment restart" if pending["attempt"] == self.attempt else
+                                      "resume after preemption" if pending["kind"] == "preemption" else
+                                      "resume after resize" if pending["kind"] == "resize" else "segment retry"))
         self._pending = None
         self.record.update(pending_recovery=None)
 
@@ -307,8 +308,8 @@ class SegmentSupervisor:
                        evidence=evidence or {})
         self.incidents.append(inc)
         logger.warning("%s", message)
-        self.events.emit("fault_detected", fault=kind, rank=rank, message=message, action=action, step=step,
-                         attempt=self.attempt, detected_at=inc.detected_at)
+        self.events.publish(FaultDetected(fault=kind, rank=rank, message=message, action=action, step=step,
+                                          attempt=self.attempt, detected_at=inc.detected_at))
         if kind in FATAL:
             self._fatal_gen = self._restarts
         if kind in FATAL or kind in ("preemption", "resize"):
@@ -322,8 +323,8 @@ class SegmentSupervisor:
         """A fault the workers reported themselves (divergence): recorded like the supervisor's own findings."""
         inc = Incident(kind, rank, detected_at, message, action, self.attempt, step)
         self.incidents.append(inc)
-        self.events.emit("fault_detected", fault=kind, rank=rank, message=message, action=action, step=step,
-                         attempt=self.attempt, detected_at=detected_at)
+        self.events.publish(FaultDetected(fault=kind, rank=rank, message=message, action=action, step=step,
+                                          attempt=self.attempt, detected_at=detected_at))
         if fatal:
             self._pending = {"kind": kind, "rank": rank, "detected_at": detected_at, "step": step,
                              "attempt": self.attempt}
@@ -332,13 +333,12 @@ class SegmentSupervisor:
 
     def _reached_before(self, t: float) -> int | None:
         """The furthest step completed (metrics reported) before time t."""
-        events, _ = read_events(self.record.events_path)
-        return max((int(e["step"]) for e in events if e.get("type") == "metrics" and e.get("time", 0) <= t),
-                   default=None)
+        events, _, _ = read_typed_events(self.record.events_path, only=(Metrics,))
+        return max((e.step for e in events if isinstance(e, Metrics) and e.time <= t), default=None)
 
     def _checkpoint_since(self, t: float) -> bool:
-        events, _ = read_events(self.record.events_path)
-        return any(e.get("type") == "checkpoint" and e.get("time", 0) > t for e in events)
+        events, _, _ = read_typed_events(self.record.events_path, only=(CheckpointCommitted,))
+        return any(isinstance(e, CheckpointCommitted) and e.time > t for e in events)
 
     def root_cause(self) -> Incident | None:
         fatal = [i for i in self.incidents if i.kind in FATAL]
@@ -468,8 +468,8 @@ def give_up_report(record: JobRecord, error: BaseException | str) -> str:
     for rb in rollbacks:
         lines.append(f"  divergence at step {rb['step'] + 1}: {rb['reason']} -> skipped {len(rb['samples'])} samples")
     committed = sorted(int(s) for s in data.get("checkpoints", {}))
-    events, _ = read_events(record.events_path)
-    reached = max((int(e["step"]) for e in events if e.get("type") == "metrics"), default=0)
+    events, _, _ = read_typed_events(record.events_path, only=(Metrics,))
+    reached = max((e.step for e in events if isinstance(e, Metrics)), default=0)
     last = committed[-1] if committed else 0
     lines.append(f"last committed checkpoint: step {last if committed else 'none'}; furthest step reached: "
                  f"{reached}; work lost if resumed: {max(0, reached - last)} steps")

@@ -19,10 +19,19 @@ from typing import Any
 import torch
 
 from trainforge.contract.config import SegmentConfig
+from trainforge.contract.events import (
+    CheckpointCommitted,
+    CheckpointCorrupt,
+    CheckpointSkipped,
+    CheckpointStaged,
+    Metrics,
+    SegmentEnd,
+    SegmentStart,
+)
 from trainforge.datasets.catalog import load_version_dir
 from trainforge.datasets.sampler import SampleOrder
 from trainforge.datasets.stream import open_reader
-from trainforge.events import AsyncEventWriter, EventWriter
+from trainforge.events import AsyncEventWriter, EventWriter, worker_sender
 from trainforge.infra.storage import open_store
 from trainforge.trainer.checkpoint import Checkpointer
 from trainforge.trainer.distributed import DistContext
@@ -166,7 +175,7 @@ def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContex
 def train(cfg: SegmentConfig, ctx: DistContext) -> dict[str, Any]:
     """Train one segment: from the last committed checkpoint (or step 0) to the end or the segment limit."""
     tr = cfg.training
-    events = EventWriter(cfg.run_dir, ctx.is_main)
+    events = EventWriter(cfg.run_dir, ctx.is_main, worker_sender(cfg.job_id, ctx.rank))
     faults = FaultInjector.from_env(cfg.run_dir, ctx.rank)
     monitor = current_monitor()  # heartbeats, divergence policy, termination notice (trainer/health.py)
     torch.manual_seed(tr.seed)
@@ -189,22 +198,22 @@ def train(cfg: SegmentConfig, ctx: DistContext) -> dict[str, Any]:
     store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
 
     def on_commit(step: int, prefix: str, manifest: dict[str, Any]) -> None:
-        events.emit("checkpoint", step=step, prefix=prefix, metrics=manifest.get("metrics", {}))
+        events.publish(CheckpointCommitted(step=step, prefix=prefix, metrics=manifest.get("metrics", {})))
 
     ckpt = Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir), on_commit)
     start = 0
     ref, skipped = ckpt.latest()
     for bad_step, problems in skipped:
-        events.emit("checkpoint_corrupt", step=bad_step, problems=problems)
+        events.publish(CheckpointCorrupt(step=bad_step, problems=problems))
     if ref is not None:
         ckpt.load(ref, pm.model, optimizer)
         start = ref.step
-    events.emit("segment_start", step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None)
+    events.publish(SegmentStart(step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None))
     monitor.attach(ctx, start)
 
     feed = DataFeed(cfg, dp_rank=pm.dp_rank, dp_degree=pm.dims.dp)
     live = AsyncEventWriter(events)  # per-step metrics: written off the step's critical path
-    meter = StepMeter(cfg, ctx, pm, emit=live.emit, start_step=start)  # step-time split, memory, MFU, ranks
+    meter = StepMeter(cfg, ctx, pm, emit=live.publish, start_step=start)  # step-time split, memory, MFU, ranks
     total = cfg.total_steps
     end = total if cfg.segment_max_steps is None else min(total, start + cfg.segment_max_steps)
     sched = tr.lr_schedule
@@ -217,7 +226,7 @@ def train(cfg: SegmentConfig, ctx: DistContext) -> dict[str, Any]:
         # A save blocks the loop in its call and, later, while the next optimizer.step() waits for the host copy
         # that overlaps forward/backward; each save's total is reported once its copy is complete.
         for staged_step, blocked_s in ckpt.take_staged():
-            events.emit("checkpoint_staged", step=staged_step, blocked_s=blocked_s)
+            events.publish(CheckpointStaged(step=staged_step, blocked_s=blocked_s))
 
     for step in range(start, end):
         monitor.begin_step(step)
@@ -239,9 +248,9 @@ def train(cfg: SegmentConfig, ctx: DistContext) -> dict[str, Any]:
         report_staged()
         last_loss = pm.global_loss(local_loss)
         dt = time.perf_counter() - t0
-        live.emit("metrics", step=step + 1, loss=last_loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
-                  tokens_per_s=tokens_per_step / dt, samples_per_s=tr.global_batch_size / dt,
-                  **meter.end_step(step + 1, dt, feed.last_wait_s))
+        live.publish(Metrics(step=step + 1, loss=last_loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
+                             tokens_per_s=tokens_per_step / dt, samples_per_s=tr.global_batch_size / dt,
+                             **meter.end_step(step + 1, dt, feed.last_wait_s)))
         preempted = monitor.end_step(step, last_loss, grad_norm, dt)  # raises on divergence (policy)
         done = step + 1
         if done % cfg.checkpoint_interval == 0 or done == end or preempted:
@@ -254,11 +263,11 @@ def train(cfg: SegmentConfig, ctx: DistContext) -> dict[str, Any]:
     ckpt.close()
     report_staged()  # the last save's copy was waited for in close()
     for bad_step, why in ckpt.skipped:  # superseded by a later commit: reported, never resumed from
-        events.emit("checkpoint_skipped", step=bad_step, reason=why)
+        events.publish(CheckpointSkipped(step=bad_step, reason=why))
     meter.close()
     live.close()
     reason = "preempted" if preempted else "finished" if end == total else "segment_max_steps"
-    events.emit("segment_end", step=end, reason=reason)
+    events.publish(SegmentEnd(step=end, reason=reason))
     del pm, model, optimizer
     return {"step": end, "reason": reason, "loss": last_loss}
 

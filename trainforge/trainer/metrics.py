@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from trainforge.contract.config import SegmentConfig
+from trainforge.contract.events import MetricsMeta, RankMetrics, SegmentEvent
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class StepMeter:
     the DDP comm hook) and turns each step into the extra fields of its `metrics` event. Every rank runs it;
     `end_step` returns rank 0's fields (other ranks' return value is unused)."""
 
-    def __init__(self, cfg: SegmentConfig, ctx: Any, pm: Any, *, emit: Callable[..., None], start_step: int = 0):
+    def __init__(self, cfg: SegmentConfig, ctx: Any, pm: Any, *, emit: Callable[[SegmentEvent], None], start_step: int = 0):
         from trainforge.home import home
 
         tr = cfg.training
@@ -254,8 +255,9 @@ class StepMeter:
         self._fb_end = 0.0
         self._instrument(pm)
         self.gather = RankGather(ctx.world_size, len(RANK_FIELDS))
-        emit("metrics_meta", step=start_step, peak_flops=self.peak_flops, peak_source=self.peak_source,
-             flops_per_token=self.flops_per_token, world_size=ctx.world_size, bubble_fraction=self.bubble_frac)
+        emit(MetricsMeta(step=start_step, peak_flops=self.peak_flops, peak_source=self.peak_source,
+                         flops_per_token=self.flops_per_token, world_size=ctx.world_size,
+                         bubble_fraction=self.bubble_frac))
 
     def _start_side_threads(self, cfg: SegmentConfig, ctx: Any, start_step: int) -> None:
         from trainforge.trainer import telemetry
@@ -311,7 +313,7 @@ class StepMeter:
         if gathered is None or not self.ctx.is_main:
             return
         step, rows = gathered
-        self.emit("rank_metrics", step=step, **aggregate(rows))
+        self.emit(RankMetrics(step=step, **aggregate(rows)))
 
     def close(self) -> None:
         """Collect the last step's aggregate (every rank must call it: it completes a collective)."""

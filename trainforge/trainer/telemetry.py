@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from trainforge.contract.events import SegmentEvent, System
+
 logger = logging.getLogger(__name__)
 
 INTERVAL_S = float(os.environ.get("TRAINFORGE_TELEMETRY_INTERVAL_S", "5"))
@@ -153,7 +155,7 @@ class PrometheusExporter:
 class TelemetrySampler:
     """The per-node background thread: sample, hand to `emit` (rank 0's event writer), update Prometheus."""
 
-    def __init__(self, emit: Callable[..., None], step: Callable[[], int], *, job_id: str, node: int,
+    def __init__(self, emit: Callable[[SegmentEvent], None], step: Callable[[], int], *, job_id: str, node: int,
                  interval_s: float = INTERVAL_S, prometheus_port: int | None = None, source: Any = None):
         self.emit, self.step, self.interval_s = emit, step, interval_s
         self.source = source or open_source()
@@ -174,7 +176,7 @@ class TelemetrySampler:
         sample = self.source.sample()
         if self.exporter is not None:
             self.exporter.update(sample)
-        self.emit("system", step=self.step(), source=self.source.kind, **sample)
+        self.emit(System(step=self.step(), source=self.source.kind, **sample))
         return sample
 
     def _run(self) -> None:
@@ -194,7 +196,7 @@ class TelemetrySampler:
             self.exporter.close()
 
 
-def maybe_start(emit: Callable[..., None], step: Callable[[], int], *, job_id: str, local_rank: int,
+def maybe_start(emit: Callable[[SegmentEvent], None], step: Callable[[], int], *, job_id: str, local_rank: int,
                 node: int) -> TelemetrySampler | None:
     """One sampler per node (local rank 0); $TRAINFORGE_TELEMETRY=0 turns it off."""
     if local_rank != 0 or os.environ.get("TRAINFORGE_TELEMETRY", "1") == "0":

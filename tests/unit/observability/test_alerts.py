@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from trainforge.contract.events import EventError, parse_event
 from trainforge.registry.alerts import (
     DEFAULT_RULES,
     AlertEngine,
@@ -97,17 +98,21 @@ def test_rules_validate_and_load(tmp_path):
 
 def test_observer_maps_events_to_rows_and_alerts():
     obs = MetricsObserver(DEFAULT_RULES, {"mfu": 0.4, "step_time_s": 0.5})
-    rows = obs.rows({"type": "metrics", "step": 3, "time": 10.0, "loss": 2.0, "step_time_s": 1.0, "mfu": 0.2,
-                     "flag": True, "name": "x"})
+    rows = obs.rows(parse_event({"type": "metrics", "step": 3, "time": 10.0, "loss": 2.0, "step_time_s": 1.0,
+                                 "mfu": 0.2, "src": {"job": "j", "rank": 0}}))
     assert rows == [(3, {"loss": 2.0, "step_time_s": 1.0, "mfu": 0.2, "mfu_predicted": 0.4,
                          "plan_attainment": 0.5})]
-    assert obs.rows({"type": "rank_metrics", "step": 3, "step_time_s_max": 1.2}) == \
+    # A flag or a name is not a metric: the event is refused where it is parsed (at the sender, when built).
+    for bad in ({"flag": True}, {"name": "x"}):
+        with pytest.raises(EventError, match=f"field '{next(iter(bad))}'"):
+            parse_event({"type": "metrics", "step": 3, **bad})
+    assert obs.rows(parse_event({"type": "rank_metrics", "step": 3, "step_time_s_max": 1.2})) == \
         [(3, {"ranks/step_time_s_max": 1.2})]
-    assert obs.rows({"type": "system", "step": 3, "source": "cpu", "cpu_percent": 50}) == \
+    assert obs.rows(parse_event({"type": "system", "step": 3, "source": "cpu", "cpu_percent": 50})) == \
         [(3, {"system/cpu_percent": 50.0})]
-    assert obs.rows({"type": "checkpoint_staged", "step": 4, "blocked_s": 0.02}) == \
+    assert obs.rows(parse_event({"type": "checkpoint_staged", "step": 4, "blocked_s": 0.02})) == \
         [(4, {"checkpoint_stall_s": 0.02})]
-    assert obs.rows({"type": "checkpoint", "step": 4}) == []
-    obs.rows({"type": "metrics", "step": 4, "time": 11.0, "loss": float("nan"), "step_time_s": 1.0})
+    assert obs.rows(parse_event({"type": "checkpoint", "step": 4, "prefix": "ckpt/step-4"})) == []
+    obs.rows(parse_event({"type": "metrics", "step": 4, "time": 11.0, "loss": float("nan"), "step_time_s": 1.0}))
     assert [a.kind for a in obs.take_alerts()] == ["loss_nan"]
     assert obs.take_alerts() == []

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from trainforge.contract.events import Metrics, System
 from trainforge.events import AsyncEventWriter, EventWriter, read_events
 from trainforge.plan.hardware import GPU_CATALOG
 from trainforge.plan.model import preset
@@ -112,9 +113,9 @@ def test_cpu_calibration_is_measured_once_and_cached(tmp_path):
 
 def test_async_writer_keeps_order_and_flushes_on_close(tmp_path):
     writer = AsyncEventWriter(EventWriter(tmp_path, enabled=True))
-    threads = [threading.Thread(target=lambda: writer.emit("system", step=0, cpu_percent=1.0)) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: writer.publish(System(step=0, source="cpu", cpu_percent=1.0))) for _ in range(3)]
     for i in range(200):
-        writer.emit("metrics", step=i + 1, loss=1.0)
+        writer.publish(Metrics(step=i + 1, loss=1.0))
     for t in threads:
         t.start()
     for t in threads:
@@ -128,6 +129,6 @@ def test_async_writer_keeps_order_and_flushes_on_close(tmp_path):
 
 def test_async_writer_disabled_off_rank0(tmp_path):
     writer = AsyncEventWriter(EventWriter(tmp_path, enabled=False))
-    writer.emit("metrics", step=1)
+    writer.publish(Metrics(step=1))
     writer.close()
     assert not (tmp_path / "events.jsonl").exists()

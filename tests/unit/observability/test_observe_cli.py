@@ -23,7 +23,8 @@ def make_job(team="research", state="completed", workers=2):
                           plan={"world_size": workers, "predicted": {"mfu": 0.3, "step_time_s": 0.5}},
                           segments=[{"attempt": 0, "started_at": 0.0, "ended_at": 36.0, "state": "completed"}])
     record.update(state=state)
-    lines = [{"type": "metrics_meta", "step": 0, "peak_source": "calibrated-cpu", "peak_flops": 1e10},
+    lines = [{"type": "metrics_meta", "step": 0, "peak_source": "calibrated-cpu", "peak_flops": 1e10,
+              "flops_per_token": 6e6, "world_size": workers, "bubble_fraction": 0.0},
              *({"type": "metrics", "step": s, "time": float(s), "loss": 3.0 - s * 0.1, "grad_norm": 1.0, "lr": 1e-3,
                 "step_time_s": 1.0, "tokens_per_s": 512.0, "samples_per_s": 8.0, "mfu": 0.2, "compute_s": 0.6,
                 "exposed_comm_s": 0.2, "bubble_s": 0.0, "data_wait_s": 0.1, "optimizer_s": 0.1,

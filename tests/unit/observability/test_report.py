@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from trainforge.contract.events import SegmentEvent, dump_event, parse_event
 from trainforge.infra.cost import job_cost
 from trainforge.registry.report import (
     MAX_POINTS,
@@ -23,7 +24,7 @@ from trainforge.registry.report import (
 )
 
 
-def job(state: str = "completed", gpu: str = "cpu", error: str | None = None) -> tuple[dict, list[dict]]:
+def job(state: str = "completed", gpu: str = "cpu", error: str | None = None) -> tuple[dict, list[SegmentEvent]]:
     """A 2-worker job whose first segment died at step 7 and was resumed from the step-4 checkpoint."""
     record = {
         "job_id": "demo-1", "team": "research", "state": state, "created_at": 1000.0, "completed_at": 1100.0,
@@ -39,27 +40,28 @@ def job(state: str = "completed", gpu: str = "cpu", error: str | None = None) ->
         **({"error": error} if error else {}),
     }
     events: list[dict] = [{"type": "segment_start", "step": 0, "world_size": 2, "resumed_from": None, "time": 1015.0},
-                          {"type": "metrics_meta", "peak_flops": 1e11, "peak_source": "calibrated-cpu", "time": 1015.5}]
+                          {"type": "metrics_meta", "step": 0, "peak_flops": 1e11, "peak_source": "calibrated-cpu",
+                           "flops_per_token": 1.8e7, "world_size": 2, "bubble_fraction": 0.0, "time": 1015.5}]
     t = 1016.0
     for step in range(1, 8):
         events.append(metric(step, t))
         t += 1.5
         if step == 4:
             events += [{"type": "checkpoint_staged", "step": 4, "blocked_s": 0.25, "time": t},
-                       {"type": "checkpoint", "step": 4, "time": t + 2}]
-    events += [{"type": "fault_detected", "fault": "process_exit", "rank": 1, "step": 7, "message": "rank 1 exited",
-                "action": "segment retry", "time": 1039.0},
+                       {"type": "checkpoint", "step": 4, "prefix": "checkpoints/step-4", "time": t + 2}]
+    events += [{"type": "fault_detected", "fault": "rank_lost", "rank": 1, "step": 7, "message": "rank 1 exited",
+                "action": "segment retry", "attempt": 0, "detected_at": 1039.0, "time": 1039.0},
                {"type": "segment_start", "step": 4, "world_size": 2, "resumed_from": 4, "time": 1050.0},
-               {"type": "recovered", "tier": "segment retry", "mttr_s": 11.0, "resumed_from": 4, "lost_steps": 3,
-                "time": 1050.0}]
+               {"type": "recovered", "fault": "rank_lost", "tier": "segment retry", "mttr_s": 11.0, "resumed_from": 4,
+                "lost_steps": 3, "attempt": 1, "time": 1050.0}]
     t = 1051.0
     for step in range(5, 11):
         events.append(metric(step, t))
         t += 1.5
     events += [{"type": "checkpoint_staged", "step": 10, "blocked_s": 0.5, "time": t},
-               {"type": "checkpoint", "step": 10, "time": t + 1}, {"type": "segment_end", "step": 10,
-                                                                  "reason": "finished", "time": t + 2}]
-    return record, events
+               {"type": "checkpoint", "step": 10, "prefix": "checkpoints/step-10", "time": t + 1},
+               {"type": "segment_end", "step": 10, "reason": "finished", "time": t + 2}]
+    return record, [parse_event(e) for e in events]
 
 
 def metric(step: int, t: float) -> dict:
@@ -94,8 +96,8 @@ def test_timeline_orders_segments_faults_recoveries_and_alerts():
     rows = timeline_rows(record, events)
     assert [t for t, _, _ in rows] == sorted(t for t, _, _ in rows)
     what = [w for _, w, _ in rows]
-    for a, b in [("submitted", "segment #0 launched"), ("alert: loss_spike", "fault: process_exit"),
-                 ("fault: process_exit", "segment #0 failed"), ("segment #0 failed", "segment #1 launched"),
+    for a, b in [("submitted", "segment #0 launched"), ("alert: loss_spike", "fault: rank_lost"),
+                 ("fault: rank_lost", "segment #0 failed"), ("segment #0 failed", "segment #1 launched"),
                  ("recovered (segment retry)", "training stopped"), ("segment #1 completed", "job completed")]:
         assert what.index(a) < what.index(b), (a, b, what)
     detail = dict((w, d) for _, w, d in rows)
@@ -105,8 +107,10 @@ def test_timeline_orders_segments_faults_recoveries_and_alerts():
 
 def test_an_elastic_resize_is_on_the_timeline():
     record, events = job()
-    events.insert(-6, {"type": "resize", "from_workers": 2, "to_workers": 4, "after_step": 4,
-                       "reason": "the scheduler resized the allocation", "time": 1044.0})
+    events.insert(-6, parse_event({"type": "resize", "from_workers": 2, "to_workers": 4, "after_step": 4,
+                                   "from_dp": 2, "to_dp": 4, "accumulation": [2, 1], "micro_batch_size": 2,
+                                   "global_batch_size": 8, "reason": "the scheduler resized the allocation",
+                                   "time": 1044.0}))
     rows = [(w, d) for _, w, d in timeline_rows(record, events)]
     assert ("resized", "2 -> 4 workers after step 4: the scheduler resized the allocation") in rows
 
@@ -118,7 +122,7 @@ def test_checkpoint_stalls_and_cost_match_the_cost_model():
     assert stalls[0]["commit_after_s"] == pytest.approx(2.0)
     page = render_html(record, events, now=2000.0)
     assert "0.750 s over 2 checkpoint(s)" in page
-    cost = job_cost(record, events, now=2000.0)
+    cost = job_cost(record, [dump_event(e) for e in events], now=2000.0)  # infra/cost.py reads the wire form
     assert f"<td>total $</td><td>{cost.total_cost:.4f}</td>" in page
     assert f"<td>lost</td><td>{cost.lost_hours:.4f}</td>" in page and cost.lost_hours > 0
 
@@ -155,7 +159,7 @@ def test_report_command_writes_the_job_folder_and_out(tmp_path):
 
     record, events = job()
     stored = JobStore().create("demo-1", **{k: v for k, v in record.items() if k not in ("job_id",)})
-    stored.events_path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    stored.events_path.write_text("".join(json.dumps(dump_event(e)) + "\n" for e in events))
     out = tmp_path / "r" / "demo.html"
     result = CliRunner().invoke(app, ["report", "demo-1", "--out", str(out), "--no-mlflow"])
     assert result.exit_code == 0, result.output

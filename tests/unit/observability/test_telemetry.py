@@ -11,6 +11,7 @@ import time
 import types
 import urllib.request
 
+from trainforge.contract.events import System
 from trainforge.infra.backends.local import free_port
 from trainforge.trainer.telemetry import CpuSource, NvmlSource, TelemetrySampler, open_source
 
@@ -61,7 +62,7 @@ def test_cpu_fallback_when_nvml_has_no_gpu(monkeypatch):
 def test_sampler_emits_system_events_and_serves_prometheus():
     events = []
     port = free_port()
-    sampler = TelemetrySampler(lambda kind, **f: events.append((kind, f)), lambda: 7, job_id="job-1", node=0,
+    sampler = TelemetrySampler(events.append, lambda: 7, job_id="job-1", node=0,
                                interval_s=0.05, prometheus_port=port, source=CpuSource()).start()
     try:
         body = ""
@@ -75,5 +76,5 @@ def test_sampler_emits_system_events_and_serves_prometheus():
         assert 'trainforge_workers_rss_bytes{job="job-1",node="0"}' in body
     finally:
         sampler.close()
-    kind, fields = events[-1]
-    assert kind == "system" and fields["source"] == "cpu" and fields["step"] == 7
+    last = events[-1]
+    assert isinstance(last, System) and last.source == "cpu" and last.step == 7

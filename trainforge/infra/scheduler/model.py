@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from typing import Literal
 
 from trainforge.spec import Priority
 
@@ -216,12 +217,20 @@ class Kill:
     job_id: str
 
 
+ResizeCause = Literal["lost_workers", "shrunk", "grown"]
+"""Why a gang changed size: workers lost to a node failure or spot reclaim were replaced (the work since the last
+checkpoint is lost), or the elastic job was shrunk for another job / grown into idle capacity (nothing lost)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Resize:
     job_id: str
     placement: Placement
     old_gpus: int
     reason: str
+    """For people: what happened, where."""
+    cause: ResizeCause
+    """For code: what the simulator and the flow act on (never the reason's text)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,7 +220,8 @@ class Scheduler:
             replaced = self._replace_lost(job, {idx})
             if replaced is not None:
                 self.stats["replacements"] += 1
-                decisions.append(Resize(job_id, replaced, job.gpus, f"{reason} on {name}: lost workers replaced"))
+                decisions.append(Resize(job_id, replaced, job.gpus, f"{reason} on {name}: lost workers replaced",
+                                        "lost_workers"))
                 self._move(job, replaced)
                 continue
             self._unplace(job)
@@ -467,7 +468,7 @@ class Scheduler:
             return
         for e, new, _ in shrunk:
             self.stats["shrinks"] += 1
-            decisions.append(Resize(e.job_id, new, e.gpus, f"shrunk to make room for {req.job_id}"))
+            decisions.append(Resize(e.job_id, new, e.gpus, f"shrunk to make room for {req.job_id}", "shrunk"))
             self._set_placement(e, new)
         if not chosen:
             self._place(job, plan, now, decisions)
@@ -583,7 +584,7 @@ class Scheduler:
             self.state.allocate(job_id, add.assignments)
             self._set_placement(e, new)
             self.stats["grows"] += 1
-            decisions.append(Resize(job_id, new, old, "grown into idle capacity"))
+            decisions.append(Resize(job_id, new, old, "grown into idle capacity", "grown"))
 
     def _replace_lost(self, job: Job, lost: set[int]) -> Placement | None:
         pl = job.placement

@@ -260,7 +260,7 @@ class Simulation:
                 r.version += 1
             elif isinstance(d, Resize):
                 r.settle(now)
-                if "failure" in d.reason or "spot" in d.reason:
+                if d.cause == "lost_workers":  # a failure or a spot reclaim: the work since the checkpoint is lost
                     self._lose(r, now, "failure")
                 g = d.placement.num_gpus
                 self.busy += g - r.held

@@ -37,6 +37,14 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from trainforge.contract.config import SegmentConfig
+from trainforge.contract.events import (
+    CheckpointCommitted,
+    CheckpointCorrupt,
+    CheckpointStaged,
+    Metrics,
+    SegmentEnd,
+    SegmentStart,
+)
 from trainforge.infra.storage import open_store
 from trainforge.trainer.checkpoint import CheckpointCorruptError, Checkpointer, capture_rng, restore_rng
 from trainforge.trainer.checkpointing.deepspeed_format import DS_TAG, deepspeed_rank_files
@@ -155,19 +163,19 @@ def train_deepspeed(cfg: SegmentConfig, ctx: Any, model: torch.nn.Module, events
     store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
 
     def on_commit(step: int, prefix: str, manifest: dict[str, Any]) -> None:
-        events.emit("checkpoint", step=step, prefix=prefix, metrics=manifest.get("metrics", {}))
+        events.publish(CheckpointCommitted(step=step, prefix=prefix, metrics=manifest.get("metrics", {})))
 
     # No in-memory replicas: a DeepSpeed checkpoint is loaded only after its sha256s match the manifest.
     ckpt = Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir), on_commit, async_save=False,
                         replicate=False)
     ref, skipped = ckpt.latest()
     for bad_step, problems in skipped:
-        events.emit("checkpoint_corrupt", step=bad_step, problems=problems)
+        events.publish(CheckpointCorrupt(step=bad_step, problems=problems))
     start = 0
     if ref is not None:
         load_deepspeed(engine, ckpt, ref)
         start = ref.step
-    events.emit("segment_start", step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None)
+    events.publish(SegmentStart(step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None))
     total = cfg.total_steps
     end = total if cfg.segment_max_steps is None else min(total, start + cfg.segment_max_steps)
     zero_stage = engine.zero_optimization_stage()
@@ -182,15 +190,15 @@ def train_deepspeed(cfg: SegmentConfig, ctx: Any, model: torch.nn.Module, events
         loss = ctx.all_reduce_mean(deepspeed_step(engine, b.inputs, b.targets))
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {step + 1}")
-        events.emit("metrics", step=step + 1, loss=loss, lr=lr, step_time_s=time.perf_counter() - t0)
+        events.publish(Metrics(step=step + 1, loss=loss, lr=lr, step_time_s=time.perf_counter() - t0))
         done = step + 1
         if done % cfg.checkpoint_interval == 0 or done == end:
             fields = {**manifest_fields(done, loss), "engine": "deepspeed",
                       "deepspeed": {"tag": DS_TAG, "zero_stage": zero_stage}}
             blocked = save_deepspeed(engine, ckpt, done, fields)
-            events.emit("checkpoint_staged", step=done, blocked_s=blocked)
+            events.publish(CheckpointStaged(step=done, blocked_s=blocked))
     ckpt.close()  # waits for the last commit
     reason = "finished" if end == total else "segment_max_steps"
-    events.emit("segment_end", step=end, reason=reason)
+    events.publish(SegmentEnd(step=end, reason=reason))
     del engine, model
     return {"step": end, "reason": reason, "loss": loss}
