@@ -22,6 +22,7 @@ from trainforge.registry.secrets import job_access_policy, redact, resolve_secre
 from trainforge.spec import JobSpec
 from trainforge.tasks import prepare, steps
 from trainforge.tasks.checkpoints import CheckpointCorrupt
+from trainforge.tasks.driver import SegmentDriver
 from trainforge.tasks.provision import provision_gang, record_allocation, release_gang
 from trainforge.tasks.segment import SegmentCancelled, terminate_job
 from trainforge.tasks.supervisor import give_up_report
@@ -68,18 +69,12 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
     allocation = _provision(jobspec, record, plan, "provisioned")
     pump = _EventPump(jobspec, record, str(config_path), config.__dict__, run_id)
     try:
-        while True:
-            result = _run_segment(jobspec, record, config_path, config, allocation, pump)
-            if result.last_step is not None and result.last_step >= config.total_steps:
-                break
-            log.info("segment ended at step %s (%s); starting the next one", result.last_step, result.reason)
-            if result.reason == "preempted":  # emergency checkpoint committed: give the GPUs back, queue again
-                release_gang(record.job_id)
-                allocation = _provision(jobspec, record, plan, "re-provisioned after a preemption")
-            elif result.reason == "resize":  # the scheduler grew or shrank the elastic job: take the new size
-                allocation = _provision(jobspec, record, plan, "the scheduler resized the allocation")
-            else:  # a segment boundary (segment_max_steps): the scheduler may have grown the gang meanwhile
-                allocation = _provision(jobspec, record, plan, "segment boundary")
+        # One retry loop for the flow and the chaos drills: the driver asks the SegmentController after every
+        # segment (retry / re-provision / resize / preempted / finish / give up); a failed segment's retries are
+        # Prefect task retries of train-segment, decided by the same controller.
+        SegmentDriver(record, total_steps=config.total_steps, max_retries=jobspec.fault_tolerance.max_segment_retries,
+                      run=lambda driver: _run_segment(jobspec, record, config_path, config, driver, pump),
+                      gang=_FlowGang(jobspec, record, plan), log=log, allocation=allocation).drive()
         pump.drain()
         model = _promote(jobspec, record, str(config_path), config.__dict__, run_id, lineage, pump)
         record.update(state="completed", model=model, completed_at=time.time())
@@ -114,12 +109,30 @@ def _provision(spec: JobSpec, record: JobRecord, plan: dict[str, Any], reason: s
     return allocation
 
 
-def _run_segment(spec: JobSpec, record: JobRecord, config_path: Path, config: Any, allocation: dict[str, Any],
+class _FlowGang:
+    """The driver's provisioning (tasks/driver.py `Gang`): the live scheduler, through the flow's tasks."""
+
+    def __init__(self, spec: JobSpec, record: JobRecord, plan: dict[str, Any]):
+        self.spec, self.record, self.plan = spec, record, plan
+
+    def provision(self, reason: str) -> dict[str, Any]:
+        return _provision(self.spec, self.record, self.plan, reason)
+
+    def release(self) -> None:
+        release_gang(self.record.job_id)
+
+    def reprovision(self, lost: tuple[str, ...]) -> dict[str, Any]:
+        record = JobStore(self.record.folder.parent).get(self.record.job_id)  # the failed attempt's incidents
+        return steps.reprovision(record, self.spec, lost)
+
+
+def _run_segment(spec: JobSpec, record: JobRecord, config_path: Path, config: Any, driver: SegmentDriver,
                  pump: _EventPump) -> Any:
-    retries = spec.fault_tolerance.max_segment_retries
-    segment = steps.train_segment.with_options(retries=retries)
-    future = segment.submit(record, str(config_path), config, allocation["workers"],
-                            spec.fault_tolerance.max_restarts, pump.cancel, spec)
+    """One segment as a train-segment task: its retries are Prefect task retries (shown in the UI), as many as
+    the budget left, each one decided by the controller (`retry_condition`) and prepared by `before_attempt`."""
+    segment = steps.train_segment.with_options(retries=driver.retries_left, retry_condition_fn=driver.retry_condition)
+    future = segment.submit(record, str(config_path), config, (driver.allocation or {}).get("workers", 1),
+                            spec.fault_tolerance.max_restarts, pump.cancel, spec, driver.before_attempt)
     while not future.state.is_final():
         pump.poll()
         future.wait(POLL_S)
