@@ -235,3 +235,103 @@ def test_prefect_retry_condition_asks_the_same_controller(tmp_path):
     assert driver.on_failure(again).action is Action.GIVE_UP  # the loop's question: the same answer
     assert driver.failures == [infra_failure, again]
     assert driver.retry_condition(None, None, State(SegmentFailed("bug", "user", 0))) is False
+
+
+# ---------------------------------------------------------------------------- evaluation of committed checkpoints
+
+
+def _simulate(order: list[tuple[str, int]], limit: int, keep_all: bool):
+    """Drive the scheduler through a sequence of ('commit' | 'ready' | 'finish', step) events; return the steps
+    started (in order), the skipped ones and the most running at once."""
+    from trainforge.contract.evaluation import EvaluationScheduler
+
+    sched = EvaluationScheduler(limit=limit, keep_all=keep_all)
+    started, skipped, peak = [], [], 0
+    for what, step in order:
+        {"commit": sched.committed, "ready": sched.ready, "finish": sched.finished}[what](step)
+        plan = sched.take()
+        started += plan.start
+        skipped += plan.skip
+        peak = max(peak, len(sched.running))
+    while not sched.idle:  # the drain: every running evaluation finishes
+        for step in sorted(sched.running):
+            sched.finished(step)
+        plan = sched.take()
+        started += plan.start
+        skipped += plan.skip
+    return started, skipped, peak
+
+
+def test_a_resume_burst_starts_one_evaluation_at_a_time_newest_first():
+    burst = [("ready", s) for s in range(8, 8 * 15, 8)]  # 14 committed checkpoints read in one poll
+    started, skipped, peak = _simulate(burst, limit=1, keep_all=True)
+    assert peak == 1
+    assert started[0] == 8  # the first was alone when it became ready
+    assert started[1:] == sorted(started[1:], reverse=True)  # then newest first
+    assert sorted(started) == list(range(8, 120, 8)) and not skipped  # keep_best: every one is evaluated
+    started, skipped, peak = _simulate(burst, limit=1, keep_all=False)
+    assert started == [8, 112] and sorted(skipped) == list(range(16, 112, 8)) and peak == 1
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3])
+@pytest.mark.parametrize("keep_all", [False, True])
+def test_every_interleaving_of_three_checkpoints(limit: int, keep_all: bool):
+    """Exhaustive over the orders in which three checkpoints are committed, made ready and finish evaluating."""
+    steps_ = (8, 16, 24)
+
+    def interleavings(chains):  # causal orders: each checkpoint is committed, then ready, then finishes
+        if not any(chains):
+            yield []
+        for i, chain in enumerate(chains):
+            if chain:
+                rest = [*chains[:i], chain[1:], *chains[i + 1:]]
+                yield from ([chain[0], *tail] for tail in interleavings(rest))
+
+    orders = list(interleavings([[(w, s) for w in ("commit", "ready", "finish")] for s in steps_]))
+    assert len(orders) == 1680  # 9! / (3! ** 3)
+    for order in orders:
+        started, skipped, peak = _simulate(order, limit, keep_all)
+        assert peak <= limit
+        assert len(started) == len(set(started)) and not set(started) & set(skipped)
+        assert set(started) | set(skipped) == set(steps_)  # each evaluated or skipped, exactly once
+        assert 24 in started  # the newest is never superseded: promotion without keep_best takes it
+        if keep_all:
+            assert not skipped
+        for s in skipped:  # skipped only when something newer was committed before it got a slot
+            assert s < 24
+
+
+def test_awaiting_protects_pending_evaluations_from_retention_only_with_keep_best():
+    from trainforge.contract.evaluation import EvaluationScheduler
+
+    ranked = EvaluationScheduler(limit=1, keep_all=True)
+    for s in (8, 16, 24):
+        ranked.ready(s)
+    assert ranked.take().start == (24,)
+    assert ranked.awaiting == {8, 16, 24}
+    ranked.drop(8)  # retention deleted it anyway (or it was corrupt): never started
+    ranked.finished(24)
+    assert ranked.take().start == (16,) and ranked.awaiting == {16}
+    recency = EvaluationScheduler(limit=1, keep_all=False)
+    recency.ready(8)
+    recency.take()
+    recency.ready(16)
+    assert recency.awaiting == {8}  # only the running one
+    stopping = EvaluationScheduler(limit=1, keep_all=True)
+    for s in (8, 16):
+        stopping.ready(s)
+    assert stopping.take().start == (16,)
+    assert stopping.stop().skip == (8,) and stopping.take().start == ()  # a cancelled job starts no more
+
+
+def test_concurrency_setting():
+    from trainforge.contract.evaluation import EvaluationScheduler, concurrency_from
+
+    assert concurrency_from({}) == 1
+    assert concurrency_from({"TRAINFORGE_EVAL_CONCURRENCY": "3"}) == 3
+    with pytest.raises(ValueError, match="TRAINFORGE_EVAL_CONCURRENCY='0' is not a positive integer"):
+        concurrency_from({"TRAINFORGE_EVAL_CONCURRENCY": "0"})
+    with pytest.raises(ValueError, match="is not a positive integer"):
+        concurrency_from({"TRAINFORGE_EVAL_CONCURRENCY": "many"})
+    with pytest.raises(ValueError, match="must be >= 1"):
+        EvaluationScheduler(limit=0)

@@ -15,6 +15,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
 
+from trainforge.contract.evaluation import EvaluationScheduler, concurrency_from
 from trainforge.events import read_events
 from trainforge.registry.jobs import JobRecord, JobStore, new_job_id
 from trainforge.registry.lineage import LineageStore, parse_target
@@ -209,6 +210,14 @@ def _promote(spec: JobSpec, record: JobRecord, config_path: str, config: dict[st
     return model
 
 
+def _evaluation_scheduler(spec: JobSpec) -> EvaluationScheduler:
+    """One evaluation at a time per job by default ($TRAINFORGE_EVAL_CONCURRENCY); every checkpoint is evaluated
+    when keep_best ranks them by a metric (retention and promotion may need any of them)."""
+    import os
+
+    return EvaluationScheduler(limit=concurrency_from(os.environ), keep_all=spec.checkpoint.keep_best is not None)
+
+
 def _superseded(step: int, committed: dict[int, dict[str, Any]]) -> bool:
     return any(other > step for other in committed)
 
@@ -225,7 +234,10 @@ class _EventPump:
         self.offset = record.events_path.stat().st_size if record.events_path.is_file() else 0
         self.cancel = threading.Event()
         self.committed: dict[int, dict[str, Any]] = {int(k): v for k, v in record.data.get("checkpoints", {}).items()}
-        self.futures: list[tuple[int, PrefectFuture[Any], PrefectFuture[Any]]] = []
+        self.futures: list[tuple[int, PrefectFuture[Any]]] = []  # commit bookkeeping in flight, every checkpoint
+        self.evaluations = _evaluation_scheduler(spec)  # evaluations: bounded, newest first (contract/evaluation)
+        self.pending_entries: dict[int, dict[str, Any]] = {}  # committed, evaluation pending
+        self.running: dict[int, PrefectFuture[Any]] = {}  # evaluations in flight
         self._last_cancel_check = 0.0
         self.log = get_run_logger()
         from trainforge.registry.alerts import MetricsObserver, load_rules
@@ -281,56 +293,97 @@ class _EventPump:
         self.record.update(alerts=alerts)
 
     def _on_checkpoint(self, step: int) -> None:
+        """Commit bookkeeping for every committed checkpoint at once; its evaluation waits for the scheduler."""
         self.committed[step] = {"step": step}
-        commit = steps.commit_checkpoint.submit(self.config, step)
-        if self.spec.evaluation.enabled:
-            evaluation = steps.evaluate.submit(self.config_path, self.config, step, self.spec.evaluation.batches,
-                                               wait_for=[commit])
-        else:
-            evaluation = commit
-        self.futures.append((step, commit, evaluation))
+        self.evaluations.committed(step)
+        self.futures.append((step, steps.commit_checkpoint.submit(self.config, step)))
 
-    def _collect(self, block: bool, raise_errors: bool = True) -> None:
-        pending = []
-        for step, commit, evaluation in self.futures:
-            if not block and not (commit.state.is_final() and evaluation.state.is_final()):
-                pending.append((step, commit, evaluation))
-                continue
-            try:
-                entry = commit.result()
-                if evaluation is not commit:
-                    result = evaluation.result()
-                    entry.update(result)
-                    self.tracker.log_metrics(self.run_id, [(step, result)])
-            except CheckpointCorrupt as exc:
-                if _superseded(step, self.committed):
-                    # Retention removed it before its bookkeeping ran: newer checkpoints replace it.
-                    self.log.info("checkpoint %s was retired before its evaluation: %s", step, exc)
-                    self.committed.pop(step, None)
+    def _collect(self, block: bool, raise_errors: bool = True, evaluate: bool = True) -> None:
+        """Book what finished: commits (then queue their evaluation), evaluations (then book the entry + metrics);
+        start the evaluations the scheduler allows. `block`: until every commit and evaluation is done.
+        `evaluate=False` (a failed or cancelled job winding down): start no more evaluations, book the rest."""
+        while True:
+            pending = []
+            for step, commit in self.futures:
+                if not block and not commit.state.is_final():
+                    pending.append((step, commit))
                     continue
-                if raise_errors:
-                    raise
-                self.log.warning("checkpoint %s bookkeeping failed: %s", step, exc)
-                continue
-            except Exception as exc:
-                if raise_errors:
-                    raise
-                self.log.warning("checkpoint %s bookkeeping failed: %s", step, exc)
-                continue
-            self.committed[step] = entry
-            checkpoints = self.record.data.get("checkpoints", {})
-            checkpoints[str(step)] = entry
+                entry = self._result(step, commit, raise_errors)
+                if entry is None:
+                    continue
+                if self.spec.evaluation.enabled:
+                    self.pending_entries[step] = entry
+                    self.evaluations.ready(step)
+                else:
+                    self._book(step, entry)
+            self.futures = pending
+            plan = self.evaluations.take() if evaluate else self.evaluations.stop()
+            for step in plan.skip:  # superseded while it waited (retention and promotion do not need it), or the
+                # job is winding down
+                entry = self.pending_entries.pop(step, None)
+                if entry is not None:
+                    self.log.info("checkpoint %s: evaluation skipped (%s)", step, f"superseded by step "
+                                  f"{self.evaluations.newest}" if evaluate else "the job is ending")
+                    self._book(step, entry)
+            for step in plan.start:
+                self.running[step] = steps.evaluate.submit(self.config_path, self.config, step,
+                                                            self.spec.evaluation.batches)
+            for step, evaluation in list(self.running.items()):
+                if not block and not evaluation.state.is_final():
+                    continue
+                del self.running[step]
+                self.evaluations.finished(step)
+                result = self._result(step, evaluation, raise_errors)
+                entry = self.pending_entries.pop(step, {"step": step})
+                if result is None:
+                    continue
+                entry.update(result)
+                self.tracker.log_metrics(self.run_id, [(step, result)])
+                self._book(step, entry)
+            if not block or (not self.futures and self.evaluations.idle):
+                return
+
+    def _result(self, step: int, future: PrefectFuture[Any], raise_errors: bool) -> Any:
+        """A commit's or an evaluation's result; None when it failed (logged, or raised when `raise_errors`)."""
+        try:
+            return future.result()
+        except CheckpointCorrupt as exc:
+            if _superseded(step, self.committed):
+                # Retention removed it before its bookkeeping ran: newer checkpoints replace it.
+                self.log.info("checkpoint %s was retired before its evaluation: %s", step, exc)
+                self.committed.pop(step, None)
+                self.evaluations.drop(step)
+                return None
+            if raise_errors:
+                raise
+            self.log.warning("checkpoint %s bookkeeping failed: %s", step, exc)
+        except Exception as exc:
+            if raise_errors:
+                raise
+            self.log.warning("checkpoint %s bookkeeping failed: %s", step, exc)
+        self.evaluations.drop(step)
+        return None
+
+    def _book(self, step: int, entry: dict[str, Any]) -> None:
+        """The checkpoint's catalog entry in the record, then retention (which spares checkpoints whose pending
+        evaluation may keep them: contract/evaluation.py `awaiting`)."""
+        self.committed[step] = entry
+        checkpoints = self.record.data.get("checkpoints", {})
+        checkpoints[str(step)] = entry
+        self.record.update(checkpoints=checkpoints)
+        protected = sorted(set(self.record.data.get("protected_steps", [])) | self.evaluations.awaiting)
+        deleted = steps.apply_retention(self.spec, self.config, protected)
+        if deleted:
+            for s in deleted:
+                checkpoints.pop(str(s), None)
+                self.evaluations.drop(s)
+                self.pending_entries.pop(s, None)
             self.record.update(checkpoints=checkpoints)
-            deleted = steps.apply_retention(self.spec, self.config, self.record.data.get("protected_steps", []))
-            if deleted:
-                for s in deleted:
-                    checkpoints.pop(str(s), None)
-                self.record.update(checkpoints=checkpoints)
-        self.futures = pending
 
     def drain(self, raise_errors: bool = True) -> None:
         self.poll() if raise_errors else None
-        self._collect(block=True, raise_errors=raise_errors)
+        # a job that failed or was cancelled stops quickly: queued evaluations are skipped (their commits booked)
+        self._collect(block=True, raise_errors=raise_errors, evaluate=raise_errors)
         self._log_profiles()
 
     def _log_profiles(self) -> None:
