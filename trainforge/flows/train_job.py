@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
 
 from trainforge.contract.config import SegmentConfig
+from trainforge.contract.evaluation import EvaluationScheduler, concurrency_from
 from trainforge.contract.router import EventRouter, Log, RecordResume, StartBookkeeping, TrackMetrics
 from trainforge.events import read_typed_events
 from trainforge.registry.jobs import JobRecord, JobStore, new_job_id
@@ -24,6 +25,7 @@ from trainforge.registry.secrets import job_access_policy, redact, resolve_secre
 from trainforge.spec import JobSpec
 from trainforge.tasks import prepare, steps
 from trainforge.tasks.checkpoints import CheckpointCorrupt
+from trainforge.tasks.driver import SegmentDriver
 from trainforge.tasks.provision import provision_gang, record_allocation, release_gang
 from trainforge.tasks.segment import SegmentCancelled, terminate_job
 from trainforge.tasks.supervisor import give_up_report
@@ -75,18 +77,12 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
     allocation = _provision(jobspec, record, plan, "provisioned")
     pump = _EventPump(jobspec, record, str(config_path), config, run_id)
     try:
-        while True:
-            result = _run_segment(jobspec, record, config_path, config, allocation, pump)
-            if result.last_step is not None and result.last_step >= config.total_steps:
-                break
-            log.info("segment ended at step %s (%s); starting the next one", result.last_step, result.reason)
-            if result.reason == "preempted":  # emergency checkpoint committed: give the GPUs back, queue again
-                release_gang(record.job_id)
-                allocation = _provision(jobspec, record, plan, "re-provisioned after a preemption")
-            elif result.reason == "resize":  # the scheduler grew or shrank the elastic job: take the new size
-                allocation = _provision(jobspec, record, plan, "the scheduler resized the allocation")
-            else:  # a segment boundary (segment_max_steps): the scheduler may have grown the gang meanwhile
-                allocation = _provision(jobspec, record, plan, "segment boundary")
+        # One retry loop for the flow and the chaos drills: the driver asks the SegmentController after every
+        # segment (retry / re-provision / resize / preempted / finish / give up); a failed segment's retries are
+        # Prefect task retries of train-segment, decided by the same controller.
+        SegmentDriver(record, total_steps=config.total_steps, max_retries=jobspec.fault_tolerance.max_segment_retries,
+                      run=lambda driver: _run_segment(jobspec, record, config_path, config, driver, pump),
+                      gang=_FlowGang(jobspec, record, plan), log=log, allocation=allocation).drive()
         pump.drain()
         model = _promote(jobspec, record, str(config_path), config, run_id, lineage, pump)
         record.update(state="completed", model=model, completed_at=time.time())
@@ -121,12 +117,30 @@ def _provision(spec: JobSpec, record: JobRecord, plan: dict[str, Any], reason: s
     return allocation
 
 
-def _run_segment(spec: JobSpec, record: JobRecord, config_path: Path, config: SegmentConfig, allocation: dict[str, Any],
+class _FlowGang:
+    """The driver's provisioning (tasks/driver.py `Gang`): the live scheduler, through the flow's tasks."""
+
+    def __init__(self, spec: JobSpec, record: JobRecord, plan: dict[str, Any]):
+        self.spec, self.record, self.plan = spec, record, plan
+
+    def provision(self, reason: str) -> dict[str, Any]:
+        return _provision(self.spec, self.record, self.plan, reason)
+
+    def release(self) -> None:
+        release_gang(self.record.job_id)
+
+    def reprovision(self, lost: tuple[str, ...]) -> dict[str, Any]:
+        record = JobStore(self.record.folder.parent).get(self.record.job_id)  # the failed attempt's incidents
+        return steps.reprovision(record, self.spec, lost)
+
+
+def _run_segment(spec: JobSpec, record: JobRecord, config_path: Path, config: SegmentConfig, driver: SegmentDriver,
                  pump: _EventPump) -> Any:
-    retries = spec.fault_tolerance.max_segment_retries
-    segment = steps.train_segment.with_options(retries=retries)
-    future = segment.submit(record, str(config_path), config, allocation["workers"],
-                            spec.fault_tolerance.max_restarts, pump.cancel, spec)
+    """One segment as a train-segment task: its retries are Prefect task retries (shown in the UI), as many as
+    the budget left, each one decided by the controller (`retry_condition`) and prepared by `before_attempt`."""
+    segment = steps.train_segment.with_options(retries=driver.retries_left, retry_condition_fn=driver.retry_condition)
+    future = segment.submit(record, str(config_path), config, (driver.allocation or {}).get("workers", 1),
+                            spec.fault_tolerance.max_restarts, pump.cancel, spec, driver.before_attempt)
     while not future.state.is_final():
         pump.poll()
         future.wait(POLL_S)
@@ -203,6 +217,14 @@ def _promote(spec: JobSpec, record: JobRecord, config_path: str, config: Segment
     return model
 
 
+def _evaluation_scheduler(spec: JobSpec) -> EvaluationScheduler:
+    """One evaluation at a time per job by default ($TRAINFORGE_EVAL_CONCURRENCY); every checkpoint is evaluated
+    when keep_best ranks them by a metric (retention and promotion may need any of them)."""
+    import os
+
+    return EvaluationScheduler(limit=concurrency_from(os.environ), keep_all=spec.checkpoint.keep_best is not None)
+
+
 def _superseded(step: int, committed: dict[int, dict[str, Any]]) -> bool:
     return any(other > step for other in committed)
 
@@ -219,7 +241,10 @@ class _EventPump:
         self.offset = record.events_path.stat().st_size if record.events_path.is_file() else 0
         self.cancel = threading.Event()
         self.committed: dict[int, dict[str, Any]] = {int(k): v for k, v in record.data.get("checkpoints", {}).items()}
-        self.futures: list[tuple[int, PrefectFuture[Any], PrefectFuture[Any]]] = []
+        self.futures: list[tuple[int, PrefectFuture[Any]]] = []  # commit bookkeeping in flight, every checkpoint
+        self.evaluations = _evaluation_scheduler(spec)  # evaluations: bounded, newest first (contract/evaluation)
+        self.pending_entries: dict[int, dict[str, Any]] = {}  # committed, evaluation pending
+        self.running: dict[int, PrefectFuture[Any]] = {}  # evaluations in flight
         self._last_cancel_check = 0.0
         self.log = get_run_logger()
         from trainforge.registry.alerts import MetricsObserver, load_rules
@@ -273,56 +298,97 @@ class _EventPump:
         self.record.update(alerts=alerts)
 
     def _on_checkpoint(self, step: int) -> None:
+        """Commit bookkeeping for every committed checkpoint at once; its evaluation waits for the scheduler."""
         self.committed[step] = {"step": step}
-        commit = steps.commit_checkpoint.submit(self.config, step)
-        if self.spec.evaluation.enabled:
-            evaluation = steps.evaluate.submit(self.config_path, self.config, step, self.spec.evaluation.batches,
-                                               wait_for=[commit])
-        else:
-            evaluation = commit
-        self.futures.append((step, commit, evaluation))
+        self.evaluations.committed(step)
+        self.futures.append((step, steps.commit_checkpoint.submit(self.config, step)))
 
-    def _collect(self, block: bool, raise_errors: bool = True) -> None:
-        pending = []
-        for step, commit, evaluation in self.futures:
-            if not block and not (commit.state.is_final() and evaluation.state.is_final()):
-                pending.append((step, commit, evaluation))
-                continue
-            try:
-                entry = commit.result()
-                if evaluation is not commit:
-                    result = evaluation.result()
-                    entry.update(result)
-                    self.tracker.log_metrics(self.run_id, [(step, result)])
-            except CheckpointCorrupt as exc:
-                if _superseded(step, self.committed):
-                    # Retention removed it before its bookkeeping ran: newer checkpoints replace it.
-                    self.log.info("checkpoint %s was retired before its evaluation: %s", step, exc)
-                    self.committed.pop(step, None)
+    def _collect(self, block: bool, raise_errors: bool = True, evaluate: bool = True) -> None:
+        """Book what finished: commits (then queue their evaluation), evaluations (then book the entry + metrics);
+        start the evaluations the scheduler allows. `block`: until every commit and evaluation is done.
+        `evaluate=False` (a failed or cancelled job winding down): start no more evaluations, book the rest."""
+        while True:
+            pending = []
+            for step, commit in self.futures:
+                if not block and not commit.state.is_final():
+                    pending.append((step, commit))
                     continue
-                if raise_errors:
-                    raise
-                self.log.warning("checkpoint %s bookkeeping failed: %s", step, exc)
-                continue
-            except Exception as exc:
-                if raise_errors:
-                    raise
-                self.log.warning("checkpoint %s bookkeeping failed: %s", step, exc)
-                continue
-            self.committed[step] = entry
-            checkpoints = self.record.data.get("checkpoints", {})
-            checkpoints[str(step)] = entry
+                entry = self._result(step, commit, raise_errors)
+                if entry is None:
+                    continue
+                if self.spec.evaluation.enabled:
+                    self.pending_entries[step] = entry
+                    self.evaluations.ready(step)
+                else:
+                    self._book(step, entry)
+            self.futures = pending
+            plan = self.evaluations.take() if evaluate else self.evaluations.stop()
+            for step in plan.skip:  # superseded while it waited (retention and promotion do not need it), or the
+                # job is winding down
+                entry = self.pending_entries.pop(step, None)
+                if entry is not None:
+                    self.log.info("checkpoint %s: evaluation skipped (%s)", step, f"superseded by step "
+                                  f"{self.evaluations.newest}" if evaluate else "the job is ending")
+                    self._book(step, entry)
+            for step in plan.start:
+                self.running[step] = steps.evaluate.submit(self.config_path, self.config, step,
+                                                            self.spec.evaluation.batches)
+            for step, evaluation in list(self.running.items()):
+                if not block and not evaluation.state.is_final():
+                    continue
+                del self.running[step]
+                self.evaluations.finished(step)
+                result = self._result(step, evaluation, raise_errors)
+                entry = self.pending_entries.pop(step, {"step": step})
+                if result is None:
+                    continue
+                entry.update(result)
+                self.tracker.log_metrics(self.run_id, [(step, result)])
+                self._book(step, entry)
+            if not block or (not self.futures and self.evaluations.idle):
+                return
+
+    def _result(self, step: int, future: PrefectFuture[Any], raise_errors: bool) -> Any:
+        """A commit's or an evaluation's result; None when it failed (logged, or raised when `raise_errors`)."""
+        try:
+            return future.result()
+        except CheckpointCorrupt as exc:
+            if _superseded(step, self.committed):
+                # Retention removed it before its bookkeeping ran: newer checkpoints replace it.
+                self.log.info("checkpoint %s was retired before its evaluation: %s", step, exc)
+                self.committed.pop(step, None)
+                self.evaluations.drop(step)
+                return None
+            if raise_errors:
+                raise
+            self.log.warning("checkpoint %s bookkeeping failed: %s", step, exc)
+        except Exception as exc:
+            if raise_errors:
+                raise
+            self.log.warning("checkpoint %s bookkeeping failed: %s", step, exc)
+        self.evaluations.drop(step)
+        return None
+
+    def _book(self, step: int, entry: dict[str, Any]) -> None:
+        """The checkpoint's catalog entry in the record, then retention (which spares checkpoints whose pending
+        evaluation may keep them: contract/evaluation.py `awaiting`)."""
+        self.committed[step] = entry
+        checkpoints = self.record.data.get("checkpoints", {})
+        checkpoints[str(step)] = entry
+        self.record.update(checkpoints=checkpoints)
+        protected = sorted(set(self.record.data.get("protected_steps", [])) | self.evaluations.awaiting)
+        deleted = steps.apply_retention(self.spec, self.config, protected)
+        if deleted:
+            for s in deleted:
+                checkpoints.pop(str(s), None)
+                self.evaluations.drop(s)
+                self.pending_entries.pop(s, None)
             self.record.update(checkpoints=checkpoints)
-            deleted = steps.apply_retention(self.spec, self.config, self.record.data.get("protected_steps", []))
-            if deleted:
-                for s in deleted:
-                    checkpoints.pop(str(s), None)
-                self.record.update(checkpoints=checkpoints)
-        self.futures = pending
 
     def drain(self, raise_errors: bool = True) -> None:
         self.poll() if raise_errors else None
-        self._collect(block=True, raise_errors=raise_errors)
+        # a job that failed or was cancelled stops quickly: queued evaluations are skipped (their commits booked)
+        self._collect(block=True, raise_errors=raise_errors, evaluate=raise_errors)
         self._log_profiles()
 
     def _log_profiles(self) -> None:

@@ -1,7 +1,7 @@
 """Chaos drills: drive a real job through `run_segment` (real torchrun, gloo workers, real checkpoints) with faults
-injected, retrying segments like the train-job flow does, and measure detection latency, MTTR and lost work from
-the run's own records (events.jsonl, fault markers). Used by `trainforge chaos`, tests/chaos/ and
-bench/chaos_mttr.py.
+injected, its segments retried by the train-job flow's own driver and SegmentController (tasks/driver.py: one
+retry policy, so the drills test production's), and measure detection latency, MTTR and lost work from the run's
+own records (events.jsonl, fault markers). Used by `trainforge chaos`, tests/chaos/ and bench/chaos_mttr.py.
 
 A job whose gang spans more than one node of its cluster is laid out as one torchrun agent per node on this host
 (one shared rendezvous: how a multi-node job meets) and goes through the live scheduler like the flow: provisioned,
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -26,8 +27,11 @@ import yaml
 from trainforge.events import read_events
 from trainforge.registry.jobs import JobRecord, JobStore
 from trainforge.tasks import prepare
+from trainforge.tasks.driver import NoGang, SegmentDriver
 from trainforge.tasks.segment import SegmentFailed, run_segment
 from trainforge.trainer.faults import fired_at
+
+_LOG = logging.getLogger("trainforge.chaos")
 
 # Short detection windows so a drill takes seconds (the defaults are production's: trainer/health.py).
 FAST_HEALTH = {"heartbeat_interval_s": 0.25, "heartbeat_timeout_s": 3.0, "hang_timeout_s": 4.0,
@@ -113,46 +117,35 @@ def unhealthy_nodes() -> set[str]:
 
 def run_job(job: ChaosJob, *, fault: str = "", max_retries: int = 2, max_restarts: int = 0,
             health: dict[str, Any] | None = None, max_segments: int = 8, fast: bool = True) -> ChaosJob:
-    """Segments until the job finishes, retrying infra / divergence failures like the flow (raises the last
-    SegmentFailed when the budget is spent). `fast`: the short detection windows of FAST_HEALTH (tests, bench);
-    otherwise the policy's defaults, plus `health`."""
+    """Segments until the job finishes, through the flow's own driver and SegmentController (tasks/driver.py):
+    the same retry / re-provision / give-up policy as production (raises the last SegmentFailed when the budget is
+    spent, TooManySegments past `max_segments`). `fast`: the short detection windows of FAST_HEALTH (tests,
+    bench); otherwise the policy's defaults, plus `health`."""
     policy = {**(FAST_HEALTH if fast else {}), **(health or {})}
     env = {"TRAINFORGE_FAULT": fault, "TRAINFORGE_HEALTH": json.dumps(policy), "OMP_NUM_THREADS": "1"}
-    retries = max_retries
+
+    def run(driver: SegmentDriver) -> Any:
+        alloc = driver.before_attempt()
+        fresh = JobStore(job.record.folder.parent).get(job.record.job_id)
+        if alloc is None:
+            return run_segment(fresh, job.config_path, job.config, nproc=job.workers, max_restarts=max_restarts,
+                               extra_env=env)
+        nodes = alloc["nodes"]
+        return run_segment(fresh, job.config_path, job.config, nproc=alloc["workers"], max_restarts=max_restarts,
+                           extra_env=env, nnodes=max(1, len(nodes)), node_names=nodes or None,
+                           layout=alloc["layout"], sizes=alloc["sizes"], scheduler_status=_status(job))
+
     t0 = time.monotonic()
     with chaos_cluster(job.cluster if job.scheduled else None):
+        driver = SegmentDriver(job.record, total_steps=job.config.total_steps, max_retries=max_retries, run=run,
+                               gang=_ChaosGang(job) if job.scheduled else NoGang(), log=_LOG, env=env,
+                               max_segments=max_segments)
         try:
-            alloc = _provision(job, "provisioned") if job.scheduled else None
-            for _ in range(max_segments):
-                fresh = JobStore(job.record.folder.parent).get(job.record.job_id)
-                try:
-                    if alloc is None:
-                        result = run_segment(fresh, job.config_path, job.config, nproc=job.workers,
-                                             max_restarts=max_restarts, extra_env=env)
-                    else:
-                        nodes = alloc["nodes"]
-                        result = run_segment(fresh, job.config_path, job.config, nproc=alloc["workers"],
-                                             max_restarts=max_restarts, extra_env=env, nnodes=max(1, len(nodes)),
-                                             node_names=nodes or None, layout=alloc["layout"],
-                                             sizes=alloc["sizes"], scheduler_status=_status(job))
-                except SegmentFailed as exc:
-                    job.failures.append(exc)
-                    if exc.kind == "user" or retries == 0:
-                        raise
-                    retries -= 1
-                    if alloc is not None:
-                        alloc = _provision(job, "", reprovision=True)
-                    continue
-                job.segments.append(result)
-                if result.last_step is not None and result.last_step >= job.config.total_steps:
-                    return job
-                if alloc is not None:
-                    alloc = _provision(job, {"preempted": "re-provisioned after a preemption",
-                                             "resize": "the scheduler resized the allocation"}.get(
-                                                 result.reason or "", "segment boundary"),
-                                       release=result.reason == "preempted")
-            raise AssertionError(f"job did not finish in {max_segments} segments")
+            driver.drive()
+            return job
         finally:
+            job.segments.extend(driver.results)
+            job.failures.extend(f for f in driver.failures if isinstance(f, SegmentFailed))
             job.wall_s = time.monotonic() - t0
             if job.scheduled:
                 from trainforge.tasks.provision import release_gang
@@ -161,25 +154,47 @@ def run_job(job: ChaosJob, *, fault: str = "", max_retries: int = 2, max_restart
             job.record.reload()
 
 
+class _ChaosGang:
+    """The flow's provisioning through the live scheduler (tasks/provision.py, tasks/steps.py `reprovision`),
+    each re-gang timed for the drill's measurements."""
+
+    def __init__(self, job: ChaosJob):
+        self.job = job
+        self._released_at: float | None = None
+
+    def provision(self, reason: str) -> dict[str, Any]:
+        t0, self._released_at = self._released_at, None  # a release + re-request is timed from the release
+        return _provision(self.job, reason, t0=t0)
+
+    def release(self) -> None:
+        from trainforge.tasks.provision import release_gang
+
+        self._released_at = time.monotonic()
+        release_gang(self.job.record.job_id)
+
+    def reprovision(self, lost: tuple[str, ...]) -> dict[str, Any]:
+        return _provision(self.job, "", lost=lost)
+
+
 def _status(job: ChaosJob) -> Any:
     from trainforge.tasks.provision import live_scheduler
 
     return lambda: live_scheduler().status(job.record.job_id)
 
 
-def _provision(job: ChaosJob, reason: str, *, reprovision: bool = False, release: bool = False) -> dict[str, Any]:
-    """The train-job flow's provisioning (tasks/provision.py, tasks/steps.py `reprovision`), timed."""
-    from trainforge.tasks.provision import provision_gang, record_allocation, release_gang
+def _provision(job: ChaosJob, reason: str, *, lost: tuple[str, ...] | None = None,
+               t0: float | None = None) -> dict[str, Any]:
+    """The train-job flow's provisioning (tasks/provision.py; tasks/steps.py `reprovision` without the `lost`
+    nodes after a failed segment), timed from `t0` (a release) or now."""
+    from trainforge.tasks.provision import provision_gang, record_allocation
 
-    t0 = time.monotonic()
+    t0 = time.monotonic() if t0 is None else t0
     record = JobStore(job.record.folder.parent).get(job.record.job_id)
-    if reprovision:
+    if lost is not None:
         from trainforge.tasks.steps import reprovision as flow_reprovision
 
-        alloc = flow_reprovision(record, job.spec)
+        alloc = flow_reprovision(record, job.spec, lost)
     else:
-        if release:
-            release_gang(job.record.job_id)
         alloc = provision_gang(job.record.job_id, job.spec, record.data["plan"]["layout"])
         record_allocation(record, alloc, reason, job.spec)
     if job.placements:

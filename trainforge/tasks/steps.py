@@ -1,13 +1,15 @@
 """The Prefect tasks of a training job. Each is thin: it calls one capability and records what happened.
 
-Retries live here: a training segment is retried (from the last committed checkpoint) for infrastructure faults
-only; a user error or a cancellation ends it at once.
+A training segment's retries are Prefect task retries of `train-segment`, decided by the SegmentController
+(trainforge/contract/controller.py) through the flow's driver (tasks/driver.py): infrastructure faults and
+divergence rollbacks within their budgets; a user error or a cancellation ends it at once.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from trainforge.registry.jobs import JobRecord
 from trainforge.spec import JobSpec
 from trainforge.tasks import checkpoints as ckpt
 from trainforge.tasks import prepare
-from trainforge.tasks.segment import SegmentCancelled, SegmentFailed, SegmentResult, run_segment
+from trainforge.tasks.segment import SegmentResult, run_segment
 from trainforge.validate import ValidationReport
 
 
@@ -50,32 +52,26 @@ def plan(spec: JobSpec, dataset: dict[str, Any], cluster: ClusterSpec | None = N
     return result
 
 
-def _retry_infra_only(task_: Any, task_run: Any, state: Any) -> bool:
-    """Retry infrastructure faults and divergence rollbacks (within their budget); never user errors."""
-    try:
-        state.result(raise_on_failure=True)
-    except SegmentFailed as exc:
-        return exc.kind in ("infra", "divergence")
-    except SegmentCancelled:
-        return False
-    except Exception:
-        return True
-    return True
+def _never_retry(task_: Any, task_run: Any, state: Any) -> bool:
+    """Without a driver nothing decides a retry: the flow submits train-segment with its driver's
+    `retry_condition` (the SegmentController) and `retries` = the budget left (tasks/driver.py)."""
+    return False
 
 
-@task(name="train-segment", cache_policy=NO_CACHE, retry_condition_fn=_retry_infra_only, retry_delay_seconds=1)
+@task(name="train-segment", cache_policy=NO_CACHE, retry_condition_fn=_never_retry, retry_delay_seconds=1)
 def train_segment(record: JobRecord, config_path: str, config: SegmentConfig, nproc: int, max_restarts: int,
-                  cancel: threading.Event, spec: JobSpec | None = None) -> SegmentResult:
-    # Re-read the record: a retry must see the segments the failed attempt appended.
+                  cancel: threading.Event, spec: JobSpec | None = None,
+                  before_attempt: Callable[[], Any] | None = None) -> SegmentResult:
+    """One attempt of a segment. `before_attempt` (the driver's) runs first: after a failed attempt it carries
+    out the controller's decision (tier 2: a fresh gang without the nodes the attempt lost, or the same gang)."""
     from trainforge.registry.jobs import JobStore
     from trainforge.registry.secrets import resolve_secrets
 
+    if before_attempt is not None:
+        before_attempt()
+    # Re-read the record: a retry must see the segments the failed attempt appended, and the new allocation.
     fresh = JobStore(record.folder.parent).get(record.job_id)
     secrets = resolve_secrets(fresh.data.get("spec", {}).get("secrets", []))  # into the workers' env only
-    segments = fresh.data.get("segments", [])
-    if spec is not None and segments and segments[-1].get("state") == "failed":
-        reprovision(fresh, spec)  # tier 2: a fresh gang, without the nodes the last attempt lost
-        fresh.reload()
     # The gang this segment runs on (an elastic job's size may have changed since the flow submitted it).
     allocation = fresh.data.get("allocation") or {}
     return run_segment(fresh, Path(config_path), config, nproc=allocation.get("workers", nproc),
@@ -84,17 +80,18 @@ def train_segment(record: JobRecord, config_path: str, config: SegmentConfig, np
                        layout=allocation.get("layout"), sizes=allocation.get("sizes"))
 
 
-def reprovision(record: JobRecord, spec: JobSpec) -> dict[str, Any]:
-    """Release the gang and request it again; a node the last attempt lost whole is marked unhealthy first so
-    the scheduler places the gang elsewhere. An elastic job that cannot get its full size back continues at a
+def reprovision(record: JobRecord, spec: JobSpec, lost: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Release the gang and request it again; a node the last attempt lost whole (`lost`, by default read from
+    the record's incidents) is marked unhealthy first so the scheduler places the gang elsewhere. An elastic job that cannot get its full size back continues at a
     smaller valid one (a `resize` in the record); the allocation is returned and kept in the job record."""
     from trainforge.infra.scheduler.live import LiveScheduler
     from trainforge.plan.cluster import default_cluster
     from trainforge.tasks.provision import provision_gang, record_allocation, release_gang
 
     attempt = record.data["segments"][-1]["attempt"]
-    lost = {i["host"] for i in record.data.get("incidents", []) if i["attempt"] == attempt and i["scope"] == "node"
-            and i.get("host")}
+    if lost is None:
+        lost = tuple({i["host"] for i in record.data.get("incidents", []) if i["attempt"] == attempt
+                      and i["scope"] == "node" and i.get("host")})
     scheduler = LiveScheduler(default_cluster())
     for node in sorted(lost):
         try:
