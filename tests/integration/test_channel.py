@@ -117,6 +117,7 @@ def test_real_publishers_on_s3_a_killed_node_is_lost_within_5s_and_commands_are_
 
         _until(node2_lost, 15, "node2 reported lost", step=0.25)
         detection_s = time.monotonic() - killed_at
+        print(f"lost-node detection: {detection_s:.2f} s")
         assert detection_s <= 5.0, f"lost-node detection took {detection_s:.2f} s"
         states = {n: s.state for n, s in reader.status().items()}
         assert states == {"node0": "live", "node1": "live", "node2": "lost"}, states
