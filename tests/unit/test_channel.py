@@ -94,7 +94,7 @@ def test_a_malformed_batch_is_refused_with_the_reason(data: bytes, reason: str):
 
 
 def test_the_reader_yields_each_node_in_seq_order_and_only_what_is_new(store):
-    reader = ChannelReader(store, ROOT)
+    reader = ChannelReader(store, ROOT, flush_interval_s=0.0)
     for seq in range(3):
         _put(store, "n1", seq, [{"i": seq}])
     _put(store, "n2", 0, [{"i": 100}])
@@ -109,13 +109,13 @@ def test_the_reader_yields_each_node_in_seq_order_and_only_what_is_new(store):
 
 
 def test_a_re_sent_batch_is_delivered_once_and_a_resumed_reader_re_delivers_nothing(store):
-    reader = ChannelReader(store, ROOT, nodes=["n1"])
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.0)
     data = _put(store, "n1", 0, [{"i": 0}])
     assert len(reader.poll()) == 1
     store.put_bytes(ChannelLayout(ROOT).batch_key("n1", 0), data)  # the publisher's retry of a PUT that landed
     assert reader.poll() == []
     _put(store, "n1", 1, [{"i": 1}])
-    resumed = ChannelReader(store, ROOT, last_seen=reader.checkpoint())
+    resumed = ChannelReader(store, ROOT, last_seen=reader.checkpoint(), flush_interval_s=0.0)
     assert [b.seq for b in resumed.poll()] == [1]
 
 
@@ -132,7 +132,7 @@ def test_a_publisher_retrying_a_put_that_landed_delivers_every_record_exactly_on
                 raise TimeoutError(f"read timeout on {key}")
 
     flaky = LandsThenFails(store.root)
-    reader = ChannelReader(store, ROOT, nodes=["n1"])
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.05)
     pub = NodePublisher(flaky, ROOT, "n1", flush_interval_s=0.05, max_backoff_s=0.05).start()
     for i in range(20):
         pub.publish({"i": i})
@@ -144,7 +144,7 @@ def test_a_publisher_retrying_a_put_that_landed_delivers_every_record_exactly_on
 
 
 def test_a_malformed_batch_is_skipped_with_a_warning_and_the_next_one_read(store, caplog):
-    reader = ChannelReader(store, ROOT, nodes=["n1"])
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.0)
     store.put_bytes(ChannelLayout(ROOT).batch_key("n1", 0), b'{"v": 1, "node": "n1"}\n')
     _put(store, "n1", 1, [{"i": 1}])
     with caplog.at_level(logging.WARNING, logger="trainforge.contract.channel"):
@@ -156,7 +156,7 @@ def test_a_malformed_batch_is_skipped_with_a_warning_and_the_next_one_read(store
 
 def test_a_node_is_lost_when_no_batch_arrived_for_lost_after_s(store):
     clock = FakeClock()
-    reader = ChannelReader(store, ROOT, nodes=["n1", "n2", "n3"], lost_after_s=3.0, clock=clock)
+    reader = ChannelReader(store, ROOT, nodes=["n1", "n2", "n3"], lost_after_s=3.0, flush_interval_s=1.0, clock=clock)
     _put(store, "n1", 0, [])
     _put(store, "n2", 0, [])
     _put(store, "n3", 0, [], closing=True)
@@ -174,9 +174,22 @@ def test_a_node_is_lost_when_no_batch_arrived_for_lost_after_s(store):
     assert reader.lost_nodes() == []
 
 
+def test_a_node_that_just_delivered_is_not_listed_again_until_its_next_flush_is_due(store):
+    clock = FakeClock()
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=1.0, clock=clock)
+    _put(store, "n1", 0, [])
+    assert len(reader.poll(discover=False)) == 1
+    assert reader.requests == 2  # one LIST, one GET
+    _put(store, "n1", 1, [])
+    clock.t += 0.5
+    assert reader.poll(discover=False) == [] and reader.requests == 2  # not due: no request at all
+    clock.t += 0.3
+    assert [b.seq for b in reader.poll(discover=False)] == [1]
+
+
 def test_a_node_that_never_publishes_is_lost_too(store):
     clock = FakeClock()
-    reader = ChannelReader(store, ROOT, nodes=["n9"], lost_after_s=3.0, clock=clock)
+    reader = ChannelReader(store, ROOT, nodes=["n9"], lost_after_s=3.0, flush_interval_s=1.0, clock=clock)
     reader.poll()
     assert reader.status()["n9"].state == "waiting"
     clock.t += 3.1
@@ -184,14 +197,14 @@ def test_a_node_that_never_publishes_is_lost_too(store):
 
 
 def test_publishers_are_discovered_and_beat_once_per_rank_per_flush(store):
-    reader = ChannelReader(store, ROOT)
+    reader = ChannelReader(store, ROOT, flush_interval_s=0.05)
     with NodePublisher(store, ROOT, "n1", flush_interval_s=0.05) as pub:
         pub.heartbeat(0, step=5)
         pub.heartbeat(1, step=5)
         _wait(lambda: bool(reader.poll()) and set(reader.heartbeats.get("n1", {})) == {"0", "1"})
     assert reader.heartbeats["n1"]["0"]["step"] == 5
-    reader.poll()  # the publisher's last batch, marked closing
-    assert reader.status()["n1"].state == "closed"
+    # the publisher's last batch, marked closing
+    _wait(lambda: reader.poll() is not None and reader.status()["n1"].state == "closed")
 
 
 def test_a_restarted_publisher_continues_its_seqs_and_does_not_replay_handled_commands(store):
@@ -221,7 +234,7 @@ def test_a_restarted_publisher_continues_its_seqs_and_does_not_replay_handled_co
 
 def test_commands_reach_their_nodes_and_are_acknowledged_up(store):
     writer = CommandWriter(store, ROOT)
-    reader = ChannelReader(store, ROOT, nodes=["n1", "n2"])
+    reader = ChannelReader(store, ROOT, nodes=["n1", "n2"], flush_interval_s=0.05)
     got: dict[str, list[Command]] = {"n1": [], "n2": []}
     pubs = []
     for n in ("n1", "n2"):
@@ -291,7 +304,7 @@ def test_ranks_reach_their_publisher_over_a_unix_socket_both_ways(store, tmp_pat
     sock = f"@tf-channel-test-{os.getpid()}"
     rank = RankClient(sock, 3, lease_ttl_s=5.0)
     rank.publish({"type": "early"})  # no publisher yet: buffered, never blocks
-    reader = ChannelReader(store, ROOT, nodes=["n1"])
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.05)
     writer = CommandWriter(store, ROOT)
     pub = NodePublisher(store, ROOT, "n1", flush_interval_s=0.05, socket_path=sock).start()
     try:

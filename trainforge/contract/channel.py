@@ -328,7 +328,7 @@ class NodePublisher:
         self._lease_notified = False
         self._commands: CommandReader | None = None
         self.seq = 0
-        self.stats = {"batches": 0, "records": 0, "put_failures": 0, "dropped": 0, "commands": 0}
+        self.stats = {"batches": 0, "records": 0, "put_failures": 0, "dropped": 0, "commands": 0, "polls": 0}
 
     # -- the rank-facing API (any thread) --
 
@@ -420,6 +420,7 @@ class NodePublisher:
 
     def _poll_commands(self, first_poll: bool) -> None:
         assert self._commands is not None
+        self.stats["polls"] += 1
         try:
             commands = self._commands.poll()
         except Exception as e:  # the store is down: the lease runs out if it stays down
@@ -611,9 +612,12 @@ class ChannelReader:
     discovered from `nodes/`."""
 
     def __init__(self, store: ObjectStore, root: str, *, nodes: Iterable[str] = (), lost_after_s: float = LOST_AFTER_S,
-                 last_seen: dict[str, int] | None = None, max_concurrency: int = 16,
-                 clock: Callable[[], float] = time.monotonic):
+                 flush_interval_s: float = FLUSH_INTERVAL_S, last_seen: dict[str, int] | None = None,
+                 max_concurrency: int = 16, clock: Callable[[], float] = time.monotonic):
         self.store, self.layout, self.lost_after_s, self._clock = store, ChannelLayout(root), lost_after_s, clock
+        # A node that just delivered is not listed again until its next flush is nearly due: about 1.5 LISTs
+        # per node per flush instead of one per poll (4 at the defaults); late nodes are listed on every poll.
+        self._quiet_s = 0.75 * flush_interval_s
         now = clock()
         self._last_seq: dict[str, int] = {}
         self._arrived: dict[str, float] = {}
@@ -668,7 +672,9 @@ class ChannelReader:
     def poll(self, *, discover: bool = True) -> list[Batch]:
         if discover:
             self._discover()
-        nodes = sorted(self._last_seq)
+        start = self._clock()
+        nodes = sorted(n for n, s in self._last_seq.items()
+                       if s < 0 or start - self._arrived[n] >= self._quiet_s)
         found = list(self._pool.map(self._read_node, nodes))
         now = self._clock()
         self.requests += len(nodes) + sum(len(items) for items in found)  # one LIST per node, one GET per batch
