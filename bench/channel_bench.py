@@ -169,8 +169,9 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
     for p in procs:
         p.expect("ready", timeout=120)
     if mode == "channel":
-        readers = [ChannelReader(store, root, nodes=ns, flush_interval_s=args.flush, max_concurrency=4)
-                   for root, ns in job_nodes]
+        # One job: the reader's own 16 threads; many jobs: 2 each, with 8 readers polled at once (16 in flight).
+        readers = [ChannelReader(store, root, nodes=ns, flush_interval_s=args.flush,
+                                 max_concurrency=16 if jobs == 1 else 2) for root, ns in job_nodes]
     else:
         readers = [_NaiveReader(store, root, ns, args.ranks) for root, ns in job_nodes]
     pool = ThreadPoolExecutor(max_workers=16)
@@ -185,6 +186,7 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
         return reader.poll_records(pool)
 
     outer = ThreadPoolExecutor(max_workers=8 if mode == "channel" else 1)
+    cycles: list[float] = []
     while time.monotonic() - t0 < args.seconds:
         tick = time.monotonic()
         for recs in outer.map(poll, readers):
@@ -192,6 +194,7 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
             latencies += [now - r["t_pub"] for r in recs if r.get("t_pub", 0) >= wall0]
         if mode == "channel":
             lost_seen = max(lost_seen, sum(len(r.lost_nodes()) for r in readers))
+        cycles.append(time.monotonic() - tick)
         time.sleep(max(0.0, args.poll - (time.monotonic() - tick)))
     window = time.monotonic() - t0
     read_requests = sum(r.requests for r in readers)
@@ -213,7 +216,7 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
         "records": len(lat), "p50_ms": 1000 * statistics.median(lat) if lat else float("nan"),
         "p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))] if lat else float("nan"),
         "write_rps": write_rps, "read_rps": read_requests / window, "failures": sum(s["failures"] for s in stats),
-        "lost": lost_seen,
+        "lost": lost_seen, "cycle_ms": 1000 * statistics.mean(cycles),
     }
 
 
@@ -240,14 +243,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {args.ranks} ranks/node, {args.steps_per_s:g} steps/s, one record per rank per step; flush "
           f"{args.flush:g} s, reader poll {args.poll:g} s, {args.seconds:g} s per scenario; SeaweedFS on loopback")
     print(f"# publishers: threads in up to {args.procs} processes. baseline = one S3 object per rank per step")
+    print(f"# this host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     header = (f"{'scenario':<24} {'nodes':>5} {'ranks':>5} {'procs':>5} {'records':>8} {'p50 ms':>8} {'p99 ms':>8} "
-              f"{'write req/s':>11} {'read req/s':>10} {'fail':>4} {'lost':>4}")
+              f"{'write req/s':>11} {'read req/s':>10} {'poll ms':>7} {'fail':>4} {'lost':>4}")
     print(header)
     with tempfile.TemporaryDirectory(prefix="tf-channel-bench-") as tmp, SeaweedFSServer(tmp) as server:
         for name, mode, jobs, nodes in scenarios:
             r = run_scenario(server, name, mode, jobs, nodes, args)
             print(f"{r['name']:<24} {r['nodes']:>5} {r['ranks']:>5} {r['procs']:>5} {r['records']:>8} "
                   f"{r['p50_ms']:>8.0f} {r['p99_ms']:>8.0f} {r['write_rps']:>11.0f} {r['read_rps']:>10.0f} "
+                  f"{r['cycle_ms']:>7.0f} "
                   f"{r['failures']:>4} {r['lost']:>4}", flush=True)
     return 0
 
