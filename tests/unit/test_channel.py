@@ -28,6 +28,7 @@ from trainforge.contract.channel import (
     channel_root,
     decode_batch,
     encode_batch,
+    estimate_channel_load,
 )
 from trainforge.infra.storage import LocalObjectStore, ObjectExistsError
 
@@ -338,3 +339,12 @@ def test_a_rank_whose_publisher_went_silent_sees_its_lease_lapse():
     time.sleep(0.3)
     assert rank.lease_expired()
     rank.close()
+
+
+def test_the_arithmetic_for_4096_ranks_on_512_nodes():
+    load = estimate_channel_load(nodes=512, ranks_per_node=8)
+    assert load["objects_per_s"] == 512  # one batch per node per second, whatever the ranks
+    assert load["naive_objects_per_s"] == 4096 * 3  # a record object per rank per step + 2 heartbeats per second
+    assert 1_000 < load["batch_bytes"] < 4_000
+    assert load["detection_s"] <= 5.0
+    assert load["usd_per_hour"] < load["naive_usd_per_hour"] / 5

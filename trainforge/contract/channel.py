@@ -46,6 +46,7 @@ import collections
 import contextlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -64,7 +65,7 @@ from trainforge.infra.storage.base import ObjectExistsError, ObjectNotFoundError
 __all__ = [
     "COMMAND_KINDS", "Batch", "ChannelLayout", "ChannelReader", "Command", "CommandReader", "CommandWriter",
     "MalformedBatchError", "NodePublisher", "NodeStatus", "RankClient", "channel_root", "decode_batch",
-    "encode_batch",
+    "encode_batch", "estimate_channel_load", "format_channel_load",
 ]
 
 log = logging.getLogger(__name__)
@@ -730,6 +731,57 @@ class ChannelReader:
 
     def acked_by(self, command_seq: int) -> set[str]:
         return set(self.acks.get(command_seq, {}))
+
+
+# ---- the arithmetic (docs/contract.md quotes it) -----------------------------------------------------------
+
+S3_PRICES_USD_PER_1000 = {"PUT": 0.005, "LIST": 0.005, "GET": 0.0004}
+"""S3 Standard request prices in us-east-1 as published on aws.amazon.com/s3/pricing: PUT/COPY/POST/LIST $0.005 and
+GET/SELECT $0.0004 per 1,000 requests (unchanged on that page from at least 2018 through 2024; not re-checked from
+this offline build: check the page before quoting a bill)."""
+
+
+def estimate_channel_load(*, nodes: int, ranks_per_node: int, records_per_rank_per_s: float = 1.0,
+                          record_bytes: int = 200, flush_interval_s: float = FLUSH_INTERVAL_S,
+                          poll_interval_s: float = POLL_INTERVAL_S, lost_after_s: float = LOST_AFTER_S,
+                          lease_renew_s: float = LEASE_TTL_S / 3, listing_s: float = 0.1) -> dict[str, float]:
+    """Requests, bytes and S3 cost of one job's channel at the defaults, and the same job's traffic in the scheme
+    the channel replaces (one object per rank per step plus a heartbeat object per rank every 0.5 s).
+    The batch size is measured by encoding a representative batch, not assumed."""
+    per_flush = max(1, round(records_per_rank_per_s * flush_interval_s))
+    pad = "x" * max(0, record_bytes - 60)
+    sample = Batch("node-0511", 123456, 1.8e9,
+                   [{"type": "rank_metrics", "rank": r, "step": 100000 + i, "loss": 2.123456, "pad": pad}
+                    for r in range(ranks_per_node) for i in range(per_flush)],
+                   {str(r): {"step": 100000, "phase": "step", "age_s": 0.25} for r in range(ranks_per_node)},
+                   [], 41, False)
+    batch_bytes = len(encode_batch(sample))
+    puts = nodes / flush_interval_s + 1 / lease_renew_s
+    # publishers poll commands once per flush; the reader lists a node at most twice per flush (quiet rule)
+    lists = nodes / flush_interval_s + nodes * (1 + math.ceil(0.25 * flush_interval_s / poll_interval_s)) / flush_interval_s
+    gets = nodes / flush_interval_s + nodes / lease_renew_s
+    cost = 3600 * (puts * S3_PRICES_USD_PER_1000["PUT"] + lists * S3_PRICES_USD_PER_1000["LIST"]
+                   + gets * S3_PRICES_USD_PER_1000["GET"]) / 1000
+    ranks = nodes * ranks_per_node
+    naive_puts = ranks * records_per_rank_per_s + ranks / 0.5
+    naive_cost = 3600 * naive_puts * (S3_PRICES_USD_PER_1000["PUT"] + S3_PRICES_USD_PER_1000["GET"]) / 1000
+    return {"nodes": nodes, "ranks": ranks, "batch_bytes": batch_bytes, "objects_per_s": nodes / flush_interval_s,
+            "bytes_per_s": batch_bytes * nodes / flush_interval_s, "put_per_s": puts, "list_per_s": lists,
+            "get_per_s": gets, "usd_per_hour": cost, "detection_s": lost_after_s + 2 * poll_interval_s + listing_s,
+            "naive_objects_per_s": naive_puts, "naive_usd_per_hour": naive_cost}
+
+
+def format_channel_load(load: dict[str, float]) -> str:
+    return "\n".join([
+        f"{load['ranks']:,.0f} ranks on {load['nodes']:,.0f} nodes, one batch per node per flush",
+        f"batch: {load['batch_bytes']:,.0f} bytes; objects/s: {load['objects_per_s']:,.0f}; "
+        f"bytes/s: {load['bytes_per_s']:,.0f}",
+        f"requests/s: PUT {load['put_per_s']:,.1f}, LIST {load['list_per_s']:,.0f}, GET {load['get_per_s']:,.1f}",
+        f"S3 cost: ${load['usd_per_hour']:,.2f} per hour",
+        f"lost-node detection: at most {load['detection_s']:.1f} s",
+        f"per-rank objects instead: {load['naive_objects_per_s']:,.0f} objects/s, "
+        f"${load['naive_usd_per_hour']:,.2f} per hour (PUT + one GET each, before any LIST)",
+    ])
 
 
 # ---- command line: real publisher processes for the tests and the bench -------------------------------------
