@@ -36,13 +36,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trainforge.contract.channel import (  # noqa: E402
+    LEASE_TTL_S,
     ChannelReader,
+    CommandWriter,
     NodePublisher,
     channel_root,
 )
-from trainforge.infra.storage.seaweedfs import SeaweedFSServer  # noqa: E402
+from trainforge.infra.storage.seaweedfs import SeaweedFSServer, _die_with_parent  # noqa: E402
 
 PAD = "x" * 160  # a metrics event is ~200 bytes of JSON
+BENCH_LEASE_S = 120.0  # long enough to cover starting 100 publishers per process on a loaded host; renewed every 10 s
 
 
 # ---- the publisher processes --------------------------------------------------------------------------------
@@ -57,8 +60,10 @@ def _worker(spec: dict[str, Any]) -> None:
     ranks, period = spec["ranks"], 1.0 / spec["steps_per_s"]
     started = time.monotonic()
     if spec["mode"] == "channel":
-        pubs = [NodePublisher(store, root, node, flush_interval_s=spec["flush"]).start()
+        pubs = [NodePublisher(store, root, node, flush_interval_s=spec["flush"], lease_ttl_s=BENCH_LEASE_S)
                 for root, nodes in spec["jobs"] for node in nodes]
+        with ThreadPoolExecutor(max_workers=16) as pool:  # each start is a LIST and a PUT: overlap them
+            list(pool.map(NodePublisher.start, pubs))
         print(json.dumps({"event": "ready"}), flush=True)
         step, next_t = 0, time.monotonic()
         while not stop.is_set():
@@ -104,7 +109,7 @@ def _worker(spec: dict[str, Any]) -> None:
 class _Proc:
     def __init__(self, spec: dict[str, Any], env: dict[str, str]):
         self.proc = subprocess.Popen([sys.executable, __file__, "_worker", json.dumps(spec)], env=env,
-                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                                     stdout=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=_die_with_parent)
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -187,8 +192,14 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
 
     outer = ThreadPoolExecutor(max_workers=8 if mode == "channel" else 1)
     cycles: list[float] = []
+    # The control plane renews every job's lease (a third of its length), as the flow does.
+    writers = [CommandWriter(store, root) for root, _ in job_nodes] if mode == "channel" else []
+    renewed = 0.0
     while time.monotonic() - t0 < args.seconds:
         tick = time.monotonic()
+        if writers and tick - renewed > LEASE_TTL_S / 3:
+            list(pool.map(lambda w: w.renew_lease(BENCH_LEASE_S), writers))
+            renewed = tick
         for recs in outer.map(poll, readers):
             now = time.time()
             latencies += [now - r["t_pub"] for r in recs if r.get("t_pub", 0) >= wall0]

@@ -369,6 +369,7 @@ class NodePublisher:
             with contextlib.suppress(MalformedBatchError, ObjectNotFoundError):
                 cmd_seq = decode_batch(self.store.get_bytes(self.layout.batch_key(self.node, seqs[-1]))).cmd_seq
         self._commands = CommandReader(self.store, self.layout.root, self.node, after_seq=cmd_seq)
+        self._lease_deadline = self._clock() + self.lease_ttl_s  # the initial grant runs from the start
         hello = {"node": self.node, "host": socket.gethostname(), "first_seq": self.seq,
                  "started_at": self._wall(), "flush_interval_s": self.flush_interval_s, **self.info}
         self.store.put_bytes(self.layout.node_key(self.node), json.dumps(hello).encode())
