@@ -348,3 +348,39 @@ def test_the_arithmetic_for_4096_ranks_on_512_nodes():
     assert 1_000 < load["batch_bytes"] < 4_000
     assert load["detection_s"] <= 5.0
     assert load["usd_per_hour"] < load["naive_usd_per_hour"] / 5
+
+
+def test_a_store_outage_blocks_no_caller_and_loses_no_record(store):
+    """The store refuses everything for a while: publish() stays instant, the reader warns instead of raising,
+    and once the store is back every record arrives once, in order."""
+    from trainforge.infra.storage import StorageError
+
+    class Outage(LocalObjectStore):
+        down = False
+
+        def put_bytes(self, key, data, *, if_none_match=False):
+            if self.down:
+                raise StorageError("503 SlowDown")
+            super().put_bytes(key, data, if_none_match=if_none_match)
+
+        def list(self, prefix="", *, start_after=""):
+            if self.down:
+                raise StorageError("503 SlowDown")
+            return super().list(prefix, start_after=start_after)
+
+    flaky = Outage(store.root)
+    reader = ChannelReader(flaky, ROOT, nodes=["n1"], flush_interval_s=0.0)
+    pub = NodePublisher(flaky, ROOT, "n1", flush_interval_s=0.05, max_backoff_s=0.1).start()
+    flaky.down = True
+    slowest = 0.0
+    for i in range(50):
+        t = time.monotonic()
+        pub.publish({"i": i})
+        slowest = max(slowest, time.monotonic() - t)
+        time.sleep(0.01)
+    assert reader.poll() == []  # a warning, not an exception
+    flaky.down = False
+    pub.close()
+    seen = [r["i"] for _, _, _, r in reader.records(reader.poll())]
+    assert seen == list(range(50))
+    assert pub.stats["put_failures"] > 0 and slowest < 0.05

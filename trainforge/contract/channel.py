@@ -651,7 +651,12 @@ class ChannelReader:
     def _discover(self) -> None:
         self.requests += 1
         now = self._clock()
-        for key in self.store.list(self.layout.nodes_prefix):
+        try:
+            keys = self.store.list(self.layout.nodes_prefix)
+        except Exception as e:
+            log.warning("channel: listing %s failed: %s: %s", self.layout.nodes_prefix, type(e).__name__, e)
+            return
+        for key in keys:
             name = key[len(self.layout.nodes_prefix):].removesuffix(".json")
             if _NODE.match(name):
                 self._know(name, now)
@@ -659,16 +664,19 @@ class ChannelReader:
     def _read_node(self, node: str) -> list[tuple[str, int, bytes | None]]:
         last = self._last_seq[node]
         start = self.layout.batch_key(node, last) if last >= 0 else ""
-        out = []
-        for key in list_after(self.store, self.layout.up_prefix(node), start):
-            m = _BATCH.search(key)
-            if not m:
-                continue
-            try:
-                data: bytes | None = self.store.get_bytes(key)
-            except ObjectNotFoundError:
-                data = None
-            out.append((key, int(m.group(1)), data))
+        out: list[tuple[str, int, bytes | None]] = []
+        try:
+            for key in list_after(self.store, self.layout.up_prefix(node), start):
+                m = _BATCH.search(key)
+                if not m:
+                    continue
+                try:
+                    data: bytes | None = self.store.get_bytes(key)
+                except ObjectNotFoundError:
+                    data = None
+                out.append((key, int(m.group(1)), data))
+        except Exception as e:  # the store is slow or down: keep what was read, the next poll goes on from there
+            log.warning("channel: reading node %s failed: %s: %s", node, type(e).__name__, e)
         return out
 
     def poll(self, *, discover: bool = True) -> list[Batch]:
