@@ -176,7 +176,8 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
     if mode == "channel":
         # One job: the reader's own 16 threads; many jobs: 2 each, with 8 readers polled at once (16 in flight).
         readers = [ChannelReader(store, root, nodes=ns, flush_interval_s=args.flush,
-                                 max_concurrency=16 if jobs == 1 else 2) for root, ns in job_nodes]
+                                 max_concurrency=16 if jobs == 1 else 2, max_batches_per_node=4)
+                   for root, ns in job_nodes]
     else:
         readers = [_NaiveReader(store, root, ns, args.ranks) for root, ns in job_nodes]
     pool = ThreadPoolExecutor(max_workers=16)

@@ -188,6 +188,13 @@ def test_a_node_that_just_delivered_is_not_listed_again_until_its_next_flush_is_
     assert [b.seq for b in reader.poll(discover=False)] == [1]
 
 
+def test_a_reader_that_fell_behind_catches_up_a_bounded_number_of_batches_per_poll(store):
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.0, max_batches_per_node=4)
+    for seq in range(10):
+        _put(store, "n1", seq, [{"i": seq}])
+    assert [[b.seq for b in reader.poll()] for _ in range(4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], []]
+
+
 def test_a_node_that_never_publishes_is_lost_too(store):
     clock = FakeClock()
     reader = ChannelReader(store, ROOT, nodes=["n9"], lost_after_s=3.0, flush_interval_s=1.0, clock=clock)

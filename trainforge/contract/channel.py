@@ -615,11 +615,15 @@ class ChannelReader:
 
     def __init__(self, store: ObjectStore, root: str, *, nodes: Iterable[str] = (), lost_after_s: float = LOST_AFTER_S,
                  flush_interval_s: float = FLUSH_INTERVAL_S, last_seen: dict[str, int] | None = None,
-                 max_concurrency: int = 16, clock: Callable[[], float] = time.monotonic):
+                 max_concurrency: int = 16, max_batches_per_node: int = 16,
+                 clock: Callable[[], float] = time.monotonic):
         self.store, self.layout, self.lost_after_s, self._clock = store, ChannelLayout(root), lost_after_s, clock
         # A node that just delivered is not listed again until its next flush is nearly due: about 1.5 LISTs
         # per node per flush instead of one per poll (4 at the defaults); late nodes are listed on every poll.
         self._quiet_s = 0.75 * flush_interval_s
+        # A reader that fell behind reads at most this many batches of a node per poll, so that one poll stays
+        # short and every node is visited (a backlog proves its node alive; the rest comes with the next polls).
+        self.max_batches_per_node = max_batches_per_node
         now = clock()
         self._last_seq: dict[str, int] = {}
         self._arrived: dict[str, float] = {}
@@ -670,6 +674,8 @@ class ChannelReader:
                 m = _BATCH.search(key)
                 if not m:
                     continue
+                if len(out) >= self.max_batches_per_node:
+                    break
                 try:
                     data: bytes | None = self.store.get_bytes(key)
                 except ObjectNotFoundError:
