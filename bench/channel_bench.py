@@ -193,14 +193,20 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
 
     outer = ThreadPoolExecutor(max_workers=8 if mode == "channel" else 1)
     cycles: list[float] = []
-    # The control plane renews every job's lease (a third of its length), as the flow does.
+    # The control plane renews every job's lease every 10 s, on its own thread (a slow reader must not starve it).
     writers = [CommandWriter(store, root) for root, _ in job_nodes] if mode == "channel" else []
-    renewed = 0.0
+    done = threading.Event()
+
+    def renew() -> None:
+        while writers and not done.is_set():
+            for w in writers:
+                w.renew_lease(BENCH_LEASE_S)
+            done.wait(LEASE_TTL_S / 3)
+
+    renewer = threading.Thread(target=renew, daemon=True)
+    renewer.start()
     while time.monotonic() - t0 < args.seconds:
         tick = time.monotonic()
-        if writers and tick - renewed > LEASE_TTL_S / 3:
-            list(pool.map(lambda w: w.renew_lease(BENCH_LEASE_S), writers))
-            renewed = tick
         for recs in outer.map(poll, readers):
             now = time.time()
             latencies += [now - r["t_pub"] for r in recs if r.get("t_pub", 0) >= wall0]
@@ -209,6 +215,8 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
         cycles.append(time.monotonic() - tick)
         time.sleep(max(0.0, args.poll - (time.monotonic() - tick)))
     window = time.monotonic() - t0
+    done.set()
+    renewer.join(timeout=30)
     read_requests = sum(r.requests for r in readers)
     for p in procs:
         p.proc.send_signal(signal.SIGTERM)
