@@ -74,8 +74,8 @@ def _worker(spec: dict[str, Any]) -> None:
             step += 1
             next_t = max(next_t + period, time.monotonic())
             stop.wait(max(0.0, next_t - time.monotonic()))
-        for pub in pubs:
-            pub.close(timeout=5.0)
+        with ThreadPoolExecutor(max_workers=16) as pool:  # each close is a last PUT: overlap them too
+            list(pool.map(lambda p: p.close(timeout=5.0), pubs))
         s = [p.stats for p in pubs]
         requests = sum(x["batches"] + x["put_failures"] + x["polls"] + 2 for x in s)  # +2: start LIST, hello PUT
         failures = sum(x["put_failures"] for x in s)
