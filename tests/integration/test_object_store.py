@@ -196,6 +196,18 @@ def test_list_and_delete(store):
         store.get_bytes("a/1")
 
 
+def test_list_start_after_returns_only_later_keys(store):
+    """A reader that remembers its last key lists only what is new (the channel's readers do, per node)."""
+    from trainforge.infra.storage.base import list_after
+
+    for k in ["up/n1/000000000001", "up/n1/000000000002", "up/n1/000000000003", "up/n2/000000000001"]:
+        store.put_bytes(k, b".")
+    assert store.list("up/n1/", start_after="up/n1/000000000001") == ["up/n1/000000000002", "up/n1/000000000003"]
+    assert store.list("up/n1/", start_after="up/n1/000000000003") == []
+    assert store.list("up/", start_after="up/n1/") == store.list("up/")  # a bound before every key: all of them
+    assert list_after(store, "up/n1/", "up/n1/000000000002") == ["up/n1/000000000003"]
+
+
 def test_scoped_handle_refuses_other_jobs(store, tmp_path):
     mine, other, sibling = job_prefix("nlp", "job-1"), job_prefix("nlp", "job-2"), job_prefix("nlp", "job-10")
     store.put_bytes(f"{other}/checkpoints/secret.bin", b"other job's data")

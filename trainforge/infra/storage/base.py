@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -50,6 +51,18 @@ def scoped_list_prefix(prefix: str, scope: str) -> str:
     raise PermissionDeniedError(f"this handle may only list under {scope}/; refused {prefix!r}")
 
 
+def list_after(store: ObjectStore, prefix: str, start_after: str) -> list[str]:
+    """`store.list(prefix, start_after=...)` for any store, also one whose `list` predates the keyword (the
+    dataset catalog's adapters): those list everything and filter here."""
+    try:
+        native = "start_after" in inspect.signature(store.list).parameters
+    except (TypeError, ValueError):
+        native = False
+    if native:
+        return store.list(prefix, start_after=start_after)
+    return [k for k in store.list(prefix) if k > start_after]
+
+
 @runtime_checkable
 class ObjectStore(Protocol):
     url: str
@@ -68,8 +81,9 @@ class ObjectStore(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
-    def list(self, prefix: str = "") -> list[str]:
-        """Keys under a prefix, sorted."""
+    def list(self, prefix: str = "", *, start_after: str = "") -> list[str]:
+        """Keys under a prefix, sorted; with start_after, only the keys sorting after it (S3's StartAfter:
+        a reader that remembers its last key lists only what is new, not the whole prefix again)."""
 
     def delete(self, key: str) -> None: ...
 

@@ -97,7 +97,7 @@ class LocalObjectStore:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "", *, start_after: str = "") -> list[str]:
         prefix = scoped_list_prefix(prefix, self.prefix)
         # Walk only the deepest folder the prefix names, not the whole store.
         base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
@@ -107,7 +107,7 @@ class LocalObjectStore:
                 if name.startswith(".tmp-"):
                     continue
                 key = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
-                if key.startswith(prefix) and in_scope(key, self.prefix):
+                if key.startswith(prefix) and key > start_after and in_scope(key, self.prefix):
                     out.append(key)
         return sorted(out)
 

@@ -451,13 +451,14 @@ class S3ObjectStore:
                 os.unlink(tmp)
         log.debug("get_file s3://%s/%s (%d bytes)", self.bucket, full, size)
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "", *, start_after: str = "") -> list[str]:
         prefix = scoped_list_prefix(prefix, self.prefix)
         full_prefix = f"{self.root}/{prefix}" if self.root else prefix
+        kw = {"StartAfter": f"{self.root}/{start_after}" if self.root else start_after} if start_after else {}
         keys: list[str] = []
         with self._translate("list", prefix or "/"):
             pages = self._client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=full_prefix
+                Bucket=self.bucket, Prefix=full_prefix, **kw
             )
             for page in pages:
                 for obj in page.get("Contents", ()):

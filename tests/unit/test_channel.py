@@ -1,0 +1,393 @@
+"""The channel (trainforge/contract/channel.py) on the local-folder store: batches in per-node order, de-duplication
+of re-sent batches, lost-node detection, commands down with acknowledgements up, the lease, malformed batches
+skipped with a warning, and the ranks' Unix-socket path to their publisher.
+
+Run: PYTHONPATH=$PWD .venv/bin/python -m pytest tests/unit/test_channel.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from trainforge.contract.channel import (
+    Batch,
+    ChannelLayout,
+    ChannelReader,
+    Command,
+    CommandWriter,
+    MalformedBatchError,
+    NodePublisher,
+    RankClient,
+    channel_root,
+    decode_batch,
+    encode_batch,
+    estimate_channel_load,
+)
+from trainforge.infra.storage import LocalObjectStore, ObjectExistsError
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = channel_root("teams/t/jobs/j")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _wait(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalObjectStore:
+    return LocalObjectStore(tmp_path / "objects")
+
+
+def _put(store: LocalObjectStore, node: str, seq: int, records: list[dict], **kw) -> bytes:
+    data = encode_batch(Batch(node, seq, time.time(), records, **kw))
+    store.put_bytes(ChannelLayout(ROOT).batch_key(node, seq), data)
+    return data
+
+
+# ---- envelope --------------------------------------------------------------------------------------------------
+
+
+def test_a_batch_round_trips_and_its_key_is_sorted_by_seq():
+    b = Batch("n1", 7, 123.5, [{"type": "metrics", "loss": 1.5}], {"0": {"step": 3, "age_s": 0.1}},
+              [{"seq": 2, "kind": "stop", "at": 1.0}], cmd_seq=2, closing=True)
+    assert decode_batch(encode_batch(b), node="n1", seq=7) == b
+    layout = ChannelLayout(ROOT)
+    assert layout.batch_key("n1", 7) == f"{ROOT}/up/n1/000000000007.jsonl"
+    assert sorted([layout.batch_key("n1", 10), layout.batch_key("n1", 9)])[0].endswith("9.jsonl")
+    with pytest.raises(ValueError, match="invalid node name"):
+        layout.batch_key("a/b", 0)
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (b"not json\n", "not JSON"),
+    (b"[1, 2]\n", "not an envelope"),
+    (b'{"v": 99, "node": "n1", "seq": 0, "sent_at": 1, "n_records": 0}\n', "version"),
+    (b'{"v": 1, "node": "n1", "seq": "0", "sent_at": 1, "n_records": 0}\n', "'seq'"),
+    (b'{"v": 1, "node": "n1", "seq": 0, "sent_at": 1, "n_records": 2}\n{}\n', "announces 2"),
+    (b'{"v": 1, "node": "n1", "seq": 0, "sent_at": 1, "n_records": 1}\n[1]\n', "not a JSON object"),
+    (b'{"v": 1, "node": "n2", "seq": 0, "sent_at": 1, "n_records": 0}\n', "the key disagrees"),
+])
+def test_a_malformed_batch_is_refused_with_the_reason(data: bytes, reason: str):
+    with pytest.raises(MalformedBatchError, match=reason):
+        decode_batch(data, key="k", node="n1", seq=0)
+
+
+# ---- reading ---------------------------------------------------------------------------------------------------
+
+
+def test_the_reader_yields_each_node_in_seq_order_and_only_what_is_new(store):
+    reader = ChannelReader(store, ROOT, flush_interval_s=0.0)
+    for seq in range(3):
+        _put(store, "n1", seq, [{"i": seq}])
+    _put(store, "n2", 0, [{"i": 100}])
+    store.put_bytes(f"{ROOT}/nodes/n1.json", b"{}")
+    store.put_bytes(f"{ROOT}/nodes/n2.json", b"{}")
+    batches = reader.poll()
+    assert [(b.node, b.seq) for b in batches] == [("n1", 0), ("n1", 1), ("n1", 2), ("n2", 0)]
+    assert [r["i"] for _, _, _, r in reader.records(batches)] == [0, 1, 2, 100]
+    assert reader.poll() == []
+    _put(store, "n1", 3, [{"i": 3}])
+    assert [(b.node, b.seq) for b in reader.poll()] == [("n1", 3)]
+
+
+def test_a_re_sent_batch_is_delivered_once_and_a_resumed_reader_re_delivers_nothing(store):
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.0)
+    data = _put(store, "n1", 0, [{"i": 0}])
+    assert len(reader.poll()) == 1
+    store.put_bytes(ChannelLayout(ROOT).batch_key("n1", 0), data)  # the publisher's retry of a PUT that landed
+    assert reader.poll() == []
+    _put(store, "n1", 1, [{"i": 1}])
+    resumed = ChannelReader(store, ROOT, last_seen=reader.checkpoint(), flush_interval_s=0.0)
+    assert [b.seq for b in resumed.poll()] == [1]
+
+
+def test_a_publisher_retrying_a_put_that_landed_delivers_every_record_exactly_once(store):
+    """The at-least-once case end to end: the first PUT of each batch lands and then reports a failure."""
+
+    class LandsThenFails(LocalObjectStore):
+        failed: set[str] = set()
+
+        def put_bytes(self, key, data, *, if_none_match=False):
+            super().put_bytes(key, data, if_none_match=if_none_match)
+            if "/up/" in key and key not in self.failed:
+                self.failed.add(key)
+                raise TimeoutError(f"read timeout on {key}")
+
+    flaky = LandsThenFails(store.root)
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.05)
+    pub = NodePublisher(flaky, ROOT, "n1", flush_interval_s=0.05, max_backoff_s=0.05).start()
+    for i in range(20):
+        pub.publish({"i": i})
+        time.sleep(0.01)
+    pub.close()
+    seen = [r["i"] for _, _, _, r in reader.records(reader.poll())]
+    assert seen == list(range(20))
+    assert pub.stats["put_failures"] >= 2
+
+
+def test_a_malformed_batch_is_skipped_with_a_warning_and_the_next_one_read(store, caplog):
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.0)
+    store.put_bytes(ChannelLayout(ROOT).batch_key("n1", 0), b'{"v": 1, "node": "n1"}\n')
+    _put(store, "n1", 1, [{"i": 1}])
+    with caplog.at_level(logging.WARNING, logger="trainforge.contract.channel"):
+        batches = reader.poll()
+    assert [b.seq for b in batches] == [1]
+    assert reader.skipped == [ChannelLayout(ROOT).batch_key("n1", 0)]
+    assert any("skipping malformed batch" in r.message and "000000000000.jsonl" in r.message for r in caplog.records)
+
+
+def test_a_node_is_lost_when_no_batch_arrived_for_lost_after_s(store):
+    clock = FakeClock()
+    reader = ChannelReader(store, ROOT, nodes=["n1", "n2", "n3"], lost_after_s=3.0, flush_interval_s=1.0, clock=clock)
+    _put(store, "n1", 0, [])
+    _put(store, "n2", 0, [])
+    _put(store, "n3", 0, [], closing=True)
+    reader.poll()
+    assert {n: s.state for n, s in reader.status().items()} == {"n1": "live", "n2": "live", "n3": "closed"}
+    clock.t += 2.0
+    _put(store, "n1", 1, [])
+    reader.poll()
+    clock.t += 1.5  # n2 silent for 3.5 s, n1 for 1.5 s; a closed node ended cleanly and is never lost
+    reader.poll()
+    assert reader.lost_nodes() == ["n2"]
+    assert reader.status()["n2"].age_s == pytest.approx(3.5)
+    _put(store, "n2", 1, [])  # it was slow, not dead: live again
+    reader.poll()
+    assert reader.lost_nodes() == []
+
+
+def test_a_node_that_just_delivered_is_not_listed_again_until_its_next_flush_is_due(store):
+    clock = FakeClock()
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=1.0, clock=clock)
+    _put(store, "n1", 0, [])
+    assert len(reader.poll(discover=False)) == 1
+    assert reader.requests == 2  # one LIST, one GET
+    _put(store, "n1", 1, [])
+    clock.t += 0.5
+    assert reader.poll(discover=False) == [] and reader.requests == 2  # not due: no request at all
+    clock.t += 0.3
+    assert [b.seq for b in reader.poll(discover=False)] == [1]
+
+
+def test_a_reader_that_fell_behind_catches_up_a_bounded_number_of_batches_per_poll(store):
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.0, max_batches_per_node=4)
+    for seq in range(10):
+        _put(store, "n1", seq, [{"i": seq}])
+    assert [[b.seq for b in reader.poll()] for _ in range(4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], []]
+
+
+def test_a_node_that_never_publishes_is_lost_too(store):
+    clock = FakeClock()
+    reader = ChannelReader(store, ROOT, nodes=["n9"], lost_after_s=3.0, flush_interval_s=1.0, clock=clock)
+    reader.poll()
+    assert reader.status()["n9"].state == "waiting"
+    clock.t += 3.1
+    assert reader.lost_nodes() == ["n9"]
+
+
+def test_publishers_are_discovered_and_beat_once_per_rank_per_flush(store):
+    reader = ChannelReader(store, ROOT, flush_interval_s=0.05)
+    with NodePublisher(store, ROOT, "n1", flush_interval_s=0.05) as pub:
+        pub.heartbeat(0, step=5)
+        pub.heartbeat(1, step=5)
+        _wait(lambda: bool(reader.poll()) and set(reader.heartbeats.get("n1", {})) == {"0", "1"})
+    assert reader.heartbeats["n1"]["0"]["step"] == 5
+    # the publisher's last batch, marked closing
+    _wait(lambda: reader.poll() is not None and reader.status()["n1"].state == "closed")
+
+
+def test_a_restarted_publisher_continues_its_seqs_and_does_not_replay_handled_commands(store):
+    writer = CommandWriter(store, ROOT)
+    got: list[Command] = []
+    pub = NodePublisher(store, ROOT, "n1", flush_interval_s=0.05)
+    pub.on_command(got.append)
+    pub.start()
+    writer.send("dump_stacks")
+    _wait(lambda: len(got) == 1)
+    pub.close()
+    last = pub.seq
+    again: list[Command] = []
+    pub2 = NodePublisher(store, ROOT, "n1", flush_interval_s=0.05)
+    pub2.on_command(again.append)
+    pub2.start()
+    writer.send("stop")
+    _wait(lambda: len(again) == 1)
+    pub2.close()
+    assert [c.kind for c in again] == ["stop"]
+    keys = store.list(ChannelLayout(ROOT).up_prefix("n1"))
+    assert len(keys) == len(set(keys)) == pub2.seq and pub2.seq > last
+
+
+# ---- commands and the lease ------------------------------------------------------------------------------------
+
+
+def test_commands_reach_their_nodes_and_are_acknowledged_up(store):
+    writer = CommandWriter(store, ROOT)
+    reader = ChannelReader(store, ROOT, nodes=["n1", "n2"], flush_interval_s=0.05)
+    got: dict[str, list[Command]] = {"n1": [], "n2": []}
+    pubs = []
+    for n in ("n1", "n2"):
+        p = NodePublisher(store, ROOT, n, flush_interval_s=0.05)
+        p.on_command(got[n].append)
+        pubs.append(p.start())
+    try:
+        everyone = writer.send("preemption_notice", deadline_s=30)
+        only_n2 = writer.send("profile_window", nodes=["n2"], start_step=10, end_step=12)
+
+        def acked() -> bool:
+            reader.poll()
+            return reader.acked_by(everyone) == {"n1", "n2"} and reader.acked_by(only_n2) == {"n2"}
+
+        _wait(acked)
+    finally:
+        for p in pubs:
+            p.close()
+    assert [c.kind for c in got["n1"]] == ["preemption_notice"]
+    assert [(c.kind, c.args) for c in got["n2"]] == [("preemption_notice", {"deadline_s": 30}),
+                                                    ("profile_window", {"start_step": 10, "end_step": 12})]
+
+
+def test_a_command_is_checked_before_it_is_written_and_two_writers_never_share_a_seq(store):
+    a = CommandWriter(store, ROOT)
+    with pytest.raises(ValueError, match="unknown command kind 'reboot'"):
+        a.send("reboot")
+    with pytest.raises(ValueError, match=r"'resize_notice' needs the argument\(s\) \['num_nodes'\]"):
+        a.send("resize_notice")
+    with pytest.raises(ValueError, match="ttl_s must be a positive"):
+        a.renew_lease(0)
+    b = CommandWriter(store, ROOT)  # a second control plane, started before a wrote anything
+    assert [a.send("stop"), b.send("dump_stacks"), a.send("dump_stacks")] == [0, 1, 2]
+    kinds = [json.loads(store.get_bytes(k))["kind"] for k in store.list(ChannelLayout(ROOT).down_prefix)]
+    assert kinds == ["stop", "dump_stacks", "dump_stacks"]
+    with pytest.raises(ObjectExistsError):
+        store.put_bytes(ChannelLayout(ROOT).command_key(0), b"{}", if_none_match=True)
+
+
+def test_a_node_whose_lease_lapsed_stops_and_renewals_keep_it(store):
+    writer = CommandWriter(store, ROOT)
+    got: list[Command] = []
+    renewed = NodePublisher(store, ROOT, "n1", flush_interval_s=0.05, lease_ttl_s=0.6)
+    lapsed = NodePublisher(store, ROOT, "n2", flush_interval_s=0.05, lease_ttl_s=0.6)
+    lapsed.on_command(got.append)
+    renewed.start()
+    lapsed.start()
+    try:
+        writer_for_n1 = CommandWriter(store, ROOT)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.2:
+            writer_for_n1.send("lease", nodes=["n1"], ttl_s=0.6)
+            time.sleep(0.15)
+        assert not renewed.lease_expired()
+        assert lapsed.lease_expired()
+        _wait(lambda: [c.kind for c in got] == ["lease_expired"])
+    finally:
+        renewed.close()
+        lapsed.close()
+    assert writer.send("stop") > 0
+
+
+# ---- ranks over the node-local socket --------------------------------------------------------------------------
+
+
+def test_ranks_reach_their_publisher_over_a_unix_socket_both_ways(store, tmp_path):
+    sock = f"@tf-channel-test-{os.getpid()}"
+    rank = RankClient(sock, 3, lease_ttl_s=5.0)
+    rank.publish({"type": "early"})  # no publisher yet: buffered, never blocks
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.05)
+    writer = CommandWriter(store, ROOT)
+    pub = NodePublisher(store, ROOT, "n1", flush_interval_s=0.05, socket_path=sock).start()
+    try:
+        rank.heartbeat(step=7)  # sends the buffered record first
+        rank.publish({"type": "late"})
+        seq = writer.send("dump_stacks")
+        records: list[dict] = []
+        cmds: list[dict] = []
+
+        def done() -> bool:
+            records.extend(r for _, _, _, r in reader.records(reader.poll()))
+            cmds.extend(rank.poll_commands())
+            return len(records) == 2 and bool(cmds) and reader.acked_by(seq) == {"n1"}
+
+        _wait(done)
+        assert [r["type"] for r in records] == ["early", "late"]
+        assert reader.heartbeats["n1"]["3"]["step"] == 7
+        assert cmds[0]["kind"] == "dump_stacks"
+        assert not rank.lease_expired()
+        with pytest.raises(ValueError, match="at most 131072 bytes"):
+            rank.publish({"pad": "x" * 200_000})
+    finally:
+        pub.close()
+        rank.close()
+
+
+def test_a_rank_whose_publisher_went_silent_sees_its_lease_lapse():
+    rank = RankClient(f"@tf-channel-none-{os.getpid()}", 0, lease_ttl_s=0.2)
+    for _ in range(1000):
+        rank.publish({"i": 1})  # never blocks with nobody listening
+    time.sleep(0.3)
+    assert rank.lease_expired()
+    rank.close()
+
+
+def test_the_arithmetic_for_4096_ranks_on_512_nodes():
+    load = estimate_channel_load(nodes=512, ranks_per_node=8)
+    assert load["objects_per_s"] == 512  # one batch per node per second, whatever the ranks
+    assert load["naive_objects_per_s"] == 4096 * 3  # a record object per rank per step + 2 heartbeats per second
+    assert 1_000 < load["batch_bytes"] < 4_000
+    assert load["detection_s"] <= 5.0
+    assert load["usd_per_hour"] < load["naive_usd_per_hour"] / 5
+
+
+def test_a_store_outage_blocks_no_caller_and_loses_no_record(store):
+    """The store refuses everything for a while: publish() stays instant, the reader warns instead of raising,
+    and once the store is back every record arrives once, in order."""
+    from trainforge.infra.storage import StorageError
+
+    class Outage(LocalObjectStore):
+        down = False
+
+        def put_bytes(self, key, data, *, if_none_match=False):
+            if self.down:
+                raise StorageError("503 SlowDown")
+            super().put_bytes(key, data, if_none_match=if_none_match)
+
+        def list(self, prefix="", *, start_after=""):
+            if self.down:
+                raise StorageError("503 SlowDown")
+            return super().list(prefix, start_after=start_after)
+
+    flaky = Outage(store.root)
+    reader = ChannelReader(flaky, ROOT, nodes=["n1"], flush_interval_s=0.0)
+    pub = NodePublisher(flaky, ROOT, "n1", flush_interval_s=0.05, max_backoff_s=0.1).start()
+    flaky.down = True
+    slowest = 0.0
+    for i in range(50):
+        t = time.monotonic()
+        pub.publish({"i": i})
+        slowest = max(slowest, time.monotonic() - t)
+        time.sleep(0.01)
+    assert reader.poll() == []  # a warning, not an exception
+    flaky.down = False
+    pub.close()
+    seen = [r["i"] for _, _, _, r in reader.records(reader.poll())]
+    assert seen == list(range(50))
+    assert pub.stats["put_failures"] > 0 and slowest < 0.05
