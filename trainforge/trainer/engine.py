@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from trainforge.contract.config import SegmentConfig
-from trainforge.contract.events import CheckpointCommitted, CheckpointSkipped, CheckpointStaged, SegmentEvent
+from trainforge.contract.events import SegmentEvent
 from trainforge.infra.storage import open_store
 from trainforge.registry.manifest import CheckpointRef
 from trainforge.trainer.checkpoint import Checkpointer
@@ -33,6 +33,7 @@ from trainforge.trainer.parallel.deepspeed_engine import (
     save_deepspeed,
 )
 from trainforge.trainer.parallel.parallelize import ParallelModel, autocast, parallelize
+from trainforge.trainer.segment import commit_reporter
 
 Publish = Callable[[SegmentEvent], None]
 
@@ -60,11 +61,8 @@ class StepHook(Protocol):
 
 
 def _checkpointer(cfg: SegmentConfig, ctx: DistContext, publish: Publish, **kw: Any) -> Checkpointer:
-    def on_commit(step: int, prefix: str, manifest: dict[str, Any]) -> None:
-        publish(CheckpointCommitted(step=step, prefix=prefix, metrics=manifest.get("metrics", {})))
-
     store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
-    return Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir), on_commit, **kw)
+    return Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir), commit_reporter(publish), **kw)
 
 
 class NativeEngine:
@@ -183,32 +181,3 @@ def build_engine(cfg: SegmentConfig, ctx: DistContext, model: torch.nn.Module, p
     if cfg.engine.kind == "deepspeed":
         return DeepSpeedEngine.build(cfg, ctx, model, publish)
     return NativeEngine.build(cfg, ctx, model, publish)
-
-
-# ---------------------------------------------------------------- the segment's cadence (loop and script mode)
-
-def segment_end(cfg: SegmentConfig, start: int) -> int:
-    """The last step (exclusive) of the segment that starts at `start`: the job's end or the segment limit."""
-    total = cfg.total_steps
-    return total if cfg.segment_max_steps is None else min(total, start + cfg.segment_max_steps)
-
-
-def checkpoint_due(cfg: SegmentConfig, done: int, end: int) -> bool:
-    """A checkpoint after `done` steps: every checkpoint_interval steps and at the segment's end."""
-    return done % cfg.checkpoint_interval == 0 or done == end
-
-
-def end_reason(cfg: SegmentConfig, end: int, preempted: bool = False) -> str:
-    return "preempted" if preempted else "finished" if end >= cfg.total_steps else "segment_max_steps"
-
-
-def report_staged(ckpt: Checkpointer | None, publish: Publish) -> None:
-    """One `checkpoint_staged` per save whose host copy has completed: the save call plus the wait for its copy."""
-    for staged_step, blocked_s in ckpt.take_staged() if ckpt is not None else ():
-        publish(CheckpointStaged(step=staged_step, blocked_s=blocked_s))
-
-
-def report_skipped(ckpt: Checkpointer | None, publish: Publish) -> None:
-    """Checkpoints superseded by a later commit (after close()): reported, never resumed from."""
-    for bad_step, why in ckpt.skipped if ckpt is not None else ():
-        publish(CheckpointSkipped(step=bad_step, reason=why))

@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +26,19 @@ from trainforge.datasets.sampler import SampleOrder
 from trainforge.datasets.stream import open_reader
 from trainforge.events import AsyncEventWriter, EventWriter, worker_sender
 from trainforge.trainer.distributed import DistContext
-from trainforge.trainer.engine import (
-    StepHook,
-    build_engine,
-    checkpoint_due,
-    end_reason,
-    report_skipped,
-    report_staged,
-    segment_end,
-)
+from trainforge.trainer.engine import StepHook, build_engine
 from trainforge.trainer.faults import step_hooks_from_env
 from trainforge.trainer.health import current_monitor
 from trainforge.trainer.metrics import StepMeter
 from trainforge.trainer.schedule import lr_at
+from trainforge.trainer.segment import (
+    checkpoint_due,
+    end_reason,
+    manifest_fields,
+    report_skipped,
+    report_staged,
+    segment_end,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def train(cfg: SegmentConfig, ctx: DistContext, hooks: Sequence[StepHook] | None
                              samples_per_s=tr.global_batch_size / dt, **meter.end_step(step + 1, dt, feed.last_wait_s)))
         preempted = monitor.end_step(step, last_loss, grad_norm, dt)  # raises on divergence (policy)
         if checkpoint_due(cfg, step + 1, end) or preempted:
-            engine.save(step + 1, _manifest_fields(cfg, ctx, step + 1, last_loss))
+            engine.save(step + 1, manifest_fields(cfg, ctx.world_size, step + 1, last_loss))
             report_staged(engine.ckpt, events.publish)  # a synchronous save is complete here
         if preempted:  # termination notice: the emergency checkpoint commits in close(), then the segment ends
             end = step + 1
@@ -220,20 +220,3 @@ def train(cfg: SegmentConfig, ctx: DistContext, hooks: Sequence[StepHook] | None
     events.publish(SegmentEnd(step=end, reason=reason))
     del engine, model
     return {"step": end, "reason": reason, "loss": last_loss}
-
-
-def _manifest_fields(cfg: SegmentConfig, ctx: DistContext, step: int, loss: float) -> dict[str, Any]:
-    return {
-        "job_id": cfg.job_id,
-        "team": cfg.team,
-        "world_size": ctx.world_size,
-        "layout": asdict(cfg.layout),
-        "sampler": {"position": step * cfg.training.global_batch_size, "seed": cfg.training.seed,
-                    "dataset_version": cfg.dataset.version, "skip": list(cfg.skip_samples)},
-        "rng": {"files": [f"rng-rank{r:05d}.safetensors" for r in range(ctx.world_size)]},
-        "metrics": {"train_loss": loss},
-        "dataset": {"ref": cfg.dataset.ref, "version": cfg.dataset.version, "license": cfg.dataset.license},
-        "code_commit": cfg.code_commit,
-        "config_hash": cfg.config_hash,
-        "model": cfg.model_args(),
-    }
