@@ -141,8 +141,8 @@ def test_incremental_checkpoint_reuses_unchanged_chunks(tmp_path):
 def test_overlapped_copy_is_exactly_the_state_at_the_save_step(tmp_path, monkeypatch, wait):
     """The host copy of a save runs while the next forward/backward runs (held back here until they are done), and
     the loop waits for it right before the optimizer step — with the explicit `wait_staging()` call the managed
-    loop makes (trainer/engine.py), or through the optimizer pre-step hook script mode keeps: both restores (in-memory replica, object store) give back bit for bit the
-    parameters, BatchNorm statistics (which that forward pass changed) and AdamW state of the save step."""
+    loop makes (trainer/engine.py), or through the optimizer pre-step hook script mode keeps: both restores
+    (in-memory replica, object store) give back bit for bit the parameters, BatchNorm statistics (which that forward pass changed) and AdamW state of the save step."""
     store = LocalObjectStore(tmp_path / "store").scoped(JOB)
     torch.manual_seed(0)
 
