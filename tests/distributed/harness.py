@@ -3,7 +3,8 @@
 Argument: a JSON file {layout, model, steps, global_batch, seq_len, seed, out, save_at?, load_from?, grad_clip?}.
 Builds the reference Llama from the seed, applies the layout with the engine's `parallelize`, trains on
 deterministic synthetic tokens with AdamW through the production Engine's step (trainer/engine.py: NativeEngine,
-DeepSpeedEngine; tests/distributed/test_train_loop.py runs loop.train itself), and writes per-step losses plus this rank's full (gathered) weights.
+DeepSpeedEngine; tests/distributed/test_train_loop.py runs loop.train itself), and writes per-step losses plus
+this rank's full (gathered) weights.
 Checkpoints go through the platform's Checkpointer (DCP) on a local object store.
 """
 
