@@ -51,14 +51,12 @@ import numpy as np
 
 from trainforge.contract.config import ENV_VAR, SegmentConfig
 from trainforge.contract.events import (
-    CheckpointCommitted,
     CheckpointCorrupt,
-    CheckpointSkipped,
-    CheckpointStaged,
     Metrics,
     SegmentEnd,
     SegmentStart,
 )
+from trainforge.trainer import segment as cadence
 
 
 class RuntimeUsageError(ValueError):
@@ -159,12 +157,11 @@ def init(*, process_group: bool | None = None, timeout_s: float | None = None) -
         policy = cfg.health.with_env()
         ctx = DistContext.from_env(timeout_s or min(cfg.collective_timeout_s, policy.collective_timeout_s))
         rank, world, local_rank, device = ctx.rank, ctx.world_size, ctx.local_rank, ctx.device
-
-        def on_commit(step: int, prefix: str, manifest: dict[str, Any]) -> None:
-            events.publish(CheckpointCommitted(step=step, prefix=prefix, metrics=manifest.get("metrics", {})))
-
         store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
-        ckpt = Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir), on_commit)
+        # The script's own loop steps the optimizer: the Checkpointer's pre-step hook (guard_optimizer, the
+        # default) makes that step wait for the last save's host copy, as loop.train's explicit call does.
+        ckpt = Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir),
+                            cadence.commit_reporter(events.publish))
     tr = cfg.training
     # Job's dict fields are the script's public view (JSON-shaped, as documented); the config itself is typed.
     job = Job(job_id=cfg.job_id, rank=rank, world_size=world, local_rank=local_rank, framework=framework,
@@ -210,9 +207,7 @@ def _begin(start: int, resumed_from: int | None) -> None:
 def segment_end() -> int:
     """The step this segment ends at: the job's last step, or earlier with fault_tolerance.segment_max_steps."""
     st = _state()
-    start = st.start if st.start is not None else 0
-    limit = st.cfg.segment_max_steps
-    return st.cfg.total_steps if limit is None else min(st.cfg.total_steps, start + limit)
+    return cadence.segment_end(st.cfg, st.start if st.start is not None else 0)
 
 
 def steps() -> range:
@@ -226,7 +221,7 @@ def checkpoint_due(step: int) -> bool:
     """True when `step` (optimizer steps done) should be checkpointed: every checkpoint.interval_steps, and at the
     segment's end (so the next segment resumes exactly there)."""
     st = _state()
-    return step % st.cfg.checkpoint_interval == 0 or step == segment_end()
+    return cadence.checkpoint_due(st.cfg, step, segment_end())
 
 
 # ------------------------------------------------------------------------------------------- checkpoints
@@ -285,17 +280,7 @@ def save_checkpoint(step: int, state: Mapping[str, Any]) -> float:
     if st.start is None:
         _begin(0, None)
     cfg, job = st.cfg, st.job
-    fields = {
-        "job_id": cfg.job_id, "team": cfg.team, "world_size": job.world_size, "layout": asdict(cfg.layout),
-        "mode": "script",
-        "framework": job.framework,
-        "sampler": {"position": step * job.global_batch_size, "seed": job.seed,
-                    "dataset_version": cfg.dataset.version, "skip": list(cfg.skip_samples)},
-        "rng": {"files": [f"rng-rank{r:05d}.safetensors" for r in range(job.world_size)]},
-        "metrics": {} if st.last_loss is None else {"train_loss": st.last_loss},
-        "dataset": {"ref": cfg.dataset.ref, "version": cfg.dataset.version, "license": cfg.dataset.license},
-        "code_commit": cfg.code_commit, "config_hash": cfg.config_hash, "model": cfg.model_args(),
-    }
+    fields = cadence.manifest_fields(cfg, job.world_size, step, st.last_loss, mode="script", framework=job.framework)
     blocked = float(ckpt.save(step, model, optimizer, fields))
     st.last_step = max(st.last_step, step)
     return blocked
@@ -312,9 +297,7 @@ def wait_for_checkpoint_copy() -> float:
 def _report_staged(st: _State) -> None:
     """One `checkpoint_staged` event per save whose host copy completed: the seconds the script was blocked by it
     (the save call plus the wait for the copy before the next optimizer step), as the managed loop reports."""
-    if st.ckpt is not None:
-        for staged_step, blocked_s in st.ckpt.take_staged():
-            st.events.publish(CheckpointStaged(step=staged_step, blocked_s=blocked_s))
+    cadence.report_staged(st.ckpt, st.events.publish)
 
 
 # -------------------------------------------------------------------------------------------------- data
@@ -426,10 +409,9 @@ def finish(step: int | None = None) -> dict[str, Any]:
     if st.ckpt is not None:
         st.ckpt.close()
         _report_staged(st)
-        for bad_step, why in st.ckpt.skipped:
-            st.events.publish(CheckpointSkipped(step=bad_step, reason=why))
+        cadence.report_skipped(st.ckpt, st.events.publish)
     st.metrics.close()
-    reason = "finished" if end >= st.cfg.total_steps else "segment_max_steps"
+    reason = cadence.end_reason(st.cfg, end)
     st.events.publish(SegmentEnd(step=end, reason=reason, mode="script"))
     st.finished = True
     monitor.close("done")

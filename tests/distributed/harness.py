@@ -2,7 +2,9 @@
 
 Argument: a JSON file {layout, model, steps, global_batch, seq_len, seed, out, save_at?, load_from?, grad_clip?}.
 Builds the reference Llama from the seed, applies the layout with the engine's `parallelize`, trains on
-deterministic synthetic tokens with AdamW, and writes per-step losses plus this rank's full (gathered) weights.
+deterministic synthetic tokens with AdamW through the production Engine's step (trainer/engine.py: NativeEngine,
+DeepSpeedEngine; tests/distributed/test_train_loop.py runs loop.train itself), and writes per-step losses plus
+this rank's full (gathered) weights.
 Checkpoints go through the platform's Checkpointer (DCP) on a local object store.
 """
 
@@ -19,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from trainforge.infra.storage import open_store
 from trainforge.trainer.checkpoint import Checkpointer
 from trainforge.trainer.distributed import DistContext, shutdown
+from trainforge.trainer.engine import DeepSpeedEngine, Engine, NativeEngine
 from trainforge.trainer.models.llama import build_model
 from trainforge.trainer.parallel.parallelize import parallelize
 
@@ -29,6 +32,16 @@ def batch(step: int, cfg: dict, dp_rank: int, dp: int) -> tuple[list[torch.Tenso
     per = cfg["global_batch"] // dp
     mine = tokens[dp_rank * per:(dp_rank + 1) * per].split(cfg["layout"].get("micro_batch_size", 1))
     return [c[:, :-1] for c in mine], [c[:, 1:] for c in mine]
+
+
+def engine_step(engine: Engine, cfg: dict, step: int) -> tuple[float, float | None]:
+    """One step as loop.train makes it (forward/backward, the explicit staging wait, optimizer step, global loss),
+    at the constant LR the reference uses: (loss, gradient norm before clipping)."""
+    xs, ys = batch(step, cfg, engine.dp_rank, engine.dp_degree)
+    local = engine.forward_backward(xs, ys)
+    engine.wait_for_staging()
+    norm = engine.step(cfg.get("lr", 1e-3))
+    return engine.global_loss(local), norm
 
 
 def run(cfg: dict, ctx: DistContext) -> None:
@@ -43,26 +56,22 @@ def run(cfg: dict, ctx: DistContext) -> None:
     ckpt = None
     if cfg.get("store"):
         ckpt = Checkpointer(ctx, open_store(cfg["store"]).scoped("job"), "job", Path(cfg["store_staging"]),
-                            lambda *a: None)
+                            lambda *a: None, guard_optimizer=False)
+    # The production engine's step (trainer/engine.py), the one loop.train drives.
+    engine = NativeEngine(pm, opt, ckpt, cfg.get("grad_clip"), ctx.device)
     start = 0
     if cfg.get("load") and ckpt is not None:
         ref, _ = ckpt.latest()
         assert ref is not None
-        ckpt.load(ref, pm.model, opt)
-        start = ref.step
+        start = engine.restore(ref)
     losses, norms = [], []
     for step in range(start, cfg["steps"]):
-        xs, ys = batch(step, cfg, pm.dp_rank, pm.dims.dp)
-        opt.zero_grad(set_to_none=True)
-        local = pm.forward_backward(xs, ys)
-        pm.finish_gradients()
-        norms.append(pm.clip_grad_norm(cfg.get("grad_clip")))
-        opt.step()
-        losses.append(pm.global_loss(local))
+        loss, norm = engine_step(engine, cfg, step)
+        losses.append(loss)
+        norms.append(norm)
         if ckpt is not None and step + 1 == cfg.get("save_at"):
-            ckpt.save(step + 1, pm.model, opt, {"world_size": ctx.world_size})
-    if ckpt is not None:
-        ckpt.close()
+            engine.save(step + 1, {"world_size": ctx.world_size})
+    engine.close()
     sd = get_model_state_dict(pm.model, options=StateDictOptions(full_state_dict=True))
     out = Path(cfg["out"])
     torch.save({k: v.detach().clone() for k, v in sd.items()}, out / f"weights-{ctx.rank}.pt")
@@ -73,16 +82,17 @@ def run(cfg: dict, ctx: DistContext) -> None:
 
 
 def run_deepspeed(cfg: dict, ctx: DistContext, model: torch.nn.Module) -> None:
-    from trainforge.trainer.parallel.deepspeed_engine import build_deepspeed, deepspeed_step
+    from trainforge.trainer.parallel.deepspeed_engine import build_deepspeed
 
     training = {"global_batch_size": cfg["global_batch"], "grad_clip": cfg.get("grad_clip"), "precision": "fp32",
                 "optimizer": {"lr": cfg.get("lr", 1e-3), "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1}}
-    engine = build_deepspeed(model, cfg["layout"], training, ctx.world_size)
+    ds = DeepSpeedEngine(build_deepspeed(model, cfg["layout"], training, ctx.world_size), None, ctx)
+    engine = ds.engine
     losses, norms = [], []
     for step in range(cfg["steps"]):
-        xs, ys = batch(step, cfg, ctx.rank, ctx.world_size)
-        losses.append(ctx.all_reduce_mean(deepspeed_step(engine, xs, ys)))
-        norms.append(float(engine.get_global_grad_norm()))  # before clipping, like clip_grad_norm_'s return
+        loss, norm = engine_step(ds, cfg, step)
+        losses.append(loss)
+        norms.append(norm)
     stage = engine.zero_optimization_stage()
     params = list(engine.module.parameters())
     # ZeRO-3 partitions the parameters themselves: gather the full tensors to compare them (a no-op under 1/2).
@@ -97,7 +107,7 @@ def run_deepspeed(cfg: dict, ctx: DistContext, model: torch.nn.Module) -> None:
             "losses": losses, "norms": norms, "kind": "deepspeed", "pipeline": False, "zero_stage": stage,
             # what this rank holds of each parameter outside the gather: 0 elements under ZeRO-3 (partitioned)
             "local_numel": sum(p.numel() for p in params), "full_numel": sum(sizes)}))
-    del engine, model
+    del engine, ds, model
 
 
 def main() -> None:

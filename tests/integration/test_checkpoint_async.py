@@ -49,9 +49,10 @@ def snapshot(m):
     return {k: v.clone() for k, v in m.state_dict().items()}
 
 
-def checkpointer(tmp_path, store, name="staging", commits=None):
+def checkpointer(tmp_path, store, name="staging", commits=None, guard_optimizer=True):
     return Checkpointer(CTX, store, JOB, tmp_path / name,
-                        lambda s, p, man: commits.append(man) if commits is not None else None)
+                        lambda s, p, man: commits.append(man) if commits is not None else None,
+                        guard_optimizer=guard_optimizer)
 
 
 def test_async_save_captures_the_state_at_save_time(tmp_path):
@@ -136,10 +137,12 @@ def test_incremental_checkpoint_reuses_unchanged_chunks(tmp_path):
     assert incr["chunks_reused"] > 0 and incr["bytes_written"] < incr["bytes_logical"]
 
 
-def test_overlapped_copy_is_exactly_the_state_at_the_save_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize("wait", ["explicit", "hook"])
+def test_overlapped_copy_is_exactly_the_state_at_the_save_step(tmp_path, monkeypatch, wait):
     """The host copy of a save runs while the next forward/backward runs (held back here until they are done), and
-    the optimizer step waits for it: both restores (in-memory replica, object store) give back bit for bit the
-    parameters, BatchNorm statistics (which that forward pass changed) and AdamW state of the save step."""
+    the loop waits for it right before the optimizer step — with the explicit `wait_staging()` call the managed
+    loop makes (trainer/engine.py), or through the optimizer pre-step hook script mode keeps: both restores
+    (in-memory replica, object store) give back bit for bit the parameters, BatchNorm statistics (which that forward pass changed) and AdamW state of the save step."""
     store = LocalObjectStore(tmp_path / "store").scoped(JOB)
     torch.manual_seed(0)
 
@@ -148,7 +151,7 @@ def test_overlapped_copy_is_exactly_the_state_at_the_save_step(tmp_path, monkeyp
         return m, torch.optim.AdamW(m.parameters(), lr=0.01)
 
     m, opt = build()
-    ck = checkpointer(tmp_path, store)
+    ck = checkpointer(tmp_path, store, guard_optimizer=wait == "hook")
     for _ in range(2):
         step(m, opt)
     gate = threading.Event()
@@ -162,10 +165,16 @@ def test_overlapped_copy_is_exactly_the_state_at_the_save_step(tmp_path, monkeyp
     assert not torch.equal(m[1].running_mean, expected_model["1.running_mean"])
     assert not ck._staging[1].done()  # the copy has not run yet: it overlaps forward/backward
     threading.Timer(0.2, gate.set).start()
-    opt.step()  # the pre-step hook waits for the copy
+    if wait == "explicit":
+        assert not opt._optimizer_step_pre_hooks  # no hidden hook: the loop's own call is the only wait
+        ck.wait_staging()
+        assert ck._staging is None
+    opt.step()  # with the hook: the pre-step hook waits for the copy
     (staged_step, blocked), = ck.take_staged()
     assert staged_step == 2 and blocked >= 0.2  # the wait is counted for the save it belongs to
     for _ in range(2):
+        if wait == "explicit":
+            ck.wait_staging()
         step(m, opt)
     ck.wait()
 

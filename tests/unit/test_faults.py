@@ -38,3 +38,29 @@ def test_outage_opens_at_the_first_write_and_closes_at_the_until_step(tmp_path):
         assert store.get_bytes("b") == b"2"
     finally:
         faults.end_store_outage()
+
+
+def test_step_hooks_come_only_from_the_environment_and_nan_waits_for_the_checkpoint_copy(tmp_path, monkeypatch):
+    import torch
+
+    from trainforge.trainer.faults import ENV_VAR, FaultHook, step_hooks_from_env
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert step_hooks_from_env(str(tmp_path), rank=0) == []  # production: the loop runs no fault code
+    monkeypatch.setenv(ENV_VAR, "nan:rank=0:step=2")
+    assert step_hooks_from_env(str(tmp_path), rank=1) == []  # another rank's fault
+    (hook,) = step_hooks_from_env(str(tmp_path), rank=0)
+    assert isinstance(hook, FaultHook)
+    calls: list[str] = []
+
+    class Engine:
+        model = torch.nn.Linear(2, 2)
+
+        def wait_for_staging(self) -> None:  # the write below happens outside the optimizer step
+            calls.append("wait" if not torch.isnan(self.model.weight).any() else "late")
+
+    engine = Engine()
+    hook.before_step(1, engine)
+    assert calls == [] and not torch.isnan(engine.model.weight).any()
+    hook.before_step(2, engine)
+    assert calls == ["wait"] and torch.isnan(engine.model.weight).all()

@@ -9,8 +9,9 @@ Save, on every rank:
    reused by every later save (DCP's `DefaultStager` caches them per storage; pinned, and copied on a side stream
    after the compute stream's work, on GPUs), then writes it with DCP to the node-local staging folder on the
    checkpointer's own gloo group (ENVIRONMENT.md DCP trap 1). Forward and backward do not change parameters or
-   optimizer state, so that copy overlaps them: an optimizer pre-step hook waits for it right before the weights
-   change (trap 3), and that wait — the time the loop is actually blocked — is recorded for the save it belongs to
+   optimizer state, so that copy overlaps them: the loop calls `wait_staging()` right before the weights change
+   (trap 3; trainer/engine.py, torchtitan's maybe_wait_for_staging; callers that do not own the optimizer step,
+   like script mode, get an optimizer pre-step hook that does it), and that wait — the time the loop is actually blocked — is recorded for the save it belongs to
    (`take_staged`).
 2. This checkpointer's upload thread then keeps the rank's shard in host memory with a copy on a peer
    (checkpointing/replica.py), uploads the rank's files as content-addressed chunks (registry/dedup.py: chunks
@@ -111,8 +112,12 @@ def _rank_files(rank: int) -> list[str]:
 class Checkpointer:
     def __init__(self, ctx: DistContext, store: ObjectStore, job_prefix: str, staging_dir: Path,
                  on_commit: Callable[[int, str, dict[str, Any]], None], *, async_save: bool = True,
-                 replicate: bool = True, compress: bool = False):
+                 replicate: bool = True, compress: bool = False, guard_optimizer: bool = True):
         self.ctx = ctx
+        # The managed loop calls wait_staging() itself right before its optimizer step (trainer/engine.py), so it
+        # passes guard_optimizer=False. A caller that does not own that call (script mode: the user's loop steps
+        # the optimizer) keeps the guard: an optimizer pre-step hook that waits for the copy.
+        self.guard_optimizer = guard_optimizer
         self.store = with_job_credentials(store)
         self.job_prefix = job_prefix
         self.staging = staging_dir
@@ -177,7 +182,7 @@ class Checkpointer:
 
     def wait_staging(self) -> float:
         """Block until the last save's host copy is complete; the loop must call it before anything changes the
-        parameters or optimizer state outside `optimizer.step()` (whose pre-hook calls it). Returns the seconds
+        parameters or optimizer state, `optimizer.step()` included (its pre-hook calls it when guard_optimizer). Returns the seconds
         waited, which are added to that save's blocked time."""
         pending, self._staging = self._staging, None
         if pending is None:
@@ -214,7 +219,8 @@ class Checkpointer:
         committed in the background. Returns the seconds this call blocked plus the staging waits since the previous
         call (callers that report per save use `take_staged` instead)."""
         t0 = time.perf_counter()
-        self._hook(optimizer)
+        if self.guard_optimizer:
+            self._hook(optimizer)
         self.wait_staging()
         if self._writing is not None:  # at most one save in flight; the wait counts as blocked
             t1 = time.perf_counter()

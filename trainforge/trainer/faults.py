@@ -127,6 +127,26 @@ class FaultInjector:
                 next(iter(model.parameters())).fill_(float("nan"))
 
 
+class FaultHook:
+    """The chaos harness's step hook (trainer/engine.py StepHook): fires this rank's faults at the start of their
+    step. `nan` writes a parameter outside the optimizer step, so it first waits for the last save's host copy."""
+
+    def __init__(self, injector: FaultInjector):
+        self.injector = injector
+        self.nan_steps = {f.step for f in injector.faults if f.kind == "nan"}
+
+    def before_step(self, step: int, engine: Any) -> None:
+        if step in self.nan_steps:
+            engine.wait_for_staging()
+        self.injector.maybe_fire(step, engine.model)
+
+
+def step_hooks_from_env(run_dir: str, rank: int) -> list[FaultHook]:
+    """The hooks the chaos harness installs through $TRAINFORGE_FAULT: none when it is unset (production)."""
+    injector = FaultInjector.from_env(run_dir, rank)
+    return [FaultHook(injector)] if injector.faults else []
+
+
 def kill_node() -> None:
     """SIGKILL the torchrun agent that runs this worker, then every worker of that agent, this one last: nothing of
     the node reports anything (as when a host loses power)."""

@@ -12,35 +12,33 @@ import importlib
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainforge.contract.config import SegmentConfig
-from trainforge.contract.events import (
-    CheckpointCommitted,
-    CheckpointCorrupt,
-    CheckpointSkipped,
-    CheckpointStaged,
-    Metrics,
-    SegmentEnd,
-    SegmentStart,
-)
+from trainforge.contract.events import CheckpointCorrupt, Metrics, SegmentEnd, SegmentStart
 from trainforge.datasets.catalog import load_version_dir
 from trainforge.datasets.sampler import SampleOrder
 from trainforge.datasets.stream import open_reader
 from trainforge.events import AsyncEventWriter, EventWriter, worker_sender
-from trainforge.infra.storage import open_store
-from trainforge.trainer.checkpoint import Checkpointer
 from trainforge.trainer.distributed import DistContext
-from trainforge.trainer.faults import FaultInjector
+from trainforge.trainer.engine import StepHook, build_engine
+from trainforge.trainer.faults import step_hooks_from_env
 from trainforge.trainer.health import current_monitor
 from trainforge.trainer.metrics import StepMeter
-from trainforge.trainer.parallel.deepspeed_engine import train_deepspeed
-from trainforge.trainer.parallel.parallelize import parallelize
 from trainforge.trainer.schedule import lr_at
+from trainforge.trainer.segment import (
+    checkpoint_due,
+    end_reason,
+    manifest_fields,
+    report_skipped,
+    report_staged,
+    segment_end,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -164,126 +162,61 @@ class DataFeed:
             self.close()
 
 
-def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    if precision == "fp16" and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.float16)
-    return contextlib.nullcontext()
-
-
-def train(cfg: SegmentConfig, ctx: DistContext) -> dict[str, Any]:
-    """Train one segment: from the last committed checkpoint (or step 0) to the end or the segment limit."""
+def train(cfg: SegmentConfig, ctx: DistContext, hooks: Sequence[StepHook] | None = None) -> dict[str, Any]:
+    """Train one segment: from the last committed checkpoint (or step 0) to the end or the segment limit.
+    `hooks` run at the start of each step; None installs the chaos harness's from $TRAINFORGE_FAULT (faults.py)."""
     tr = cfg.training
     events = EventWriter(cfg.run_dir, ctx.is_main, worker_sender(cfg.job_id, ctx.rank))
-    faults = FaultInjector.from_env(cfg.run_dir, ctx.rank)
     monitor = current_monitor()  # heartbeats, divergence policy, termination notice (trainer/health.py)
+    hooks = step_hooks_from_env(cfg.run_dir, ctx.rank) if hooks is None else hooks
     torch.manual_seed(tr.seed)
     model = build_model(cfg).to(ctx.device)
     if cfg.init_weights:
         # Fine-tuning (spec init_from): the parent's weights; this job's own committed checkpoint, if any, wins below.
         load_init_weights(model, cfg.init_weights)
-    layout = cfg.layout
-    if cfg.engine.kind == "deepspeed":
-        # The engine gets the loop's data feed and manifest fields: it does not import the loop (no import cycle).
-        return train_deepspeed(cfg, ctx, model, events, feed=DataFeed(cfg, dp_rank=ctx.rank, dp_degree=ctx.world_size),
-                               manifest_fields=lambda step, loss: _manifest_fields(cfg, ctx, step, loss))
-    # The parallel modules take the layout as a mapping (tests drive them with extra knobs: hsdp_shard_degree...).
-    pm = parallelize(model, asdict(layout), world_size=ctx.world_size, rank=ctx.rank, device=ctx.device,
-                     local_batch=tr.global_batch_size // layout.dp)
-    pm.precision_ctx = lambda: _autocast(tr.precision.value, ctx.device)
-    opt = tr.optimizer
-    optimizer = torch.optim.AdamW(pm.model.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
-                                  weight_decay=opt.weight_decay)
-    store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
-
-    def on_commit(step: int, prefix: str, manifest: dict[str, Any]) -> None:
-        events.publish(CheckpointCommitted(step=step, prefix=prefix, metrics=manifest.get("metrics", {})))
-
-    ckpt = Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir), on_commit)
-    start = 0
-    ref, skipped = ckpt.latest()
+    engine = build_engine(cfg, ctx, model, events.publish)
+    ref, skipped = engine.ckpt.latest() if engine.ckpt is not None else (None, [])
     for bad_step, problems in skipped:
         events.publish(CheckpointCorrupt(step=bad_step, problems=problems))
-    if ref is not None:
-        ckpt.load(ref, pm.model, optimizer)
-        start = ref.step
+    start = 0 if ref is None else engine.restore(ref)
     events.publish(SegmentStart(step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None))
     monitor.attach(ctx, start)
-
-    feed = DataFeed(cfg, dp_rank=pm.dp_rank, dp_degree=pm.dims.dp)
+    feed = DataFeed(cfg, dp_rank=engine.dp_rank, dp_degree=engine.dp_degree)
     live = AsyncEventWriter(events)  # per-step metrics: written off the step's critical path
-    meter = StepMeter(cfg, ctx, pm, emit=live.publish, start_step=start)  # step-time split, memory, MFU, ranks
-    total = cfg.total_steps
-    end = total if cfg.segment_max_steps is None else min(total, start + cfg.segment_max_steps)
-    sched = tr.lr_schedule
-    tokens_per_step = tr.global_batch_size * tr.seq_len
-    last_loss = float("nan")
-    preempted = False
-    nan_steps = {f.step for f in faults.faults if f.kind == "nan"}
-
-    def report_staged() -> None:
-        # A save blocks the loop in its call and, later, while the next optimizer.step() waits for the host copy
-        # that overlaps forward/backward; each save's total is reported once its copy is complete.
-        for staged_step, blocked_s in ckpt.take_staged():
-            events.publish(CheckpointStaged(step=staged_step, blocked_s=blocked_s))
-
+    meter = StepMeter(cfg, ctx, engine, emit=live.publish, start_step=start)  # step-time split, memory, MFU, ranks
+    end, opt, sched = segment_end(cfg, start), tr.optimizer, tr.lr_schedule
+    last_loss, preempted = float("nan"), False
     for step in range(start, end):
         monitor.begin_step(step)
-        if step in nan_steps:  # the fault writes a parameter outside optimizer.step(): the host copy must be done
-            ckpt.wait_staging()
-        faults.maybe_fire(step, pm.model)
+        for hook in hooks:
+            hook.before_step(step, engine)
         t0 = time.perf_counter()
         batches = feed.step(step)
         monitor.local_done()
-        lr = lr_at(step, total, opt.lr, sched.warmup_steps, sched.decay, sched.min_lr_ratio)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad(set_to_none=True)
-        local_loss = pm.forward_backward([x.to(ctx.device) for x in batches.inputs],
-                                         [y.to(ctx.device) for y in batches.targets])
-        pm.finish_gradients()
-        grad_norm = pm.clip_grad_norm(tr.grad_clip)
-        optimizer.step()  # its pre-hook waits for the last save's host copy
-        report_staged()
-        last_loss = pm.global_loss(local_loss)
+        lr = lr_at(step, cfg.total_steps, opt.lr, sched.warmup_steps, sched.decay, sched.min_lr_ratio)
+        local_loss = engine.forward_backward(batches.inputs, batches.targets)
+        engine.wait_for_staging()  # the last save's host copy overlapped forward/backward; the weights change next
+        grad_norm = engine.step(lr)
+        report_staged(engine.ckpt, events.publish)
+        last_loss = engine.global_loss(local_loss)
         dt = time.perf_counter() - t0
         live.publish(Metrics(step=step + 1, loss=last_loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
-                             tokens_per_s=tokens_per_step / dt, samples_per_s=tr.global_batch_size / dt,
-                             **meter.end_step(step + 1, dt, feed.last_wait_s)))
+                             tokens_per_s=tr.global_batch_size * tr.seq_len / dt,
+                             samples_per_s=tr.global_batch_size / dt, **meter.end_step(step + 1, dt, feed.last_wait_s)))
         preempted = monitor.end_step(step, last_loss, grad_norm, dt)  # raises on divergence (policy)
-        done = step + 1
-        if done % cfg.checkpoint_interval == 0 or done == end or preempted:
-            ckpt.save(done, pm.model, optimizer, _manifest_fields(cfg, ctx, done, last_loss))
-            report_staged()  # a synchronous save is complete here
+        if checkpoint_due(cfg, step + 1, end) or preempted:
+            engine.save(step + 1, manifest_fields(cfg, ctx.world_size, step + 1, last_loss))
+            report_staged(engine.ckpt, events.publish)  # a synchronous save is complete here
         if preempted:  # termination notice: the emergency checkpoint commits in close(), then the segment ends
-            end = done
+            end = step + 1
             break
     monitor.set_phase("closing")
-    ckpt.close()
-    report_staged()  # the last save's copy was waited for in close()
-    for bad_step, why in ckpt.skipped:  # superseded by a later commit: reported, never resumed from
-        events.publish(CheckpointSkipped(step=bad_step, reason=why))
+    engine.close()  # waits for the last save's copy and commit
+    report_staged(engine.ckpt, events.publish)
+    report_skipped(engine.ckpt, events.publish)
     meter.close()
     live.close()
-    reason = "preempted" if preempted else "finished" if end == total else "segment_max_steps"
+    reason = end_reason(cfg, end, preempted)
     events.publish(SegmentEnd(step=end, reason=reason))
-    del pm, model, optimizer
+    del engine, model
     return {"step": end, "reason": reason, "loss": last_loss}
-
-
-def _manifest_fields(cfg: SegmentConfig, ctx: DistContext, step: int, loss: float) -> dict[str, Any]:
-    return {
-        "job_id": cfg.job_id,
-        "team": cfg.team,
-        "world_size": ctx.world_size,
-        "layout": asdict(cfg.layout),
-        "sampler": {"position": step * cfg.training.global_batch_size, "seed": cfg.training.seed,
-                    "dataset_version": cfg.dataset.version, "skip": list(cfg.skip_samples)},
-        "rng": {"files": [f"rng-rank{r:05d}.safetensors" for r in range(ctx.world_size)]},
-        "metrics": {"train_loss": loss},
-        "dataset": {"ref": cfg.dataset.ref, "version": cfg.dataset.version, "license": cfg.dataset.license},
-        "code_commit": cfg.code_commit,
-        "config_hash": cfg.config_hash,
-        "model": cfg.model_args(),
-    }

@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -36,21 +33,9 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from trainforge.contract.config import SegmentConfig
-from trainforge.contract.events import (
-    CheckpointCommitted,
-    CheckpointCorrupt,
-    CheckpointStaged,
-    Metrics,
-    SegmentEnd,
-    SegmentStart,
-)
-from trainforge.infra.storage import open_store
-from trainforge.trainer.checkpoint import CheckpointCorruptError, Checkpointer, capture_rng, restore_rng
+from trainforge.trainer.checkpoint import CheckpointCorruptError, capture_rng, restore_rng
 from trainforge.trainer.checkpointing.deepspeed_format import DS_TAG, deepspeed_rank_files
-from trainforge.trainer.faults import FaultInjector
 from trainforge.trainer.parallel.parallelize import cross_entropy
-from trainforge.trainer.schedule import lr_at
 
 logger = logging.getLogger(__name__)
 ZERO_STAGE = {"none": 1, "shard-grad-op": 2, "full-shard": 3, "hybrid-shard": 3}
@@ -102,13 +87,16 @@ def build_deepspeed(model: torch.nn.Module, layout: dict[str, Any], training: di
     return engine
 
 
-def deepspeed_step(engine: Any, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
-    """One optimizer step over this rank's micro-batches; returns the mean loss."""
+def deepspeed_backward(engine: Any, inputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
+    """Forward and backward over this rank's micro-batches; returns their mean loss. DeepSpeed counts micro-batches
+    in `engine.step()`, which steps the optimizer on the accumulation boundary: it is called here after every
+    micro-batch but the last; the caller's `engine.step()` is the boundary's (trainer/engine.py DeepSpeedEngine)."""
     total = 0.0
-    for x, y in zip(inputs, targets, strict=True):
+    for i, (x, y) in enumerate(zip(inputs, targets, strict=True)):
         loss = cross_entropy(engine(x), y)
         engine.backward(loss)
-        engine.step()
+        if i < len(inputs) - 1:
+            engine.step()
         total += float(loss.detach()) / len(inputs)
     return total
 
@@ -149,56 +137,3 @@ def load_deepspeed(engine: Any, ckpt: Any, ref: Any) -> None:
     rng_file = folder / f"rng-rank{ckpt.ctx.rank:05d}.safetensors"
     if rng_file.is_file():
         restore_rng(load_file(str(rng_file)))
-
-
-def train_deepspeed(cfg: SegmentConfig, ctx: Any, model: torch.nn.Module, events: Any, *, feed: Any,
-                    manifest_fields: Callable[[int, float], dict[str, Any]]) -> dict[str, Any]:
-    """`feed` (the loop's DataFeed for this rank) and `manifest_fields(step, loss)` come from the loop that calls
-    this: the engine does not import the loop (layers one way, tests/unit/test_layers.py)."""
-    opt, sched = cfg.training.optimizer, cfg.training.lr_schedule
-    # deepspeed_config reads the mappings its own tests and the harness give it; an explicit stage wins.
-    layout = asdict(cfg.layout) | ({} if cfg.engine.zero_stage is None else {"zero_stage": cfg.engine.zero_stage})
-    engine = build_deepspeed(model.to(ctx.device), layout, cfg.training.model_dump(mode="json"), ctx.world_size)
-    faults = FaultInjector.from_env(cfg.run_dir, ctx.rank)
-    store = open_store(cfg.storage_url).scoped(cfg.storage_prefix)
-
-    def on_commit(step: int, prefix: str, manifest: dict[str, Any]) -> None:
-        events.publish(CheckpointCommitted(step=step, prefix=prefix, metrics=manifest.get("metrics", {})))
-
-    # No in-memory replicas: a DeepSpeed checkpoint is loaded only after its sha256s match the manifest.
-    ckpt = Checkpointer(ctx, store, cfg.storage_prefix, Path(cfg.staging_dir), on_commit, async_save=False,
-                        replicate=False)
-    ref, skipped = ckpt.latest()
-    for bad_step, problems in skipped:
-        events.publish(CheckpointCorrupt(step=bad_step, problems=problems))
-    start = 0
-    if ref is not None:
-        load_deepspeed(engine, ckpt, ref)
-        start = ref.step
-    events.publish(SegmentStart(step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None))
-    total = cfg.total_steps
-    end = total if cfg.segment_max_steps is None else min(total, start + cfg.segment_max_steps)
-    zero_stage = engine.zero_optimization_stage()
-    loss = float("nan")
-    for step in range(start, end):
-        faults.maybe_fire(step, engine.module)
-        t0 = time.perf_counter()
-        lr = lr_at(step, total, opt.lr, sched.warmup_steps, sched.decay, sched.min_lr_ratio)
-        for group in engine.optimizer.param_groups:
-            group["lr"] = lr
-        b = feed.step(step)
-        loss = ctx.all_reduce_mean(deepspeed_step(engine, b.inputs, b.targets))
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss} at step {step + 1}")
-        events.publish(Metrics(step=step + 1, loss=loss, lr=lr, step_time_s=time.perf_counter() - t0))
-        done = step + 1
-        if done % cfg.checkpoint_interval == 0 or done == end:
-            fields = {**manifest_fields(done, loss), "engine": "deepspeed",
-                      "deepspeed": {"tag": DS_TAG, "zero_stage": zero_stage}}
-            blocked = save_deepspeed(engine, ckpt, done, fields)
-            events.publish(CheckpointStaged(step=done, blocked_s=blocked))
-    ckpt.close()  # waits for the last commit
-    reason = "finished" if end == total else "segment_max_steps"
-    events.publish(SegmentEnd(step=end, reason=reason))
-    del engine, model
-    return {"step": end, "reason": reason, "loss": loss}

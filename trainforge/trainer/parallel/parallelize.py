@@ -38,6 +38,15 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The mixed-precision context of the spec's `training.precision` (ParallelModel.precision_ctx)."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision == "fp16" and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
 def _item(t: torch.Tensor | float) -> float:
     if isinstance(t, DTensor):
         t = t.full_tensor()
