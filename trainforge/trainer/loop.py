@@ -31,7 +31,7 @@ from trainforge.contract.events import (
 from trainforge.datasets.catalog import load_version_dir
 from trainforge.datasets.sampler import SampleOrder
 from trainforge.datasets.stream import open_reader
-from trainforge.events import AsyncEventWriter, EventWriter, worker_sender
+from trainforge.events import AsyncEventWriter, event_sink, worker_sender
 from trainforge.infra.storage import open_store
 from trainforge.trainer.checkpoint import Checkpointer
 from trainforge.trainer.distributed import DistContext
@@ -175,7 +175,7 @@ def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContex
 def train(cfg: SegmentConfig, ctx: DistContext) -> dict[str, Any]:
     """Train one segment: from the last committed checkpoint (or step 0) to the end or the segment limit."""
     tr = cfg.training
-    events = EventWriter(cfg.run_dir, ctx.is_main, worker_sender(cfg.job_id, ctx.rank))
+    events = event_sink(cfg.run_dir, ctx.is_main, worker_sender(cfg.job_id, ctx.rank))
     faults = FaultInjector.from_env(cfg.run_dir, ctx.rank)
     monitor = current_monitor()  # heartbeats, divergence policy, termination notice (trainer/health.py)
     torch.manual_seed(tr.seed)
