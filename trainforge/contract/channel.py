@@ -345,7 +345,7 @@ class NodePublisher:
                                 "dropping the oldest", self.node, self.max_pending)
             self._pending.append(record)
 
-    def heartbeat(self, rank: int | str, **info: Any) -> None:
+    def heartbeat(self, rank: int | str, /, **info: Any) -> None:
         with self._lock:
             self._beats[str(rank)] = (self._clock(), info)
 
@@ -550,7 +550,7 @@ class NodePublisher:
             self._ranks[rank] = addr
         if msg.get("t") == "rec" and isinstance(msg.get("rec"), dict):
             self.publish(msg["rec"])
-        elif msg.get("t") == "hb":
+        elif msg.get("t") == "hb" and isinstance(msg.get("info") or {}, dict):
             self.heartbeat(rank, **(msg.get("info") or {}))
 
 
