@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from trainforge.events import read_events
 from trainforge.infra.storage import open_store
@@ -20,7 +19,6 @@ from trainforge.trainer.health import read_heartbeats
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEPS = 6
 
 

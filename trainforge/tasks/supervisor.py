@@ -362,7 +362,8 @@ class SegmentSupervisor:
                      f"resizing from {self.world} to {target} workers at the next step boundary", beats,
                      action="emergency checkpoint, re-provision at the new size",
                      evidence={"gpus": gpus, "from": self.world, "to": target})
-        self._notice(beats, "resize_notice", num_nodes=target)
+        # the sizes are in workers; the node count is the scheduler's to choose at re-provisioning
+        self._notice(beats, "resize_notice", num_nodes=None, workers=target)
 
     def _check_recovered(self, beats: dict[int, dict[str, Any]], now: float) -> None:
         """MTTR ends at the first step completed after a restore that followed the detection."""
