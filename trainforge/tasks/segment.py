@@ -164,14 +164,17 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
                 code = gang.poll() if gang.poll() is not None else -1
                 break
             time.sleep(0.2)
-        gang.stop_sidecar()  # their closing batches: everything the workers sent is in the channel now
-        supervisor.drain()
-        supervisor.poll()  # a rank torchrun saw die before our last pass
         if code != 0 and nnodes > 1:
+            supervisor.poll()  # who died first, before the survivors fail of the broken gang
             for i in gang.killed_nodes():  # the agent itself died: the whole node was lost, not one process
                 supervisor.node_lost(names[i])
             gang.terminate(grace_s=0.5)  # a lost node: the survivors' gang is broken, stop them (after the
             # supervisor saw who died first)
+            supervisor.drain()  # their publishers closed with the gang: journal the rest (events, reports)
+        else:
+            gang.stop_sidecar()  # their closing batches: everything the workers sent is in the channel now
+            supervisor.drain()
+            supervisor.poll()  # a rank torchrun saw die before our last pass
     except BaseException:
         gang.terminate()
         _finish(record, attempt, "cancelled")
