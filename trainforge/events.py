@@ -1,10 +1,13 @@
-"""Where a segment's events go and how they are read back: today one JSON object per line in run_dir/events.jsonl.
+"""Where a segment's events go and how they are read back.
 
 Senders build typed events (trainforge/contract/events.py) and hand them to a sink's `publish`; the sink is the one
-place that knows the transport, so moving from the shared file to the cross-machine channel
-(trainforge/contract/channel.py) is one change here. The flow tails the stream to stream metrics to MLflow and to
-start commit bookkeeping and evaluation of each checkpoint while training goes on. Only rank 0 writes the segment's
-events (plus the supervisor's fault and recovery records, and any rank's failure report in failures/).
+place that knows the transport. A worker launched by a backend has a node publisher ($TRAINFORGE_CHANNEL_SOCKET,
+the node's sidecar): `event_sink` gives it a `ChannelSink`, and its events cross machines through the channel
+(trainforge/contract/channel.py). The control plane (tasks/supervisor.py) reads the channel and appends what it
+receives to the job's own events.jsonl, its journal: that file is written by the control plane only, and every
+reader (the flow's event pump, report, observe, chaos measurements, cost) reads it as before. A trainer driven
+without a publisher (tests, `trainforge.offline`) writes run_dir/events.jsonl itself (`EventWriter`).
+Only rank 0 sends the segment's events (plus the supervisor's fault and recovery records).
 """
 
 from __future__ import annotations
@@ -41,6 +44,51 @@ def worker_sender(job: str | None, rank: int | None) -> Sender:
                   host=socket.gethostname(), node=int(node) if node and node.isdigit() else None)
 
 
+_CLIENT: Any = None
+
+
+def rank_client(rank: int | None = None) -> Any:
+    """This process's end of its node publisher's socket (a `RankClient`), or None when the worker has none.
+    One per process: the monitor's heartbeats, the events and the failure report share it."""
+    global _CLIENT
+    path = os.environ.get("TRAINFORGE_CHANNEL_SOCKET")
+    if not path:
+        return None
+    if _CLIENT is None:
+        from trainforge.contract.channel import RankClient
+
+        if rank is None:
+            rank = int(os.environ.get("RANK", "0"))
+        _CLIENT = RankClient(path, rank)
+        atexit.register(_CLIENT.drain)
+    return _CLIENT
+
+
+class ChannelSink:
+    """The worker's sink when its node has a publisher: each event is one datagram to the node's sidecar (never
+    blocks; the sidecar batches the node's ranks into the job's channel)."""
+
+    nonblocking = True
+
+    def __init__(self, client: Any, enabled: bool, src: Sender | None = None):
+        self.client, self.enabled, self.src = client, enabled, src
+
+    def publish(self, event: SegmentEvent) -> None:
+        if self.enabled:
+            self.client.publish(dump_event(_stamp(event, self.src)))
+
+    def drain(self, timeout_s: float = 2.0) -> None:
+        self.client.drain(timeout_s)
+
+
+def event_sink(run_dir: str | Path, enabled: bool, src: Sender | None = None) -> EventWriter | ChannelSink:
+    """The worker's event sink: the node publisher's channel when it has one, else run_dir/events.jsonl."""
+    client = rank_client(src.rank if src is not None else None)
+    if client is not None:
+        return ChannelSink(client, enabled, src)
+    return EventWriter(run_dir, enabled, src)
+
+
 def _stamp(event: SegmentEvent, src: Sender | None) -> SegmentEvent:
     return event if src is None or event.src is not None else event.model_copy(update={"src": src})
 
@@ -72,18 +120,22 @@ class AsyncEventWriter:
     append. `close` (also run at exit, so a failing worker's last metrics still land) drains the queue. Only for
     events no resume depends on (metrics, telemetry): those keep the synchronous, fsynced EventWriter."""
 
-    def __init__(self, writer: EventWriter):
+    def __init__(self, writer: EventWriter | ChannelSink):
         self.writer = writer
         self.enabled = writer.enabled
         self._queue: queue.SimpleQueue[SegmentEvent | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        if self.enabled:
+        # A channel sink never blocks the step (one datagram): no thread needed.
+        self._direct = isinstance(writer, ChannelSink)
+        if self.enabled and not self._direct:
             self._thread = threading.Thread(target=self._run, name="event-writer", daemon=True)
             self._thread.start()
             atexit.register(self.close)
 
     def publish(self, event: SegmentEvent) -> None:
-        if self.enabled:
+        if self._direct:
+            self.writer.publish(event)
+        elif self.enabled:
             self._queue.put(event)
 
     def _run(self) -> None:
@@ -95,6 +147,7 @@ class AsyncEventWriter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            assert isinstance(self.writer, EventWriter)
             lines = [json.dumps(dump_event(_stamp(e, self.writer.src)), sort_keys=True)
                      for e in batch if e is not None]
             if lines:
@@ -104,10 +157,25 @@ class AsyncEventWriter:
                 return
 
     def close(self, timeout_s: float = 10.0) -> None:
+        if isinstance(self.writer, ChannelSink):
+            self.writer.drain(min(timeout_s, 2.0))
         if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join(timeout_s)
         self._thread = None
+
+
+def append_records(path: str | Path, records: list[dict[str, Any]]) -> None:
+    """The control plane's journal: append already-encoded events (from the channel) in one write; fsynced when
+    one of them changes what a resume does (anything but metrics), as EventWriter does."""
+    if not records:
+        return
+    lines = [json.dumps(r, sort_keys=True) for r in records]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+        f.flush()
+        if any(r.get("type") not in ("metrics", "rank_metrics", "system") for r in records):
+            os.fsync(f.fileno())
 
 
 def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:

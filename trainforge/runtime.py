@@ -135,7 +135,7 @@ def init(*, process_group: bool | None = None, timeout_s: float | None = None) -
     global _STATE
     if _STATE is not None and not _STATE.finished:
         return _STATE.job
-    from trainforge.events import AsyncEventWriter, EventWriter, worker_sender
+    from trainforge.events import AsyncEventWriter, event_sink, worker_sender
     from trainforge.trainer.health import current_monitor
 
     cfg = _config()
@@ -146,7 +146,7 @@ def init(*, process_group: bool | None = None, timeout_s: float | None = None) -
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     ctx = ckpt = device = None
-    events = EventWriter(cfg.run_dir, rank == 0, worker_sender(cfg.job_id, rank))
+    events = event_sink(cfg.run_dir, rank == 0, worker_sender(cfg.job_id, rank))
     if process_group and framework == "jax":
         _init_jax()
     elif process_group:

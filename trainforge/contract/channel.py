@@ -25,7 +25,7 @@ A node is lost when no new batch arrived for `lost_after_s` (arrival is measured
 no clock skew enters): with the defaults (flush 1 s, lost after 3 s, poll 0.25 s) a dead node is reported within
 lost_after_s + 2 * poll_interval_s + one listing, about 3.6 s.
 
-Commands down (stop, dump_stacks, preemption_notice, resize_notice, profile_window, lease) are written by the
+Commands down (stop, dump_stacks, preemption_notice, resize_notice, profile_window, lease, kill_rank) are written by the
 control side's `CommandWriter` with a conditional create (two writers cannot take one seq); each node's publisher
 polls them on its own thread (`CommandReader`), hands them to its handlers and to its ranks, and acknowledges each
 in its next batch. The lease: a node starts with `lease_ttl_s` granted and every renewal it sees after its first
@@ -86,6 +86,7 @@ COMMAND_KINDS: dict[str, tuple[str, ...]] = {
     "resize_notice": ("num_nodes",),
     "profile_window": ("start_step", "end_step"),
     "lease": ("ttl_s",),
+    "kill_rank": ("rank",),
 }
 """Every command kind and the arguments it requires (more are allowed, passed through)."""
 
@@ -323,6 +324,7 @@ class NodePublisher:
         self._handlers: list[Callable[[Command], None]] = []
         self._ranks: dict[str, Any] = {}  # rank -> its socket address
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sock: socket.socket | None = None
         self._lease_deadline = clock() + lease_ttl_s
@@ -343,12 +345,21 @@ class NodePublisher:
                                 "dropping the oldest", self.node, self.max_pending)
             self._pending.append(record)
 
-    def heartbeat(self, rank: int | str, **info: Any) -> None:
+    def heartbeat(self, rank: int | str, /, **info: Any) -> None:
         with self._lock:
             self._beats[str(rank)] = (self._clock(), info)
 
     def on_command(self, handler: Callable[[Command], None]) -> None:
         self._handlers.append(handler)
+
+    def wake(self) -> None:
+        """Flush now instead of at the next interval (news that must not wait: a rank of the node died)."""
+        self._wake.set()
+
+    def beats(self) -> dict[str, dict[str, Any]]:
+        """The latest heartbeat info of each rank of the node (a copy)."""
+        with self._lock:
+            return {r: dict(info) for r, (_, info) in self._beats.items()}
 
     def lease_expired(self) -> bool:
         return self._clock() > self._lease_deadline
@@ -391,8 +402,10 @@ class NodePublisher:
         if self._stop.is_set():
             return
         self._stop.set()
+        self._wake.set()
         for t in self._threads:
             t.join(timeout=timeout)
+        self._drain_socket()  # what the ranks sent just before the stop is still in the socket's queue
         self._flush_once(closing=True, deadline=self._clock() + timeout)
         if self._sock is not None:
             self._sock.close()
@@ -418,7 +431,9 @@ class NodePublisher:
             self._check_lease()
             self._flush_once(closing=False, deadline=None)
             next_flush = max(next_flush + self.flush_interval_s, self._clock())
-            self._stop.wait(max(0.0, next_flush - self._clock()))
+            if self._wake.wait(max(0.0, next_flush - self._clock())):
+                self._wake.clear()
+                next_flush = self._clock()
 
     def _poll_commands(self, first_poll: bool) -> None:
         assert self._commands is not None
@@ -502,6 +517,17 @@ class NodePublisher:
         self.stats["batches"] += 1
         self.stats["records"] += len(batch.records)
 
+    def _drain_socket(self) -> None:
+        if self._sock is None:
+            return
+        self._sock.setblocking(False)
+        while True:
+            try:
+                data, addr = self._sock.recvfrom(MAX_DATAGRAM + 1024)
+            except OSError:
+                return
+            self._take(data, addr)
+
     def _recv_loop(self) -> None:
         assert self._sock is not None
         while not self._stop.is_set():
@@ -511,18 +537,21 @@ class NodePublisher:
                 continue
             except OSError:
                 return
-            try:
-                msg = json.loads(data)
-                rank = str(msg["rank"])
-            except (ValueError, KeyError, TypeError):
-                log.warning("channel %s: dropping a malformed datagram from a rank", self.node)
-                continue
-            if addr:
-                self._ranks[rank] = addr
-            if msg.get("t") == "rec" and isinstance(msg.get("rec"), dict):
-                self.publish(msg["rec"])
-            elif msg.get("t") == "hb":
-                self.heartbeat(rank, **(msg.get("info") or {}))
+            self._take(data, addr)
+
+    def _take(self, data: bytes, addr: Any) -> None:
+        try:
+            msg = json.loads(data)
+            rank = str(msg["rank"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("channel %s: dropping a malformed datagram from a rank", self.node)
+            return
+        if addr:
+            self._ranks[rank] = addr
+        if msg.get("t") == "rec" and isinstance(msg.get("rec"), dict):
+            self.publish(msg["rec"])
+        elif msg.get("t") == "hb" and isinstance(msg.get("info") or {}, dict):
+            self.heartbeat(rank, **(msg.get("info") or {}))
 
 
 class RankClient:
@@ -567,6 +596,16 @@ class RankClient:
 
     def flush(self) -> None:
         self._send(None)
+
+    def drain(self, timeout_s: float = 2.0) -> bool:
+        """Send what is buffered, waiting up to `timeout_s` for the publisher to take it (a rank about to exit
+        calls this: its last records must not die in its buffer). True when nothing is left."""
+        deadline = self._clock() + timeout_s
+        self._send(None)
+        while self._buffer and self._clock() < deadline:
+            time.sleep(0.02)
+            self._send(None)
+        return not self._buffer
 
     def _drain(self) -> None:
         while True:

@@ -17,16 +17,19 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainforge.contract.channel import ChannelReader, CommandWriter, channel_root
 from trainforge.contract.config import SegmentConfig
 from trainforge.contract.events import SegmentEnd
 from trainforge.events import last_of
-from trainforge.infra.backends.local import LocalGang, LocalMultiNodeGang, free_port
+from trainforge.infra.backends.local import LocalGang, LocalMultiNodeGang, SidecarSpec, free_port
 from trainforge.infra.launch import LaunchSpec, allocator_environment, worker_environment
+from trainforge.infra.storage import open_store
 from trainforge.plan.layout import Layout
 from trainforge.registry.jobs import JobRecord
 from trainforge.tasks.supervisor import SegmentSupervisor, offending_samples
@@ -123,20 +126,29 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
     env.update(allocator)
     gang: LocalGang | LocalMultiNodeGang
     rank_hosts: dict[int, str] = {}
+    names = node_names or [f"node-{i}" for i in range(nnodes)]
+    # Every message between this control plane and the workers goes through the segment attempt's channel in
+    # the job's store: one sidecar publisher per node, commands down; nothing through this host's disk or pids.
+    store = open_store(config.storage_url)
+    root = f"{channel_root(config.storage_prefix)}/segment-{attempt}"
+    token = uuid.uuid4().hex[:12]
+    sidecars = [SidecarSpec(config.storage_url, root, names[i], f"@trainforge-{token}-{i}") for i in range(nnodes)]
     if nnodes == 1:
         gang = LocalGang(LaunchSpec(nproc_per_node=nproc, master_port=free_port(), max_restarts=max_restarts,
-                                    log_dir=str(log_dir)), env, log_dir / "agent.log")
+                                    log_dir=str(log_dir)), env, log_dir / "agent.log", sidecars[0])
     else:
         per_node, port = nproc // nnodes, free_port()
-        names = node_names or [f"node-{i}" for i in range(nnodes)]
         rank_hosts = {i * per_node + r: names[i] for i in range(nnodes) for r in range(per_node)}
         gang = LocalMultiNodeGang([
             LocalGang(LaunchSpec(nproc_per_node=per_node, nnodes=nnodes, node_rank=i, master_port=port,
                                  max_restarts=max_restarts, log_dir=str(log_dir / f"node-{i}")), env,
-                      log_dir / ("agent.log" if i == 0 else f"agent-node-{i}.log"))
+                      log_dir / ("agent.log" if i == 0 else f"agent-node-{i}.log"), sidecars[i])
             for i in range(nnodes)])
+    reader = ChannelReader(store, root, lost_after_s=policy.heartbeat_timeout_s,
+                           flush_interval_s=sidecars[0].flush_interval_s)
     supervisor = SegmentSupervisor(record, attempt, policy, scheduler_status=scheduler_status,
-                                   rank_hosts=rank_hosts, world=nproc, sizes=sizes)
+                                   rank_hosts=rank_hosts, world=nproc, sizes=sizes, channel=reader,
+                                   commands=CommandWriter(store, root))
     t0 = time.monotonic()
     started = time.time()
     gang.start()
@@ -152,12 +164,17 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
                 code = gang.poll() if gang.poll() is not None else -1
                 break
             time.sleep(0.2)
-        supervisor.poll()  # a rank torchrun saw die before our last pass
         if code != 0 and nnodes > 1:
+            supervisor.poll()  # who died first, before the survivors fail of the broken gang
             for i in gang.killed_nodes():  # the agent itself died: the whole node was lost, not one process
                 supervisor.node_lost(names[i])
             gang.terminate(grace_s=0.5)  # a lost node: the survivors' gang is broken, stop them (after the
             # supervisor saw who died first)
+            supervisor.drain()  # their publishers closed with the gang: journal the rest (events, reports)
+        else:
+            gang.stop_sidecar()  # their closing batches: everything the workers sent is in the channel now
+            supervisor.drain()
+            supervisor.poll()  # a rank torchrun saw die before our last pass
     except BaseException:
         gang.terminate()
         _finish(record, attempt, "cancelled")
@@ -165,7 +182,9 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
     finally:
         with _LIVE_LOCK:
             _LIVE.pop(config.job_id, None)
+        gang.stop_sidecar()
         supervisor.finish()
+        reader.close()
     duration = time.monotonic() - t0
     end = _last_segment_end(record, since=started)
     if code != 0 and not (supervisor.preempting and end is not None and end.reason == "preempted"):

@@ -33,11 +33,12 @@ from typing import Any
 
 import psutil
 
+from trainforge.contract.channel import LEASE_TTL_S, ChannelReader, CommandWriter
 from trainforge.contract.config import SegmentConfig
 from trainforge.contract.events import CheckpointCommitted, FaultDetected, Metrics, Recovered, Sender
-from trainforge.events import EventWriter, read_typed_events
+from trainforge.events import EventWriter, append_records, read_typed_events
 from trainforge.registry.jobs import JobRecord
-from trainforge.trainer.health import HealthPolicy, read_heartbeats, stacks_dir
+from trainforge.trainer.health import HealthPolicy, heartbeat_path, read_heartbeats, stacks_dir
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +67,16 @@ class SegmentSupervisor:
     def __init__(self, record: JobRecord, attempt: int, policy: HealthPolicy, *,
                  scheduler_status: Callable[[], dict[str, Any] | None] | None = None,
                  rank_hosts: dict[int, str] | None = None, world: int | None = None,
-                 sizes: list[int] | None = None):
+                 sizes: list[int] | None = None, channel: ChannelReader | None = None,
+                 commands: CommandWriter | None = None):
         self.record, self.attempt, self.policy = record, attempt, policy
+        # The channel (contract/channel.py): the workers' events, heartbeats and failure reports come up through
+        # it and the notices go down as commands, so the workers need not share this host's disk nor its pids.
+        # Without one (a supervisor driven on files, as in unit tests) the heartbeat files and pids are used.
+        self.channel, self.commands = channel, commands
+        self._beats: dict[int, dict[str, Any]] = {}
+        self._lost_nodes: set[str] = set()
+        self._lease_renewed = 0.0
         self.world, self.sizes = world, sorted(sizes or [], reverse=True)  # elastic: the sizes it can run at
         self.resize_to: int | None = None
         self.rank_hosts = rank_hosts or {}  # the launch's node of each rank (several "nodes" on one host)
@@ -94,7 +103,7 @@ class SegmentSupervisor:
     def poll(self) -> str | None:
         """One supervision pass. Returns a reason when the gang must be stopped now (e.g. straggler eviction)."""
         now = time.time()
-        beats = read_heartbeats(self.run_dir, self.attempt)
+        beats = self._read_beats()
         for rank, beat in beats.items():
             if rank in self.rank_hosts:
                 beat["host"] = self.rank_hosts[rank]
@@ -113,12 +122,97 @@ class SegmentSupervisor:
             self.terminate_requested = "straggler evicted at the committed checkpoint"
         return self.terminate_requested
 
+    # ------------------------------------------------------------------ the channel
+    def _read_beats(self) -> dict[int, dict[str, Any]]:
+        if self.channel is None:
+            return read_heartbeats(self.run_dir, self.attempt)
+        self._renew_lease()
+        self._journal(self.channel.poll())
+        beats: dict[int, dict[str, Any]] = {}
+        for node, ranks in self.channel.heartbeats.items():
+            for rank, info in ranks.items():
+                if str(rank).isdigit() and "pid" in info:
+                    beats[int(rank)] = {**info, "rank": int(rank), "node": node}
+        self._beats = beats
+        for node in self.channel.lost_nodes():
+            if node not in self._lost_nodes:  # no batch for lost_after_s: the node (its publisher too) is gone
+                self._lost_nodes.add(node)
+                self.node_lost(node, f"no batch from its publisher for {self.channel.lost_after_s:g}s")
+        return beats
+
+    def _journal(self, batches: list[Any]) -> None:
+        """What came up the channel, kept in the job's folder: events appended to the job's events.jsonl (the
+        control plane is its only writer), failure reports into failures/ (read by tasks/segment.py)."""
+        assert self.channel is not None
+        events = []
+        for _node, _seq, _i, rec in self.channel.records(batches):
+            if rec.get("type") == "failure" and "rank" in rec:
+                folder = self.record.folder / "failures"
+                write_json(folder / f"segment-{self.attempt}-rank-{int(rec['rank']):05d}.json", rec)
+            else:
+                events.append(rec)
+        append_records(self.record.events_path, events)
+
+    def _renew_lease(self) -> None:
+        if self.commands is None or time.monotonic() - self._lease_renewed < LEASE_TTL_S / 3:
+            return
+        try:
+            self.commands.renew_lease(LEASE_TTL_S)
+            self._lease_renewed = time.monotonic()
+        except Exception as e:  # the store is busy: the lease has 2/3 of its time left, try on the next pass
+            logger.warning("renewing the workers' lease failed: %s: %s", type(e).__name__, e)
+
+    def drain(self, timeout_s: float = 15.0) -> None:
+        """After the gang ended (and its publishers closed): read the channel to its end, so the journal holds
+        every event the workers sent before the caller reads it."""
+        if self.channel is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            batches = self.channel.poll()
+            self._journal(batches)
+            states = [st.state for st in self.channel.status().values()]
+            if not batches and all(st in ("closed", "lost") for st in states):
+                break
+            if not batches:
+                time.sleep(0.1)
+
+    def _signal(self, rank: int, beat: dict[str, Any], sig: int) -> None:
+        """A signal to one rank: a channel command its node's sidecar delivers (no pid here), or the pid."""
+        if self.commands is not None:
+            kind = {signal.SIGKILL: "kill_rank", signal.SIGUSR1: "dump_stacks"}[sig]
+            node = beat.get("node")
+            self._send(kind, nodes=[node] if node else None, rank=rank)
+        else:
+            _kill(int(beat["pid"]), sig)
+
+    def _notice(self, beats: dict[int, dict[str, Any]], kind: str, **args: Any) -> None:
+        """A termination notice to every rank (preemption, resize): SIGTERM on the ranks' side."""
+        if self.commands is not None:
+            self._send(kind, **args)
+        else:
+            for beat in beats.values():
+                _kill(int(beat["pid"]), signal.SIGTERM)
+
+    def _send(self, kind: str, *, nodes: list[str] | None = None, **args: Any) -> None:
+        assert self.commands is not None
+        try:
+            self.commands.send(kind, nodes=nodes, **args)
+        except Exception as e:
+            logger.warning("sending %s to the workers failed: %s: %s", kind, type(e).__name__, e)
+
+    def _alive(self, beat: dict[str, Any]) -> bool:
+        """The node's own view through the channel (its sidecar watches its ranks' processes), else the pid."""
+        if self.channel is not None:
+            return beat.get("alive", True) is not False
+        return _alive(int(beat["pid"]))
+
     def _check_liveness(self, beats: dict[int, dict[str, Any]], now: float) -> None:
         for rank, beat in beats.items():
             if beat.get("phase") in ("done", "failed"):
                 continue
             pid = int(beat["pid"])
-            alive = _alive(pid)
+            alive = self._alive(beat)
             age = now - float(beat["time"])
             if not alive:
                 why = "its process died without a report (killed by a signal, the OOM killer or a lost node)"
@@ -132,10 +226,10 @@ class SegmentSupervisor:
                                    else "SIGKILL, then restart",
                                    host=beat.get("host"), evidence={"pid": pid, "heartbeat_age_s": round(age, 2)})
                 if alive:
-                    _kill(pid, signal.SIGKILL)
+                    self._signal(rank, beat, signal.SIGKILL)
                 inc.evidence["pid_alive"] = alive
 
-    def node_lost(self, host: str) -> None:
+    def node_lost(self, host: str, why: str = "its agent and workers died without a report") -> None:
         """The launcher saw the host's agent die of a signal: every incident of that host is a node loss (a pass of
         the supervisor may have seen only some of its ranks gone before the segment ended)."""
         found = False
@@ -144,9 +238,9 @@ class SegmentSupervisor:
                 inc.scope, found = "node", True
         if not found:
             ranks = sorted(r for r, h in self.rank_hosts.items() if h == host)
-            beats = read_heartbeats(self.run_dir, self.attempt)
+            beats = self._beats if self.channel is not None else read_heartbeats(self.run_dir, self.attempt)
             inc = self._record("rank_lost", ranks[0] if ranks else None,
-                               f"node {host} lost: its agent and workers died without a report", beats,
+                               f"node {host} lost: {why}", beats,
                                action="segment retry on a replacement node", host=host,
                                evidence={"ranks": ranks})
             inc.scope = "node"
@@ -159,7 +253,7 @@ class SegmentSupervisor:
             on_host = [b for b in beats.values() if b.get("host") == host]
             if len(on_host) > 1 and all(
                     b.get("phase") not in ("done", "failed")
-                    and (not _alive(int(b["pid"])) or now - float(b["time"]) > self.policy.heartbeat_timeout_s)
+                    and (not self._alive(b) or now - float(b["time"]) > self.policy.heartbeat_timeout_s)
                     for b in on_host):
                 for inc in self.incidents:
                     if inc.kind == "rank_lost" and inc.host == host:
@@ -187,7 +281,7 @@ class SegmentSupervisor:
             return
         self._handled.add(key)
         folder = stacks_dir(self.run_dir, self.attempt)
-        stacks = dump_stacks(beats, folder)
+        stacks = dump_stacks(beats, folder, signal_rank=self._signal)
         rank, where = name_culprit(stacks, beats)
         what = "start-up / final commit" if startup else "step progress"
         message = (f"hang: no {what} on any rank for {stalled_s:.1f}s; rank {rank} is stuck at {where} "
@@ -199,7 +293,7 @@ class SegmentSupervisor:
         (folder / "hang-report.txt").write_text(message + "\n" + "\n".join(
             f"rank {r}: " + " <- ".join(s[:6]) for r, s in sorted(stacks.items())) + "\n")
         if rank in beats:
-            _kill(int(beats[rank]["pid"]), signal.SIGKILL)
+            self._signal(rank, beats[rank], signal.SIGKILL)
 
     def _check_stragglers(self, beats: dict[int, dict[str, Any]], now: float) -> None:
         local = {r: b["local_s"] for r, b in beats.items() if b.get("phase") == "training" and b.get("local_s")}
@@ -242,8 +336,8 @@ class SegmentSupervisor:
             self._record("preemption", None, f"the scheduler preempts this job (deadline "
                          f"{status.get('preempt_deadline')}): termination notice to every worker", beats,
                          action="emergency checkpoint")
-            for beat in beats.values():
-                _kill(int(beat["pid"]), signal.SIGTERM)
+            deadline = status.get("preempt_deadline")
+            self._notice(beats, "preemption_notice", deadline_s=deadline)
         elif status and status.get("state") == "running":
             self._check_resize(int(status.get("gpus") or 0), beats)
 
@@ -268,8 +362,8 @@ class SegmentSupervisor:
                      f"resizing from {self.world} to {target} workers at the next step boundary", beats,
                      action="emergency checkpoint, re-provision at the new size",
                      evidence={"gpus": gpus, "from": self.world, "to": target})
-        for beat in beats.values():
-            _kill(int(beat["pid"]), signal.SIGTERM)
+        # the sizes are in workers; the node count is the scheduler's to choose at re-provisioning
+        self._notice(beats, "resize_notice", num_nodes=None, workers=target)
 
     def _check_recovered(self, beats: dict[int, dict[str, Any]], now: float) -> None:
         """MTTR ends at the first step completed after a restore that followed the detection."""
@@ -346,6 +440,11 @@ class SegmentSupervisor:
 
     def finish(self) -> None:
         """Keep this segment's incidents in the job record (the give-up report lists them)."""
+        if self.channel is not None:
+            # The last beat of each rank, kept in the job's folder for the post-mortem readers (read_heartbeats).
+            for rank, beat in self._beats.items():
+                with contextlib.suppress(OSError):
+                    write_json(heartbeat_path(self.run_dir, self.attempt, rank), beat)
         new = self.incidents[self._written:]
         if not new:
             return
@@ -359,14 +458,20 @@ class SegmentSupervisor:
 # ---------------------------------------------------------------------- stacks
 
 
-def dump_stacks(beats: dict[int, dict[str, Any]], folder: Path, wait_s: float = 3.0) -> dict[int, list[str]]:
+def dump_stacks(beats: dict[int, dict[str, Any]], folder: Path, wait_s: float = 3.0,
+                signal_rank: Callable[[int, dict[str, Any], int], None] | None = None) -> dict[int, list[str]]:
     """SIGUSR1 to every rank (faulthandler writes all its threads' Python stacks into its file under `folder`),
-    then the main thread's frames per rank, innermost first, as 'path:line in func'."""
+    then the main thread's frames per rank, innermost first, as 'path:line in func'. `signal_rank`: how the
+    signal reaches a rank (the supervisor's channel command), by default its pid."""
     sizes = {}
     for rank, beat in beats.items():
         path = folder / f"rank-{rank:05d}-restart-{beat.get('restart', 0)}.txt"
         sizes[rank] = (path, path.stat().st_size if path.is_file() else 0)
-        _kill(int(beat["pid"]), signal.SIGUSR1)
+    for rank, beat in beats.items():
+        if signal_rank is not None:
+            signal_rank(rank, beat, signal.SIGUSR1)
+        else:
+            _kill(int(beat["pid"]), signal.SIGUSR1)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if all(p.is_file() and p.stat().st_size > s for p, s in sizes.values()):

@@ -38,6 +38,7 @@ from typing import Any
 # The policy lives in the contract (a worker reads it from its SegmentConfig); re-exported here for its users.
 from trainforge.contract.health import ENV_VAR as ENV_VAR
 from trainforge.contract.health import HealthPolicy as HealthPolicy
+from trainforge.events import rank_client
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +186,11 @@ class HealthMonitor:
         self.rank = rank
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.path = heartbeat_path(run_dir, attempt, rank)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Launched by a backend: the beats go to the node's publisher (the channel), not to a file the control
+        # plane would have to share a disk with.
+        self._client = rank_client(rank)
+        if self._client is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.detector = DivergenceDetector(policy.spike_window, policy.spike_min_window, policy.spike_z,
                                            policy.spike_min_rel)
         self.stop_requested = False
@@ -233,9 +238,17 @@ class HealthMonitor:
                 self._write()
             except OSError:  # run folder gone: the supervisor is gone too
                 return
+            if self._client is not None and self._client.lease_expired():
+                # Nobody supervises this rank any more (its node's publisher went silent for a lease): stop.
+                logger.error("rank %d: the node publisher's lease lapsed: stopping", self.rank)
+                self.close("terminated")
+                os._exit(143)
 
     def _write(self) -> None:
-        _write_json(self.path, {**self._state, "time": time.time()})
+        if self._client is not None:
+            self._client.heartbeat(**self._state, time=time.time())
+        else:
+            _write_json(self.path, {**self._state, "time": time.time()})
 
     def set_phase(self, phase: str) -> None:
         self._state["phase"] = phase
@@ -286,6 +299,8 @@ class HealthMonitor:
         self._stop.set()
         with contextlib.suppress(OSError):
             self._write()
+        if self._client is not None:
+            self._client.drain()  # the last beat (done / failed) must reach the publisher before this exits
 
 
 class NullMonitor:

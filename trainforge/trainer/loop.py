@@ -24,7 +24,7 @@ from trainforge.contract.events import CheckpointCorrupt, Metrics, SegmentEnd, S
 from trainforge.datasets.catalog import load_version_dir
 from trainforge.datasets.sampler import SampleOrder
 from trainforge.datasets.stream import open_reader
-from trainforge.events import AsyncEventWriter, EventWriter, worker_sender
+from trainforge.events import AsyncEventWriter, event_sink, worker_sender
 from trainforge.trainer.distributed import DistContext
 from trainforge.trainer.engine import StepHook, build_engine
 from trainforge.trainer.faults import step_hooks_from_env
@@ -166,7 +166,7 @@ def train(cfg: SegmentConfig, ctx: DistContext, hooks: Sequence[StepHook] | None
     """Train one segment: from the last committed checkpoint (or step 0) to the end or the segment limit.
     `hooks` run at the start of each step; None installs the chaos harness's from $TRAINFORGE_FAULT (faults.py)."""
     tr = cfg.training
-    events = EventWriter(cfg.run_dir, ctx.is_main, worker_sender(cfg.job_id, ctx.rank))
+    events = event_sink(cfg.run_dir, ctx.is_main, worker_sender(cfg.job_id, ctx.rank))
     monitor = current_monitor()  # heartbeats, divergence policy, termination notice (trainer/health.py)
     hooks = step_hooks_from_env(cfg.run_dir, ctx.rank) if hooks is None else hooks
     torch.manual_seed(tr.seed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 import time
 import traceback
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from trainforge.contract.config import ENV_VAR, SegmentConfig
 from trainforge.contract.script_env import script_environment
+from trainforge.events import rank_client
 from trainforge.trainer.health import HealthPolicy, current_monitor, start_monitor
 
 USER_ERRORS = ("UserCodeError", "OutOfMemoryError", "MemoryError", "FloatingPointError", "InjectedFault")
@@ -45,8 +47,8 @@ def classify(exc: BaseException) -> str:
 
 
 def write_failure(cfg: SegmentConfig, rank: int, exc: BaseException) -> None:
-    folder = Path(cfg.run_dir) / "failures"
-    folder.mkdir(parents=True, exist_ok=True)
+    """The rank's failure report: through the node's publisher to the control plane (which keeps it in the job's
+    failures/ folder), or into run_dir/failures when the worker has no publisher."""
     attempt = os.environ.get("TRAINFORGE_SEGMENT_ATTEMPT", "0")
     report = {
         "rank": rank,
@@ -59,6 +61,14 @@ def write_failure(cfg: SegmentConfig, rank: int, exc: BaseException) -> None:
     }
     if hasattr(exc, "step") and type(exc).__name__ == "DivergenceError":
         report.update(step=exc.step, reason=exc.reason)
+    client = rank_client(rank)
+    if client is not None:
+        # The envelope's `type` tells the control plane it is a failure report (contract/events.py FailureReport).
+        client.publish({"type": "failure", "host": socket.gethostname(), **report})
+        client.drain(5.0)  # the process exits next (os._exit): nothing may stay in the client's buffer
+        return
+    folder = Path(cfg.run_dir) / "failures"
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / f"segment-{attempt}-rank-{rank:05d}.json").write_text(json.dumps(report, indent=1))
 
 

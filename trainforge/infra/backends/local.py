@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,21 +24,59 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class SidecarSpec:
+    """The node's channel publisher (trainforge/infra/backends/sidecar.py): where it writes and its ranks' socket."""
+
+    store_url: str
+    root: str
+    node: str
+    socket: str
+    flush_interval_s: float = 0.5
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "trainforge.infra.backends.sidecar", "--store", self.store_url,
+                "--root", self.root, "--node", self.node, "--socket", self.socket,
+                "--flush-interval", str(self.flush_interval_s)]
+
+
 @dataclass
 class LocalGang:
     launch: LaunchSpec
     env: dict[str, str]
     agent_log: Path
+    sidecar: SidecarSpec | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    sidecar_proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def start(self) -> None:
         self.agent_log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(self.env)
+        if self.sidecar is not None:
+            # Started first and in its own session: it outlives a rank's restart, and the ranks' first
+            # datagrams wait in their client's buffer until it is up.
+            env["TRAINFORGE_CHANNEL_SOCKET"] = self.sidecar.socket
+            with open(self.agent_log.with_name(self.agent_log.stem + ".sidecar.log"), "ab") as slog:
+                self.sidecar_proc = subprocess.Popen(self.sidecar.command(), env=env, stdout=slog,
+                                                     stderr=subprocess.STDOUT, start_new_session=True)
         log = open(self.agent_log, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         try:
-            self.proc = subprocess.Popen(torchrun_command(self.launch), env=self.env, stdout=log,
+            self.proc = subprocess.Popen(torchrun_command(self.launch), env=env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             log.close()
+
+    def stop_sidecar(self, timeout_s: float = 15.0) -> None:
+        """Let the node's publisher write its last (closing) batch and exit; SIGKILL it past `timeout_s`."""
+        proc, self.sidecar_proc = self.sidecar_proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
 
     def poll(self) -> int | None:
         assert self.proc is not None
@@ -51,7 +90,15 @@ class LocalGang:
     def terminate(self, grace_s: float = 5.0) -> None:
         """SIGTERM the whole process group (agent and workers), then SIGKILL whatever is left after grace_s."""
         if self.proc is None:
+            self.stop_sidecar()
             return
+        try:
+            self._terminate_agent(grace_s)
+        finally:
+            self.stop_sidecar()
+
+    def _terminate_agent(self, grace_s: float) -> None:
+        assert self.proc is not None
         pgid = self.proc.pid
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             try:
@@ -105,6 +152,13 @@ class LocalMultiNodeGang:
         """Nodes whose agent itself died of a signal (SIGKILL: the host went away), as opposed to an agent that
         exited with an error after one of its workers failed."""
         return [i for i, gang in enumerate(self.nodes) if (code := gang.poll()) is not None and code < 0]
+
+    def stop_sidecar(self, timeout_s: float = 15.0) -> None:
+        for gang in self.nodes:
+            if gang.sidecar_proc is not None:
+                gang.sidecar_proc.send_signal(signal.SIGTERM)  # all at once: they close concurrently
+        for gang in self.nodes:
+            gang.stop_sidecar(timeout_s)
 
     def terminate(self, grace_s: float = 5.0) -> None:
         for gang in self.nodes:

@@ -1,0 +1,145 @@
+"""The node sidecar: one per node, started by the backend beside the node's torchrun agent.
+
+It runs the node's `NodePublisher` (trainforge/contract/channel.py): the node's ranks send their events,
+heartbeats and failure reports to it over its Unix datagram socket ($TRAINFORGE_CHANNEL_SOCKET), and it batches
+them into the job's channel in the object store. It outlives a rank's restart (torchrun restarts workers, not the
+sidecar), so nothing a rank sent before it died is lost with it.
+
+It also watches its own node's rank processes (a node-local check: the control plane needs no pid): a rank whose
+process is gone without a last heartbeat ("done"/"failed") is reported at once, with `alive: false` in its
+heartbeat and an immediate flush, so kill -9 detection stays well under a second plus one read of the channel.
+
+Commands down are delivered to the node's ranks here, as local signals: `preemption_notice` / `resize_notice` /
+`stop` -> SIGTERM (the ranks' HealthMonitor turns it into a checkpoint at the next step boundary),
+`dump_stacks` -> SIGUSR1 (faulthandler), `kill_rank` -> SIGKILL of one rank (an unresponsive or hung one). A node
+whose lease lapsed (no renewal from the control plane) stops its ranks: SIGTERM, then SIGKILL.
+
+Run: python -m trainforge.infra.backends.sidecar --store URL --root ROOT --node NAME --socket @NAME
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from trainforge.contract.channel import FLUSH_INTERVAL_S, LEASE_TTL_S, Command, NodePublisher
+
+log = logging.getLogger(__name__)
+
+SOCKET_ENV = "TRAINFORGE_CHANNEL_SOCKET"
+"""The worker's environment variable naming its node's publisher socket (a leading '@': abstract namespace)."""
+WATCH_INTERVAL_S = 0.1
+FINISHED = ("done", "failed", "terminated")
+
+
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a killed worker stays a zombie until torchrun reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+class NodeSidecar:
+    """The publisher plus the node-local watch of its ranks and the delivery of commands to them."""
+
+    def __init__(self, publisher: NodePublisher, *, watch_interval_s: float = WATCH_INTERVAL_S):
+        self.publisher = publisher
+        self.watch_interval_s = watch_interval_s
+        self.stopping = threading.Event()
+        self._reported: set[tuple[str, int]] = set()  # (rank, pid) already reported dead
+        publisher.on_command(self._on_command)
+
+    def _pids(self) -> dict[str, int]:
+        out = {}
+        for rank, info in self.publisher.beats().items():
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                out[rank] = int(info["pid"])
+        return out
+
+    def _signal_ranks(self, sig: int, rank: Any = None) -> None:
+        for r, pid in self._pids().items():
+            if rank is None or str(rank) == r:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+
+    def _on_command(self, cmd: Command) -> None:
+        if cmd.kind in ("preemption_notice", "resize_notice", "stop"):
+            self._signal_ranks(signal.SIGTERM)
+        elif cmd.kind == "dump_stacks":
+            self._signal_ranks(signal.SIGUSR1, cmd.args.get("rank"))
+        elif cmd.kind == "kill_rank":
+            self._signal_ranks(signal.SIGKILL, cmd.args["rank"])
+        elif cmd.kind == "lease_expired":
+            log.warning("sidecar %s: the control plane's lease lapsed: stopping this node's ranks",
+                        self.publisher.node)
+            self._signal_ranks(signal.SIGTERM)
+            timer = threading.Timer(5.0, self._signal_ranks, (signal.SIGKILL,))
+            timer.daemon = True
+            timer.start()
+
+    def watch_once(self) -> bool:
+        """Mark the ranks whose process is gone; True when one was newly found dead."""
+        found = False
+        for rank, info in self.publisher.beats().items():
+            if info.get("phase") in FINISHED or info.get("alive") is False or "pid" not in info:
+                continue
+            pid = int(info["pid"])
+            if (rank, pid) in self._reported or pid_alive(pid):
+                continue
+            self._reported.add((rank, pid))
+            self.publisher.heartbeat(rank, **{**info, "alive": False, "dead_at": time.time()})
+            found = True
+        if found:
+            self.publisher.wake()
+        return found
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.watch_interval_s):
+            self.watch_once()
+        self.watch_once()  # a rank that died just before the stop is reported in the closing batch
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainforge.infra.storage import open_store
+
+    parser = argparse.ArgumentParser(prog="python -m trainforge.infra.backends.sidecar",
+                                     description="A node's channel publisher and rank watch (started by the backend).")
+    parser.add_argument("--store", required=True, help="object store URL of the job (a folder, file://, s3://)")
+    parser.add_argument("--root", required=True, help="the channel's root key (the segment attempt's channel)")
+    parser.add_argument("--node", required=True, help="this node's name (the scheduler's)")
+    parser.add_argument("--socket", required=True, help="the Unix datagram socket of the node's ranks")
+    parser.add_argument("--flush-interval", type=float, default=FLUSH_INTERVAL_S)
+    parser.add_argument("--lease-ttl", type=float, default=LEASE_TTL_S)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s sidecar %(levelname)s %(name)s: %(message)s")
+    publisher = NodePublisher(open_store(args.store), args.root, args.node, flush_interval_s=args.flush_interval,
+                              lease_ttl_s=args.lease_ttl, socket_path=args.socket, info={"pid": os.getpid()})
+    sidecar = NodeSidecar(publisher)
+    signal.signal(signal.SIGTERM, lambda *_: sidecar.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: sidecar.stopping.set())
+    publisher.start()
+    try:
+        sidecar.run()
+    finally:
+        publisher.close(timeout=10.0)  # the closing batch: the reader tells a clean end from a lost node
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
