@@ -391,3 +391,47 @@ def test_a_store_outage_blocks_no_caller_and_loses_no_record(store):
     seen = [r["i"] for _, _, _, r in reader.records(reader.poll())]
     assert seen == list(range(50))
     assert pub.stats["put_failures"] > 0 and slowest < 0.05
+
+
+def test_a_rank_client_shared_by_threads_sends_every_record_exactly_once():
+    """One RankClient per process is shared by the heartbeat thread, the event writer and the loop: concurrent
+    sends must neither duplicate nor lose a record (unlocked, two threads sent the same head record and both popped
+    it; a resumed job died of `IndexError: pop from an empty deque`)."""
+    import socket
+    import threading
+
+    path = f"@tf-channel-threads-{os.getpid()}"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind("\0" + path[1:])
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+    server.settimeout(2.0)
+    rank = RankClient(path, 0)
+    threads, per_thread = 6, 300
+    received: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def receive() -> None:
+        while not done.is_set() or len(received) < threads * per_thread:
+            try:
+                msg = json.loads(server.recv(1 << 17))
+            except TimeoutError:
+                return
+            received.append((msg["rec"]["thread"], msg["rec"]["i"]))
+
+    def send(t: int) -> None:
+        for i in range(per_thread):
+            rank.publish({"thread": t, "i": i})
+
+    reader = threading.Thread(target=receive)
+    reader.start()
+    senders = [threading.Thread(target=send, args=(t,)) for t in range(threads)]
+    for s in senders:
+        s.start()
+    for s in senders:
+        s.join(30)
+    assert rank.drain(timeout_s=10.0)
+    done.set()
+    reader.join(15)
+    server.close()
+    rank.close()
+    assert sorted(received) == [(t, i) for t in range(threads) for i in range(per_thread)]

@@ -559,7 +559,11 @@ class RankClient:
 
     Never blocks: a send the socket cannot take now (publisher busy or not up yet) waits in a bounded buffer and
     goes with the next call. `lease_expired()` is also true when the publisher has been silent for the lease's
-    length: a rank that nobody supervises stops."""
+    length: a rank that nobody supervises stops.
+
+    Thread-safe: one client per process is shared by the heartbeat thread, the event writer's thread and the
+    training loop, so the buffer and the socket are used under one lock (without it two threads sent the same
+    head record and both popped it: a duplicate, a lost record, or IndexError on an emptied buffer)."""
 
     def __init__(self, socket_path: str, rank: int, *, lease_ttl_s: float = LEASE_TTL_S, max_buffer: int = 10_000,
                  clock: Callable[[], float] = time.monotonic):
@@ -570,6 +574,9 @@ class RankClient:
         self._buffer: collections.deque[bytes] = collections.deque(maxlen=max_buffer)
         self._commands: list[dict[str, Any]] = []
         self._lease_deadline = clock() + lease_ttl_s
+        # Reentrant: the SIGTERM handler (trainer/health.py) sends a heartbeat on the main thread, which may be
+        # inside a send already.
+        self._lock = threading.RLock()
         self.dropped = 0
 
     def publish(self, record: dict[str, Any]) -> None:
@@ -583,16 +590,21 @@ class RankClient:
         self._send(json.dumps({"t": "hb", "rank": self.rank, "info": info}, default=str).encode())
 
     def _send(self, data: bytes | None) -> None:
-        if data is not None:
-            if len(self._buffer) == self._buffer.maxlen:
-                self.dropped += 1
-            self._buffer.append(data)
-        while self._buffer:
-            try:
-                self._sock.sendto(self._buffer[0], self.address)
-            except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
-                return  # keep it for the next call
-            self._buffer.popleft()
+        with self._lock:
+            if data is not None:
+                if len(self._buffer) == self._buffer.maxlen:
+                    self.dropped += 1
+                self._buffer.append(data)
+            while self._buffer:
+                try:
+                    head = self._buffer.popleft()
+                except IndexError:  # emptied by a signal handler's send on this thread (the lock is reentrant)
+                    return
+                try:
+                    self._sock.sendto(head, self.address)
+                except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
+                    self._buffer.appendleft(head)  # keep it for the next call
+                    return
 
     def flush(self) -> None:
         self._send(None)
@@ -608,20 +620,22 @@ class RankClient:
         return not self._buffer
 
     def _drain(self) -> None:
-        while True:
-            try:
-                data = self._sock.recv(MAX_DATAGRAM + 1024)
-            except (BlockingIOError, InterruptedError):
-                return
-            msg = json.loads(data)
-            if msg.get("t") == "cmd":
-                self._commands.append(msg["cmd"])
-            elif msg.get("t") == "lease":
-                self._lease_deadline = self._clock() + float(msg["remaining_s"])
+        with self._lock:
+            while True:
+                try:
+                    data = self._sock.recv(MAX_DATAGRAM + 1024)
+                except (BlockingIOError, InterruptedError):
+                    return
+                msg = json.loads(data)
+                if msg.get("t") == "cmd":
+                    self._commands.append(msg["cmd"])
+                elif msg.get("t") == "lease":
+                    self._lease_deadline = self._clock() + float(msg["remaining_s"])
 
     def poll_commands(self) -> list[dict[str, Any]]:
         self._drain()
-        out, self._commands = self._commands, []
+        with self._lock:
+            out, self._commands = self._commands, []
         return out
 
     def lease_expired(self) -> bool:
