@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trainforge.home import home
+from trainforge.infra.procs import pid_alive
 from trainforge.infra.storage.seaweedfs import LOOPBACK, _free_ports, find_weed
 
 BIN = Path(sys.executable).parent
@@ -50,20 +51,6 @@ def find_pg_bin() -> Path | None:
     found = shutil.which("pg_ctl")
     return Path(found).parent if found and Path(found).with_name("initdb").is_file() else None
 
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def _tail(path: Path, n: int = 30) -> str:
@@ -140,7 +127,7 @@ class ServerStack:
     def _wait_http(self, name: str, url: str, state: dict[str, Any], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not _alive(state[name]["pid"]):
+            if not pid_alive(state[name]["pid"]):
                 raise StackError(f"{name} exited while starting:\n{_tail(Path(state[name]['log']))}")
             if _http_ok(url):
                 state[name]["ready_s"] = round(time.time() - state["started_at"], 1)
@@ -258,7 +245,7 @@ class ServerStack:
         deadline = time.monotonic() + timeout_s
         last = "no answer"
         while time.monotonic() < deadline:
-            if not _alive(state["seaweedfs"]["pid"]):
+            if not pid_alive(state["seaweedfs"]["pid"]):
                 raise StackError(f"weed exited while starting:\n{_tail(Path(state['seaweedfs']['log']))}")
             try:  # ready = buckets exist and a write lands (the volume server has registered)
                 have = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
@@ -330,7 +317,7 @@ class ServerStack:
         """Ready = the server lists the worker as online on the pool (it heartbeats on start)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not _alive(state["worker"]["pid"]):
+            if not pid_alive(state["worker"]["pid"]):
                 raise StackError(f"worker exited while starting:\n{_tail(Path(state['worker']['log']))}")
             if _worker_online(state["prefect"]["url"]):
                 state["worker"]["ready_s"] = round(time.time() - state["started_at"], 1)
@@ -377,7 +364,7 @@ class ServerStack:
                     stopped.append(name)
                 continue
             pid = info.get("pid")
-            if _alive(pid):
+            if pid_alive(pid):
                 stopped.append(name)
             # A worker ignores SIGTERM once its server is gone: SIGINT, and before the Prefect server (order).
             _kill_group(pid, grace_s, first=signal.SIGINT if name == "worker" else signal.SIGTERM)
@@ -401,7 +388,7 @@ class ServerStack:
             subprocess.run([*info.get("as_user", []), str(Path(info["bin"]) / "pg_ctl"), "-D", str(data), "-m",
                             "fast", "-w", "-t", str(int(grace_s)), "stop"], capture_output=True, timeout=grace_s + 15)
         pid = info.get("pid")
-        if _alive(pid):
+        if pid_alive(pid):
             _kill_group(pid, 5.0)
         return True
 
@@ -416,20 +403,20 @@ class ServerStack:
             url, healthy, detail = "", False, "not started"
             if name == "postgres" and info:
                 url = f"postgresql://postgres@{LOOPBACK}:{info['port']}"
-                healthy = _alive(pid) and _pg_ok(info["port"])
+                healthy = pid_alive(pid) and _pg_ok(info["port"])
             elif name == "seaweedfs" and info:
                 url = info["endpoint"]
-                healthy = _alive(pid) and _http_ok(f"{url}/healthz") or (_alive(pid) and self._s3_ok(state))
+                healthy = pid_alive(pid) and _http_ok(f"{url}/healthz") or (pid_alive(pid) and self._s3_ok(state))
             elif name == "worker" and info:
                 prefect_url = (state.get("prefect") or {}).get("url", "")
                 url = f"pool {info.get('pool', POOL)} @ {prefect_url}"
-                healthy = _alive(pid) and _worker_online(prefect_url)
+                healthy = pid_alive(pid) and _worker_online(prefect_url)
             elif info:
                 url = info["url"]
-                healthy = _alive(pid) and _http_ok(f"{url}/api/health" if name == "prefect" else f"{url}/health")
+                healthy = pid_alive(pid) and _http_ok(f"{url}/api/health" if name == "prefect" else f"{url}/health")
             if info:
                 detail = "ok" if healthy else f"down (log: {info.get('log')})"
-            rows.append({"name": name, "pid": pid if _alive(pid) else None, "url": url, "healthy": healthy,
+            rows.append({"name": name, "pid": pid if pid_alive(pid) else None, "url": url, "healthy": healthy,
                          "detail": detail, "ready_s": info.get("ready_s")})
         return rows
 

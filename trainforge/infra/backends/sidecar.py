@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from trainforge.contract.channel import FLUSH_INTERVAL_S, LEASE_TTL_S, Command, NodePublisher
+from trainforge.infra.procs import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +38,6 @@ SOCKET_ENV = "TRAINFORGE_CHANNEL_SOCKET"
 """The worker's environment variable naming its node's publisher socket (a leading '@': abstract namespace)."""
 WATCH_INTERVAL_S = 0.1
 FINISHED = ("done", "failed", "terminated")
-
-
-def pid_alive(pid: int) -> bool:
-    """The process exists and is not a zombie (a killed worker stays a zombie until torchrun reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
 
 class NodeSidecar:
