@@ -31,7 +31,7 @@ debian-deps:
 	else scripts/setup-debian.sh --check || echo "debian-deps: not root, nothing installed (see above)"; fi
 
 test: $(STAMP) debian-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 lint: $(STAMP)
 	$(BIN)/ruff check trainforge tests bench

@@ -10,6 +10,9 @@ import math
 from dataclasses import dataclass
 
 from trainforge.plan.model import ModelShape
+from trainforge.plan.support import LayoutProblem, engine_problems, uses_fsdp
+
+__all__ = ["Layout", "LayoutProblem", "gradient_accumulation_steps", "layout_problems"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +45,6 @@ class Layout:
         return ",".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
-class LayoutProblem:
-    field: str
-    message: str
-    fix: str
-
-
 def gradient_accumulation_steps(layout: Layout, global_batch_size: int) -> int:
     """Micro-batches per optimizer step per data-parallel rank (pipeline micro-batches included)."""
     return global_batch_size // (layout.dp * layout.micro_batch_size)
@@ -75,10 +71,6 @@ def layout_problems(
     if model.heads % layout.tp:
         out.append(LayoutProblem("parallelism.tp", f"tp ({layout.tp}) does not divide attention heads ({model.heads})",
                                  f"use a tp that divides {model.heads}"))
-    elif model.kv_heads % layout.tp and layout.tp % model.kv_heads:
-        out.append(LayoutProblem("parallelism.tp",
-                                 f"tp ({layout.tp}) and kv_heads ({model.kv_heads}) must divide one another",
-                                 f"use a tp that divides {model.kv_heads} or a multiple of it"))
     if layout.tp > gpus_per_node:
         out.append(LayoutProblem("parallelism.tp", f"tp ({layout.tp}) exceeds GPUs per node ({gpus_per_node}); "
                                  "tensor parallelism needs NVLink within one node",
@@ -104,6 +96,8 @@ def layout_problems(
         if layout.dp % layout.ep:
             out.append(LayoutProblem("parallelism.ep", f"ep ({layout.ep}) does not divide dp ({layout.dp})",
                                      "expert parallelism borrows data-parallel ranks; pick ep dividing dp"))
+    out += engine_problems(tp=layout.tp, pp=layout.pp, ep=layout.ep, fsdp=uses_fsdp(layout.sharding, layout.dp),
+                           kv_heads=model.kv_heads if model.heads % layout.tp == 0 else None)
     per_step = layout.dp * layout.micro_batch_size
     if global_batch_size % per_step:
         out.append(LayoutProblem(

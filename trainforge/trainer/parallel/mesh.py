@@ -16,6 +16,8 @@ from typing import Any
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from trainforge.plan.support import check_supported
+
 
 class MeshAxis(StrEnum):
     DP_REPLICATE = "dp_replicate"
@@ -50,9 +52,8 @@ class ParallelDims:
                              f"tp({self.tp}) != world_size({self.world_size})")
         if dp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide dp ({dp}): expert parallelism borrows data-parallel ranks")
-        if self.ep > 1 and self.dp_shard > 1:
-            raise ValueError(f"ep ({self.ep}) with FSDP sharding (dp_shard={self.dp_shard}) is not supported; use "
-                             "sharding: none with expert parallelism")
+        # The planner and `validate` reject these layouts from the same rules (plan/support.py), before allocation.
+        check_supported(tp=self.tp, pp=self.pp, ep=self.ep, fsdp=self.dp_shard > 1)
 
     @property
     def dp(self) -> int:

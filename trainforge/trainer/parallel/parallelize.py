@@ -196,8 +196,7 @@ def parallelize(model: nn.Module, layout: dict[str, Any], *, world_size: int, ra
             raise AssertionError("DDP is only used for pure data parallelism")
         pm.model = apply_ddp(model, mesh[MeshAxis.DP], [device.index] if device.type == "cuda" else None)
     if dims.pp > 1:
-        if dims.ep > 1:
-            raise ValueError("expert parallelism with pipeline parallelism is not supported; use pp: 1")
+        # ep with pp never gets here: ParallelDims refuses it (plan/support.py).
         micro = layout.get("micro_batch_size", 1)
         n_micro = max(1, (local_batch or micro) // micro)
         pm.pipeline = build_schedule(parts, stage_ids, mesh[MeshAxis.PP], schedule=layout.get("schedule", "1f1b"),

@@ -21,14 +21,15 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from trainforge.plan.support import check_supported
+
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool = True,
              loss_parallel: bool = True) -> None:
     """Parallelize a Llama (or a pipeline chunk of one: missing embedding/norm/output are skipped) in place."""
     tp = tp_mesh.size()
     kv = getattr(model, "config", None) and model.config.kv_heads
-    if kv and kv % tp:
-        raise ValueError(f"tp ({tp}) must divide kv_heads ({kv})")
+    check_supported(tp=tp, kv_heads=kv or None)
     seq = Shard(1) if sequence_parallel else Replicate()
     top: dict[str, object] = {}
     if getattr(model, "tok_embeddings", None) is not None:
