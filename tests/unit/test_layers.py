@@ -9,7 +9,7 @@ Rules:
   (a) no import cycle anywhere in trainforge/;
   (b) nothing below tasks/, flows/, commands/, cli.py and __main__.py imports them;
   (c) the trainer (trainer/, runtime.py) reaches no control-plane module, directly or through another module;
-      storage and the checkpoint format (infra.storage, registry.manifest / dedup / safeload) sit below both;
+      storage and the checkpoint format (infra.storage, registry.manifest / dedup) sit below both;
   (d) contract/ imports only spec, plan, infra.storage and itself (no torch, no trainer, nothing of the
       control plane), directly or through another module;
   (e) the pure layers (spec.py, plan/) import only each other.
@@ -35,8 +35,7 @@ TOP = ("trainforge.tasks", "trainforge.flows", "trainforge.commands", "trainforg
 # and registry/ (scheduler, backends, launch, k8s, servers, simulator, cost; job records, tracking, promotion,
 # lineage, reports, alerts, retention) but storage and the checkpoint format, which sit below both sides.
 CONTROL_PLANE = ("trainforge.infra", "trainforge.registry", *TOP)
-BELOW_BOTH = ("trainforge.infra.storage", "trainforge.registry.manifest", "trainforge.registry.dedup",
-              "trainforge.registry.safeload")
+BELOW_BOTH = ("trainforge.infra.storage", "trainforge.registry.manifest", "trainforge.registry.dedup")
 TRAINER = ("trainforge.trainer", "trainforge.runtime")
 
 # What the contract may import of trainforge (it is imported by both sides, so it sits below both).

@@ -61,9 +61,14 @@ def load_entrypoint(entrypoint: str, code_dir: str) -> Any:
 def load_init_weights(model: torch.nn.Module, path: str) -> None:
     """Load a safetensors file of full (unsharded) weights; nothing is unpickled. Shape or name mismatches are the
     user's to fix (init_from names a model of another architecture)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    state = load_file(path)
+    try:
+        state = load_file(path)
+    except (SafetensorError, OSError) as exc:  # a pickle (.pt/.bin) lands here too: never handed to an unpickler
+        raise UserCodeError(f"init_from weights {path} are not a readable safetensors file ({exc}); export the "
+                            "model with safetensors (`trainforge promote` registers model.safetensors)") from None
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))

@@ -4,14 +4,28 @@ reads its weights back (evaluation, export).
 It sits below both `trainer/checkpoint.py` (which reads any checkpoint's weights, DCP or DeepSpeed) and
 `trainer/parallel/deepspeed_engine.py` (which writes them), so neither imports the other's module to know the
 format. `deepspeed` itself is imported only when a DeepSpeed checkpoint is consolidated.
+
+Nothing DeepSpeed reads is unpickled with the full machinery: DeepSpeed's files are torch pickles and DeepSpeed
+calls `torch.load(..., weights_only=False)` (its checkpoint engine and `zero_to_fp32`), so a crafted file in a
+checkpoint path could run code on load. `safe_deepspeed_load()` makes every `torch.load` DeepSpeed makes inside
+it a `weights_only=True` load (torch's restricted unpickler: tensors and plain containers) that also accepts the
+few plain classes DeepSpeed stores (`DEEPSPEED_GLOBALS`); anything else is refused with `UnsafeCheckpointError`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import pickle
 import re
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from trainforge.trainer.checkpointing.safe_dcp import UnsafeCheckpointError
 
 DS_TAG = "ds"  # DeepSpeed's checkpoint tag: its files live in `<step folder>/ds/`
 
@@ -38,6 +52,51 @@ def load_deepspeed_weights(folder: Path, model: torch.nn.Module) -> None:
     it strictly (evaluation, export). `folder` must be a materialized, sha256-verified committed checkpoint."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    state = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG)
+    with safe_deepspeed_load():
+        state = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG)
     own = model.state_dict()
     model.load_state_dict({k: v.to(own[k].dtype) if k in own else v for k, v in state.items()}, strict=True)
+
+
+# The classes DeepSpeed pickles into its checkpoint files besides tensors and plain containers (found with
+# `torch.serialization.get_unsafe_globals_in_checkpoint` on the files tests/distributed/test_deepspeed_checkpoint.py
+# writes). Plain data: enums, the loss scaler's attributes, the config namespace. Nothing with a `__reduce__` that
+# calls out.
+DEEPSPEED_GLOBALS: tuple[str, ...] = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+
+_PATCH = threading.Lock()
+
+
+def _resolve(name: str) -> Any:
+    module, _, attr = name.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+@contextlib.contextmanager
+def safe_deepspeed_load() -> Iterator[None]:
+    """Inside: `torch.load` is restricted (weights_only + `DEEPSPEED_GLOBALS`) for whoever calls it — DeepSpeed looks
+    `torch.load` up at call time in both of its readers, so swapping the attribute is the one hook that covers them.
+    Held under a lock: one restore at a time per process (resume and consolidation are never concurrent)."""
+    allowed = [_resolve(name) for name in DEEPSPEED_GLOBALS]
+    original = torch.load
+
+    def restricted(f: Any, map_location: Any = None, *args: Any, weights_only: Any = None, **kwargs: Any) -> Any:
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return original(f, map_location, *args, weights_only=True, **kwargs)
+        except pickle.UnpicklingError as exc:
+            first = str(exc).strip().splitlines()
+            raise UnsafeCheckpointError(f"refused to unpickle {f}: not tensors or DeepSpeed's plain state "
+                                        f"({first[-1] if first else exc})") from None
+
+    with _PATCH:
+        torch.load = restricted  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            torch.load = original  # type: ignore[assignment]

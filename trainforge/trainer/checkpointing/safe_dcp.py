@@ -65,7 +65,11 @@ class SafeFileSystemReader(FileSystemReader):
 
 class SafeLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        obj = torch.load(value, weights_only=True)
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise UnsafeCheckpointError(f"checkpoint item {read_item.dest_index.fqn} would need arbitrary "
+                                        f"unpickling: refused ({str(exc).splitlines()[0]})") from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:

@@ -13,7 +13,7 @@ folder, and the platform's Checkpointer commits those files (`commit_files`: ded
 manifest last, create-only) like its own. Resume takes the newest committed checkpoint whose files all verify
 against the manifest (`Checkpointer.latest` / `local_folder`), drops any file in the folder that the manifest does
 not list, and only then calls `engine.load_checkpoint(load_module_strict=True)`: DeepSpeed's files are torch
-pickles, loaded only from the job's own verified checkpoint. The LR is a pure function of the step and the data
+pickles, loaded only from the job's own verified checkpoint and through `safe_deepspeed_load` (an allow-list). The LR is a pure function of the step and the data
 order of (seed, position), so model, ZeRO partitions, LR and data position all continue exactly.
 Evaluation/export consolidate the ZeRO partitions with `get_fp32_state_dict_from_zero_checkpoint`
 (`load_deepspeed_weights`, in `trainer/checkpointing/deepspeed_format.py` with the rest of the format).
@@ -34,7 +34,11 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from trainforge.trainer.checkpoint import CheckpointCorruptError, capture_rng, restore_rng
-from trainforge.trainer.checkpointing.deepspeed_format import DS_TAG, deepspeed_rank_files
+from trainforge.trainer.checkpointing.deepspeed_format import (
+    DS_TAG,
+    deepspeed_rank_files,
+    safe_deepspeed_load,
+)
 from trainforge.trainer.parallel.parallelize import cross_entropy
 
 logger = logging.getLogger(__name__)
@@ -130,8 +134,9 @@ def load_deepspeed(engine: Any, ckpt: Any, ref: Any) -> None:
                 p.unlink()
     if dist.is_initialized():
         dist.barrier()
-    path, _ = engine.load_checkpoint(str(folder), tag=DS_TAG, load_module_strict=True, load_optimizer_states=True,
-                                     load_lr_scheduler_states=True)
+    with safe_deepspeed_load():  # DeepSpeed's files are pickles: restricted unpickling (deepspeed_format.py)
+        path, _ = engine.load_checkpoint(str(folder), tag=DS_TAG, load_module_strict=True,
+                                         load_optimizer_states=True, load_lr_scheduler_states=True)
     if path is None:
         raise CheckpointCorruptError(f"checkpoint step {ref.step}: DeepSpeed found no checkpoint in {folder}")
     rng_file = folder / f"rng-rank{ckpt.ctx.rank:05d}.safetensors"
