@@ -28,7 +28,7 @@ from trainforge.plan.cluster import ClusterSpec, NodeGroup
 from trainforge.spec import JobSpec, Priority
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
-KUEUE_API = "kueue.x-k8s.io/v1beta1"
+KUEUE_API = "kueue.x-k8s.io/v1beta2"  # the storage version (v1beta1: served, deprecated)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
