@@ -252,12 +252,35 @@ def _object(value: dict[str, Any], schema: dict[str, Any], path: str, errors: li
             errors.append(f"{sub}: unknown field {key!r} (known fields: {known})")
 
 
+@functools.cache
+def _core_validator(api_version: str, kind: str) -> Any:
+    """kubernetes-validate's strict schema of one core kind as a ready validator, built once per process:
+    `kubernetes_validate.validate` re-reads its 5 MB `_definitions.json` on every call (0.2 s per object)."""
+    import jsonschema
+    import kubernetes_validate
+    from kubernetes_validate import utils
+    from referencing import Registry, Resource
+
+    version = [v for v in utils.all_versions() if utils.major_minor(v) <= KUBERNETES_VERSION][-1]
+    schema_dir = f"kubernetes-json-schema/v{version}-local-strict"
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    try:
+        schema = utils.schema_contents(f"{schema_dir}/{kind.lower()}-{group_version}.json", KUBERNETES_VERSION)
+    except FileNotFoundError:
+        raise kubernetes_validate.SchemaNotFoundError(version=KUBERNETES_VERSION, kind=kind,
+                                                      api_version=api_version) from None
+    definitions = utils.schema_contents(f"{schema_dir}/_definitions.json", KUBERNETES_VERSION)
+    registry = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
 def _core(obj: dict[str, Any], where: str) -> None:
+    import jsonschema
     import kubernetes_validate
 
     try:
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
+        _core_validator(obj.get("apiVersion", "?"), obj.get("kind", "?")).validate(obj)
+    except jsonschema.ValidationError as exc:
         path = ".".join(str(p) for p in exc.path)
         raise ManifestInvalid(f"{where}: {path}: {exc.message}") from None
     except kubernetes_validate.SchemaNotFoundError as exc:
