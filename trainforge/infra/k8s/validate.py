@@ -162,9 +162,9 @@ def _validate(value: Any, schema: dict[str, Any], path: str, errors: list[str], 
         _object(value, schema, path, errors, root=root)
     for sub in schema.get("allOf") or []:
         _validate(value, sub, path, errors)
-    if schema.get("anyOf") and not int_or_string:  # int-or-string's anyOf [integer, string] is checked above
-        if all(schema_errors(value, sub, path) for sub in schema["anyOf"]):
-            errors.append(f"{where}: matches none of the allowed forms (anyOf)")
+    # int-or-string's anyOf [integer, string] is checked above
+    if schema.get("anyOf") and not int_or_string and all(schema_errors(value, sub, path) for sub in schema["anyOf"]):
+        errors.append(f"{where}: matches none of the allowed forms (anyOf)")
     if schema.get("oneOf"):
         matching = sum(not schema_errors(value, sub, path) for sub in schema["oneOf"])
         if matching != 1:
@@ -243,9 +243,7 @@ def _object(value: dict[str, Any], schema: dict[str, Any], path: str, errors: li
             _validate(item, props[key], sub, errors)
         elif isinstance(extra, dict):
             _validate(item, extra, sub, errors)
-        elif extra is True or preserve:
-            continue
-        elif embedded and key in ("apiVersion", "kind", "metadata"):
+        elif extra is True or preserve or (embedded and key in ("apiVersion", "kind", "metadata")):
             continue
         else:
             known = ", ".join(sorted(props)) or "none: the schema declares no fields here"
