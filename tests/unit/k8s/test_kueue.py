@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from trainforge.contract.config import SegmentConfig
 from trainforge.infra.k8s.job import manifests_for_spec
 from trainforge.infra.k8s.kueue import SHARED_POOL, flavors, quotas, render_cluster_admin, team_specs
 from trainforge.infra.k8s.render import (
@@ -148,10 +150,13 @@ def test_no_teams_is_an_error_naming_the_fix():
     assert validate_manifests(objs) and "team-demo" in of_kind(objs, "LocalQueue")
 
 
-@pytest.mark.parametrize("example", ["llama-7b-finetune", "llama-200b-pretrain"])
+@pytest.mark.parametrize("example", ["llama-7b-finetune", "llama-70b-pretrain", "llama-200b-pretrain"])
 def test_the_jobset_joins_a_queue_a_priority_and_one_flavor(example):
     spec = load_spec(EXAMPLES / f"{example}.yaml")
-    job = {m["kind"]: m for m in manifests_for_spec(spec, f"{example}-1", FLEET)}
+    manifests = manifests_for_spec(spec, f"{example}-1", FLEET)
+    assert validate_manifests(manifests) == len(manifests)  # against the published CRDs
+    job = {m["kind"]: m for m in manifests}
+    SegmentConfig.model_validate_json(job["ConfigMap"]["data"]["worker-config.json"])  # the pods' config loads
     labels = job["JobSet"]["metadata"]["labels"]
     assert labels["kueue.x-k8s.io/queue-name"] in of_kind(ADMIN, "LocalQueue")
     assert labels["kueue.x-k8s.io/priority-class"] in of_kind(ADMIN, "WorkloadPriorityClass")
@@ -297,3 +302,12 @@ def test_secret_values_never_enter_a_manifest(monkeypatch, tmp_path):
                                                                                    "key": "value"}}}
     assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "nlp-wandb-key"
 
+
+
+def test_golden_cluster_admin_objects():
+    """The fleet's Kueue objects, pinned (regenerate: TRAINFORGE_UPDATE_GOLDEN=1, then review the diff)."""
+    text = yaml.safe_dump_all(ADMIN, sort_keys=True)
+    golden = Path(__file__).parent / "golden" / "fleet-10k-cluster-admin.yaml"
+    if os.environ.get("TRAINFORGE_UPDATE_GOLDEN") or not golden.is_file():
+        golden.write_text(text)
+    assert text == golden.read_text(), f"{golden} changed: review, then TRAINFORGE_UPDATE_GOLDEN=1"
