@@ -143,19 +143,18 @@ def _apportion(units: int, weights: dict[str, float], caps: dict[str, int | None
     while active and left > 0:
         total = sum(weights[t] for t in active)
         ideal = {t: left * weights[t] / total for t in active}
-        capped = {t for t in active if caps[t] is not None and caps[t] <= ideal[t]}  # type: ignore[operator]
+        capped = {t: cap for t in active if (cap := caps[t]) is not None and cap <= ideal[t]}
         if not capped:
             floors = {t: int(ideal[t]) for t in active}
-            rest = left - sum(floors.values())
-            for t in sorted(active, key=lambda t: (-(ideal[t] - floors[t]), t))[:rest]:
+            for t in sorted(active, key=lambda t: (floors[t] - ideal[t], t))[:left - sum(floors.values())]:
                 floors[t] += 1
             for t, n in floors.items():
                 share[t] += n
             break
-        for t in capped:
-            share[t] = caps[t]  # type: ignore[assignment]
-            left -= caps[t]  # type: ignore[operator]
-        active -= capped
+        for t, cap in capped.items():
+            share[t] = cap
+            left -= cap
+        active -= set(capped)
     return share
 
 
@@ -186,21 +185,24 @@ def team_specs(cluster: ClusterSpec, extra_teams: Iterable[str] = ()) -> dict[st
     return teams
 
 
-def quotas(cluster: ClusterSpec, teams: dict[str, TeamSpec]) -> dict[str, dict[str, tuple[int, int | None, int | None]]]:
-    """flavor -> team -> (nominal nodes, borrowing limit in nodes or None, lending limit or None). A dedicated
-    pool's flavor is its owner's alone (nominal = all of it, lends nothing); teams missing from `teams` own none."""
+Quota = tuple[int, int | None, int | None]
+"""(nominal nodes, borrowing limit in nodes or None = unlimited, lending limit in nodes or None = all)."""
+
+
+def quotas(cluster: ClusterSpec, teams: dict[str, TeamSpec]) -> dict[str, dict[str, Quota]]:
+    """flavor -> team -> Quota. A dedicated pool's flavor is its owner's alone (nominal = all of it within the
+    owner's cap, lends nothing); a dedicated pool whose owner is not a team gets no queue."""
     all_flavors = flavors(cluster)
-    out: dict[str, dict[str, tuple[int, int | None, int | None]]] = {}
+    out: dict[str, dict[str, Quota]] = {}
     for f in all_flavors:
         caps = {t: _team_cap_nodes(spec, f, all_flavors) for t, spec in teams.items()}
         if f.pool != SHARED_POOL:
             if f.pool in teams:
-                owned = min(f.nodes, caps[f.pool] if caps[f.pool] is not None else f.nodes)  # type: ignore[type-var]
-                out[f.name] = {f.pool: (owned, 0, 0)}
+                cap = caps[f.pool]
+                out[f.name] = {f.pool: (f.nodes if cap is None else min(f.nodes, cap), 0, 0)}
             continue
         nominal = _apportion(f.nodes, {t: s.weight for t, s in teams.items()}, caps)
-        out[f.name] = {t: (nominal[t], None if caps[t] is None else caps[t] - nominal[t], None)  # type: ignore[operator]
-                       for t in teams}
+        out[f.name] = {t: (nominal[t], None if (cap := caps[t]) is None else cap - nominal[t], None) for t in teams}
     return out
 
 
@@ -230,7 +232,7 @@ def _weight(w: float) -> int | str:
     return int(w) if float(w).is_integer() else f"{w:g}"
 
 
-def render_cluster_queue(team: str, spec: TeamSpec, cluster: ClusterSpec, table: dict[str, dict[str, Any]],
+def render_cluster_queue(team: str, spec: TeamSpec, cluster: ClusterSpec, table: dict[str, dict[str, Quota]],
                          options: K8sOptions) -> dict[str, Any]:
     all_flavors = flavors(cluster)
     covered = _covered(all_flavors, options)
@@ -249,7 +251,7 @@ def render_cluster_queue(team: str, spec: TeamSpec, cluster: ClusterSpec, table:
             }}
 
 
-def render_cohort(cluster: ClusterSpec, table: dict[str, dict[str, Any]], options: K8sOptions) -> dict[str, Any]:
+def render_cohort(cluster: ClusterSpec, table: dict[str, dict[str, Quota]], options: K8sOptions) -> dict[str, Any]:
     """The shared cohort; what no team's nominal quota holds (left over by hard caps) is its own quota."""
     all_flavors = flavors(cluster)
     covered = _covered(all_flavors, options)
