@@ -220,6 +220,10 @@ def _cq() -> dict[str, Any]:
     (lambda o: o.update(apiVersion="kueue.x-k8s.io/v1alpha1"), "not served by the ClusterQueue CRD"),
     (lambda o: o["metadata"].update(namespace="trainforge"), "cluster-scoped"),
     (lambda o: o["metadata"].update(labels={"bad": "x" * 64}), "63 characters"),
+    (lambda o: o["spec"].pop("cohortName"), "borrowingLimit must be nil when cohort is empty"),  # a CEL rule
+    (lambda o: o["spec"]["preemption"].update(reclaimWithinCohort="Never", borrowWithinCohort={
+        "policy": "LowerPriority"}), "reclaimWithinCohort=Never and borrowWithinCohort.Policy!=Never"),
+    (lambda o: o["spec"]["resourceGroups"][0]["flavors"][0]["resources"].pop(), "same number of resources"),
 ])
 def test_crd_validator_refuses_what_the_api_server_would(mutate, message):
     obj = _cq()
@@ -228,6 +232,20 @@ def test_crd_validator_refuses_what_the_api_server_would(mutate, message):
         validate_manifest(obj)
     text = str(info.value)
     assert message in text and text.startswith("ClusterQueue/team-nlp")
+
+
+@pytest.mark.parametrize("kind,mutate,message", [
+    ("Topology", lambda o: o["spec"]["levels"].reverse(), "kubernetes.io/hostname label can only be used at the lowest"),
+    ("Topology", lambda o: o["spec"]["levels"].append(dict(o["spec"]["levels"][0])), "must be unique"),
+    ("ResourceFlavor", lambda o: o["spec"].update(nodeLabels={}), "at least one nodeLabel is required"),
+    ("ResourceFlavor", lambda o: o["spec"].update(tolerations=[{"operator": "Equal", "value": "x"}]),
+     "operator must be Exists when 'key' is empty"),
+])
+def test_the_crds_create_time_cel_rules_are_enforced(kind, mutate, message):
+    obj = copy.deepcopy(next(o for o in ADMIN if o["kind"] == kind))
+    mutate(obj)
+    with pytest.raises(ManifestInvalid, match=re.escape(message)):
+        validate_manifest(obj)
 
 
 def test_structural_schema_semantics():
@@ -257,10 +275,13 @@ def test_structural_schema_semantics():
         "maybe: null is not allowed here"]
 
 
-def test_a_schema_keyword_the_validator_does_not_check_is_refused():
+def test_a_schema_keyword_or_cel_rule_the_validator_does_not_check_is_refused():
     with pytest.raises(ValueError, match="not supported"):
         _check_keywords({"type": "object", "properties": {"x": {"type": "string", "x-kubernetes-new-thing": 1}}},
                         "test")
+    with pytest.raises(ValueError, match="not transcribed"):
+        _check_keywords({"type": "object", "x-kubernetes-validations": [{"rule": "self.size() > 1"}]}, "test")
+    _check_keywords({"type": "object", "x-kubernetes-validations": [{"rule": "self == oldSelf"}]}, "test")  # update
 
 
 def test_vendored_crds_are_the_published_files_unchanged():

@@ -9,8 +9,10 @@ checked against the schemas an API server would apply.
   would silently prune it: a typo'd field is a setting that never takes effect), unless the schema says
   `x-kubernetes-preserve-unknown-fields`; `x-kubernetes-int-or-string` accepts an integer or a string; `nullable`,
   `enum`, `pattern`, lengths, item counts, bounds, `int32`/`int64` ranges, `required`, list-type `set`/`map`
-  uniqueness are enforced. Not evaluated: the CEL rules (`x-kubernetes-validations`; no CEL interpreter here) and
-  defaults (the server fills them in; they never make an object invalid).
+  uniqueness are enforced. The CRDs' CEL rules (`x-kubernetes-validations`) that apply on create are transcribed
+  below (`_CEL`: no CEL interpreter here), each keyed by its exact rule text: a vendored CRD with a create-time
+  rule not transcribed is refused when loaded. Transition rules (`oldSelf`: immutability on update) do not apply
+  to a new object. Defaults are not applied (the server fills them in; they never make an object invalid).
 - What CRDs embed from core types is also checked with the core schemas: the object's metadata as a strict
   `ObjectMeta` (CRDs declare the top-level `metadata` as an open object), and a JobSet's replicated-job template
   as a strict `batch/v1 Job` (on top of the CRD's own copy of the pod schema). Names and labels get Kubernetes'
@@ -20,7 +22,9 @@ checked against the schemas an API server would apply.
 from __future__ import annotations
 
 import functools
+import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +44,62 @@ _CHECKED = {"type", "properties", "additionalProperties", "items", "required", "
             "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems",
             "maxItems", "uniqueItems", "minProperties", "maxProperties", "format", "nullable", "anyOf", "allOf",
             "oneOf", "not", "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
-            "x-kubernetes-embedded-resource", "x-kubernetes-list-type", "x-kubernetes-list-map-keys"}
-_NOT_VALIDATING = {"description", "default", "example", "title", "x-kubernetes-map-type", "x-kubernetes-validations"}
+            "x-kubernetes-embedded-resource", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+            "x-kubernetes-validations"}
+_NOT_VALIDATING = {"description", "default", "example", "title", "x-kubernetes-map-type"}
 _INT_RANGES = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_HOST = "kubernetes.io/hostname"
+
+
+def _no_borrowing_without_cohort(field: str) -> Callable[[Any], bool]:
+    return lambda s: field in s or "resourceGroups" not in s or all(
+        "borrowingLimit" not in r for rg in s["resourceGroups"] for f in rg.get("flavors", [])
+        for r in f.get("resources", []))
+
+
+# The create-time CEL rules of the vendored CRDs, by their exact text -> the same predicate in Python (`self` is
+# the value at the schema node carrying the rule; fields the server would default are read with their defaults).
+_CEL: dict[str, Callable[[Any], bool]] = {
+    "!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && "
+    "self.replicatedJobs.exists(x, has(x.dependsOn)))":
+        lambda s: not ((s.get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder"
+                       and any("dependsOn" in x for x in s.get("replicatedJobs", []))),
+    "self.templates.all(t, !has(t.metadata.namespace) || size(t.metadata.namespace) == 0)":
+        lambda s: all(not (t.get("metadata") or {}).get("namespace") for t in s.get("templates", [])),
+    "!has(self.cohort) && has(self.resourceGroups) ? self.resourceGroups.all(rg, rg.flavors.all(f, "
+    "f.resources.all(r, !has(r.borrowingLimit)))) : true": _no_borrowing_without_cohort("cohort"),
+    "!has(self.cohortName) && has(self.resourceGroups) ? self.resourceGroups.all(rg, rg.flavors.all(f, "
+    "f.resources.all(r, !has(r.borrowingLimit)))) : true": _no_borrowing_without_cohort("cohortName"),
+    "!has(self.preference) || (self.whenCanBorrow == 'TryNextFlavor' && self.whenCanPreempt == 'TryNextFlavor')":
+        lambda s: "preference" not in s or (s.get("whenCanBorrow", "MayStopSearch") == "TryNextFlavor"
+                                            and s.get("whenCanPreempt", "TryNextFlavor") == "TryNextFlavor"),
+    "!(self.reclaimWithinCohort == 'Never' && has(self.borrowWithinCohort) &&  "
+    "self.borrowWithinCohort.policy != 'Never')":
+        lambda s: not (s.get("reclaimWithinCohort", "Never") == "Never" and "borrowWithinCohort" in s
+                       and (s["borrowWithinCohort"] or {}).get("policy", "Never") != "Never"),
+    "self.flavors.all(x, size(x.resources) == size(self.coveredResources))":
+        lambda s: all(len(x.get("resources", [])) == len(s.get("coveredResources", [])) for x in s.get("flavors", [])),
+    "!has(self.topologyName) || self.nodeLabels.size() >= 1":
+        lambda s: "topologyName" not in s or len(s.get("nodeLabels") or {}) >= 1,
+    "self.all(x, x.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])":
+        lambda s: all(x.get("effect") in _EFFECTS for x in s),
+    "self.all(x, !has(x.key) ? x.operator == 'Exists' : true)":
+        lambda s: all("key" in x or x.get("operator") == "Exists" for x in s),
+    "self.all(x, has(x.tolerationSeconds) ? x.effect == 'NoExecute' : true)":
+        lambda s: all("tolerationSeconds" not in x or x.get("effect") == "NoExecute" for x in s),
+    "self.all(x, !has(x.operator) || x.operator in ['Equal', 'Exists'])":
+        lambda s: all(x.get("operator", "Equal") in ("Equal", "Exists") for x in s),
+    "self.all(x, has(x.operator) && x.operator == 'Exists' ? !has(x.value) : true)":
+        lambda s: all(x.get("operator") != "Exists" or "value" not in x for x in s),
+    "self.all(x, !has(x.effect) || x.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])":
+        lambda s: all(x.get("effect", "NoSchedule") in _EFFECTS for x in s),
+    "size(self.filter(i, size(self.filter(j, j == i)) > 1)) == 0":
+        lambda s: len(s) == len({json.dumps(x, sort_keys=True) for x in s}),
+    "size(self.filter(i, i.nodeLabel == 'kubernetes.io/hostname')) == 0 || "
+    "self[size(self) - 1].nodeLabel == 'kubernetes.io/hostname'":
+        lambda s: all(x.get("nodeLabel") != _HOST for x in s) or s[-1].get("nodeLabel") == _HOST,
+}
 
 
 class ManifestInvalid(ValueError):
@@ -69,6 +126,10 @@ def _check_keywords(schema: Any, where: str) -> None:
     if unknown:
         raise ValueError(f"{where}: schema keyword(s) {sorted(unknown)} are not supported by "
                          "trainforge/infra/k8s/validate.py; extend the validator before vendoring this CRD")
+    for rule in schema.get("x-kubernetes-validations") or []:
+        if "oldSelf" not in rule["rule"] and rule["rule"] not in _CEL:
+            raise ValueError(f"{where}: CEL rule {rule['rule']!r} is not transcribed in validate.py `_CEL`; add it "
+                             "before vendoring this CRD")
     for name, sub in (schema.get("properties") or {}).items():
         _check_keywords(sub, f"{where}.{name}")
     for key in ("items", "additionalProperties", "not"):
@@ -171,6 +232,17 @@ def _validate(value: Any, schema: dict[str, Any], path: str, errors: list[str], 
             errors.append(f"{where}: must match exactly one of the allowed forms (oneOf), matches {matching}")
     if isinstance(schema.get("not"), dict) and not schema_errors(value, schema["not"], path):
         errors.append(f"{where}: is a form that is not allowed here (not)")
+    for rule in schema.get("x-kubernetes-validations") or []:
+        if "oldSelf" not in rule["rule"] and not _cel_holds(rule["rule"], value):
+            errors.append(f"{where}: {rule.get('message') or 'fails a validation rule'} (the CRD's rule "
+                          f"`{rule['rule']}`)")
+
+
+def _cel_holds(rule: str, value: Any) -> bool:
+    try:
+        return _CEL[rule](value)
+    except (AttributeError, TypeError, KeyError, IndexError):
+        return True  # a malformed value below this node: the structural checks report it
 
 
 def _string(value: str, schema: dict[str, Any], where: str, errors: list[str]) -> None:
