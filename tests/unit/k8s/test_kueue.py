@@ -332,3 +332,29 @@ def test_golden_cluster_admin_objects():
     if os.environ.get("TRAINFORGE_UPDATE_GOLDEN") or not golden.is_file():
         golden.write_text(text)
     assert text == golden.read_text(), f"{golden} changed: review, then TRAINFORGE_UPDATE_GOLDEN=1"
+
+
+# ------------------------------------------------------------------------------------------ the render targets
+
+def test_render_cluster_prints_the_admin_objects_apart_from_a_jobs():
+    from typer.testing import CliRunner
+
+    from trainforge.cli import app
+
+    runner = CliRunner()
+    fleet = str(EXAMPLES / "clusters" / "fleet-10k.yaml")
+    result = runner.invoke(app, ["render-cluster", "--cluster", fleet])
+    assert result.exit_code == 0, result.output
+    printed = list(yaml.safe_load_all(result.stdout))
+    assert printed == ADMIN
+    assert not {"JobSet", "ConfigMap", "NetworkPolicy"} & {o["kind"] for o in printed}
+    small = str(EXAMPLES / "clusters" / "this-machine.yaml")
+    refused = runner.invoke(app, ["render-cluster", "--cluster", small])
+    assert refused.exit_code == 1 and "--team" in refused.output and "Traceback" not in refused.output
+    assert runner.invoke(app, ["render-cluster", "--cluster", small, "--team", "demo"]).exit_code == 0
+    job = runner.invoke(app, ["render", str(EXAMPLES / "llama-7b-finetune.yaml"), "--cluster", fleet,
+                              "--job-id", "cli-1"])
+    assert job.exit_code == 0, job.output
+    kinds = [o["kind"] for o in yaml.safe_load_all(job.stdout)]
+    assert kinds[-1] == "JobSet" and not {"ClusterQueue", "ResourceFlavor", "Topology"} & set(kinds)
+    assert TAS_REQUIRED in job.stdout  # topology-aware by default with Kueue
