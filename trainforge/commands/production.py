@@ -1,4 +1,5 @@
-"""`trainforge render` (a job's Kubernetes manifests), `trainforge up|down` (the server stack; also `servers
+"""`trainforge render` (a job's Kubernetes manifests), `trainforge render-cluster` (the cluster's Kueue objects),
+`trainforge up|down` (the server stack; also `servers
 up|down|status`), `trainforge doctor` and `trainforge automations install|list|remove` (dataset-release triggers).
 
 `submit --backend kubernetes` (trainforge/commands/jobs.py) calls `submit_kubernetes` below.
@@ -38,7 +39,7 @@ def _load_spec(spec_file: Path, cluster: Any = None) -> JobSpec:
     return report.spec
 
 
-def _options(namespace: str, image: str | None, queue: str | None, topology_aware: bool) -> Any:
+def _options(namespace: str, image: str | None, queue: str | None, topology_aware: bool | None) -> Any:
     import os
 
     from trainforge.infra.k8s.render import K8sOptions
@@ -62,14 +63,13 @@ def render(
     namespace: str = typer.Option("trainforge", help="Namespace of the job's objects."),
     image: str | None = typer.Option(None, help="Worker image."),
     queue: str | None = typer.Option(None, help="Kueue LocalQueue (default: team-<team>)."),
-    topology_aware: bool = typer.Option(False, help="Ask Kueue's topology-aware scheduling for rack locality."),
+    topology_aware: bool | None = typer.Option(None, "--topology-aware/--no-topology-aware",
+                                               help="Kueue topology-aware scheduling (default: on with Kueue)."),
     validate: bool = typer.Option(True, help="Validate every manifest against the Kubernetes schemas."),
 ) -> None:
     """Print the Kubernetes manifests of a job (PriorityClass, Kueue WorkloadPriorityClass, ConfigMap,
     NetworkPolicy, JobSet), validated offline. Example: trainforge render examples/llama-7b-finetune.yaml
-    --cluster examples/clusters/fleet-10k.yaml | kubectl apply -f -"""
-    import yaml
-
+    --cluster examples/clusters/fleet-10k.yaml | kubectl apply -f -  (the cluster's Kueue objects: render-cluster)"""
     from trainforge.infra.k8s.job import manifests_for_spec
     from trainforge.infra.k8s.validate import ManifestInvalid, validate_manifests
     from trainforge.registry.jobs import new_job_id
@@ -86,11 +86,43 @@ def render(
     except (ValueError, ManifestInvalid) as exc:
         fail(str(exc))
 
+    _print_yaml(manifests)
+
+
+def _print_yaml(manifests: list[dict[str, Any]]) -> None:
+    import yaml
+
     class _NoAliases(yaml.SafeDumper):
         def ignore_aliases(self, data: Any) -> bool:
             return True
 
     sys.stdout.write(yaml.dump_all(manifests, Dumper=_NoAliases, sort_keys=False))
+
+
+@app.command("render-cluster")
+def render_cluster(
+    cluster: Path | None = typer.Option(None, help="Cluster description (default: $TRAINFORGE_CLUSTER, else this "
+                                        "machine)."),
+    namespace: str = typer.Option("trainforge", help="Namespace of the jobs (the LocalQueues live there)."),
+    team: list[str] = typer.Option([], help="A team to give a queue (weight 1, no cap) besides the cluster's "
+                                   "`teams`; repeatable."),
+    validate: bool = typer.Option(True, help="Validate every object against the Kubernetes schemas and CRDs."),
+) -> None:
+    """Print the cluster-admin objects (once per cluster, apart from the per-job ones of `render`): the
+    PriorityClasses and Kueue WorkloadPriorityClasses, Topology, a ResourceFlavor per GPU type and fabric, the
+    shared Cohort, a ClusterQueue and LocalQueue per team. Example: trainforge render-cluster --cluster
+    examples/clusters/fleet-10k.yaml | kubectl apply -f -"""
+    from trainforge.infra.k8s.kueue import render_cluster_admin
+    from trainforge.infra.k8s.validate import ManifestInvalid, validate_manifests
+
+    cluster_spec = load_cluster_option(cluster)
+    try:
+        manifests = render_cluster_admin(cluster_spec, _options(namespace, None, None, None), team)
+        if validate:
+            validate_manifests(manifests)
+    except (ValueError, ManifestInvalid) as exc:
+        fail(str(exc))
+    _print_yaml(manifests)
 
 
 def submit_kubernetes(spec_file: Path, *, cluster: Path | None, namespace: str, image: str | None,

@@ -31,6 +31,10 @@ class NodeGroup(BaseModel):
     """GPUs (or CPU worker slots) per node."""
     nodes_per_rack: int = Field(default=32, ge=1)
     """Nodes per rack; racks are filled in order."""
+    racks_per_block: int | None = Field(default=None, ge=1)
+    """Racks per network block (the racks under one spine / leaf group, one level above the rack); blocks are
+    filled in order. None = the group has no block level. On Kubernetes the nodes carry `trainforge.io/block`
+    and Kueue's Topology gets a block level (docs/production.md, "Kueue")."""
     memory_per_node_gb: float = Field(default=2048, gt=0)
     """Host memory per node in GiB."""
     intra_node_link: Link = "nvswitch"
@@ -54,6 +58,10 @@ class NodeGroup(BaseModel):
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def nodes_per_block(self) -> int | None:
+        return None if self.racks_per_block is None else self.racks_per_block * self.nodes_per_rack
 
 
 class TeamSpec(BaseModel):

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 # kind -> (group, version, plural) of the custom resources trainforge creates.
 CUSTOM = {"JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
-          "WorkloadPriorityClass": ("kueue.x-k8s.io", "v1beta1", "workloadpriorityclasses")}
+          "WorkloadPriorityClass": ("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses")}
 SHARED_KINDS = {"PriorityClass", "WorkloadPriorityClass"}
 
 

@@ -9,7 +9,11 @@ PyTorchJob: docs/production.md.
 
 Around it: the PriorityClass of the job's priority (and Kueue's WorkloadPriorityClass of the same name and value),
 a ConfigMap holding the worker config, and a NetworkPolicy that admits only the job's own pods (plus DNS and the
-platform's HTTPS endpoints on egress). Kueue admits the JobSet whole (queue-name label; created suspended).
+platform's HTTPS endpoints on egress). Kueue admits the JobSet whole (queue-name label; created suspended) and,
+with topology-aware scheduling (on whenever Kueue is), places it: the pod template asks for the topology the plan
+needs (`topology_annotations`) and pins only the GPU type and the fabric, not the scheduler's preview nodes, so
+trainforge never books nodes Kueue has not admitted. The cluster-admin side (ResourceFlavors, Topology, Cohort,
+ClusterQueues, LocalQueues) is trainforge/infra/k8s/kueue.py.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from trainforge.contract.config import SegmentConfig
 from trainforge.infra.k8s.nccl import TCPX_SOCKET_DIR, NcclConfig, nccl_environment
 from trainforge.infra.launch import WORKER_MODULE, worker_environment
 from trainforge.plan.cluster import ClusterSpec, NodeGroup
+from trainforge.plan.layout import Layout
 from trainforge.spec import JobSpec, Priority
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
-KUEUE_API = "kueue.x-k8s.io/v1beta1"
+KUEUE_API = "kueue.x-k8s.io/v1beta2"  # the storage version (v1beta1: served, deprecated)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -37,8 +42,24 @@ REPLICATED_JOB = "node"
 # Node labels the platform's node-labeller puts on every node (the cluster description is generated from them).
 NODE_LABEL = "kubernetes.io/hostname"
 RACK_LABEL = "trainforge.io/rack"
+BLOCK_LABEL = "trainforge.io/block"
+"""Set on nodes of groups with `racks_per_block` (`<group>-b<k>`)."""
 GROUP_LABEL = "trainforge.io/node-group"
 GPU_TYPE_LABEL = "trainforge.io/gpu-type"
+INTERCONNECT_LABEL = "trainforge.io/interconnect"
+"""The node group's `inter_node_link` (infiniband, efa, ...): a Kueue ResourceFlavor per (GPU type, fabric)."""
+CAPACITY_LABEL = "trainforge.io/capacity"
+"""`spot` or `on-demand`."""
+POOL_LABEL = "trainforge.io/pool"
+"""The node group's pool: `shared` or the team owning a dedicated pool."""
+
+TAS_REQUIRED = "kueue.x-k8s.io/podset-required-topology"
+TAS_PREFERRED = "kueue.x-k8s.io/podset-preferred-topology"
+TAS_SLICE_REQUIRED = "kueue.x-k8s.io/podset-slice-required-topology"
+TAS_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
+POD_CPU_REQUEST = 16
+"""CPU cores a GPU pod requests (the rest of the host is the kubelet's and the daemons'); Kueue quotas use it."""
+POD_MEMORY_FRACTION = 0.8
 
 CONFIG_DIR = "/etc/trainforge"
 CONFIG_FILE = "worker-config.json"
@@ -62,8 +83,10 @@ class K8sOptions:
     """Kueue LocalQueue; None = `team-<team>` (one LocalQueue per team, each pointing at its ClusterQueue)."""
     kueue: bool = True
     """Gang admission through Kueue (label + created suspended); False = plain JobSet."""
-    topology_aware: bool = False
-    """Ask Kueue's topology-aware scheduling to keep consecutive ranks in one rack (needs a Topology object)."""
+    topology_aware: bool | None = None
+    """Kueue topology-aware scheduling: the pod template asks for the topology the plan needs and Kueue picks the
+    nodes (needs the Topology and ResourceFlavors of kueue.py). None = on whenever `kueue` is; off = the pods are
+    pinned to the scheduler's placement by node affinity."""
     rdzv_port: int = 29400
     rdma_resource: str = "rdma/rdma_shared_device_a"
     """Device-plugin resource of the InfiniBand HCAs (NVIDIA network operator's shared RDMA device)."""
@@ -80,6 +103,10 @@ class K8sOptions:
     env: dict[str, str] = field(default_factory=dict)
     """Platform settings every worker gets (TRAINFORGE_STORAGE_URL, MLFLOW_TRACKING_URI, ...)."""
 
+    @property
+    def tas(self) -> bool:
+        return self.kueue if self.topology_aware is None else self.topology_aware
+
 
 @dataclass(frozen=True, slots=True)
 class GangNode:
@@ -87,6 +114,16 @@ class GangNode:
     gpus: tuple[int, ...]
     rack: str
     group: NodeGroup
+    block: str | None = None
+
+
+def rack_of(group: NodeGroup, index: int) -> str:
+    return f"{group.name}-r{index // group.nodes_per_rack}"
+
+
+def block_of(group: NodeGroup, index: int) -> str | None:
+    per_block = group.nodes_per_block
+    return None if per_block is None else f"{group.name}-b{index // per_block}"
 
 
 def dns_label(text: str, limit: int = 63) -> str:
@@ -120,7 +157,7 @@ def gang_nodes(cluster: ClusterSpec, nodes: Sequence[tuple[str, Sequence[int]]])
         if group is None or not index.isdigit() or int(index) >= group.nodes:
             raise ValueError(f"node {name!r} is not in cluster {cluster.name!r}; placements name nodes "
                              "`<node group>-<index>`")
-        out.append(GangNode(name, tuple(gpus), f"{group.name}-r{int(index) // group.nodes_per_rack}", group))
+        out.append(GangNode(name, tuple(gpus), rack_of(group, int(index)), group, block_of(group, int(index))))
     if len({n.group.gpu_type for n in out}) > 1:
         raise ValueError("a gang's nodes must all have one GPU type")
     return out
@@ -212,32 +249,48 @@ def _container_env(spec: JobSpec, nodes: list[GangNode], options: K8sOptions, li
     return out
 
 
-def _resources(spec: JobSpec, nodes: list[GangNode], options: K8sOptions, link: str) -> dict[str, Any]:
-    per_node = len(nodes[0].gpus)
-    group = nodes[0].group
-    memory = spec.resources.memory_per_node_gb or group.memory_per_node_gb
+def pod_requests(group: NodeGroup, options: K8sOptions, *, per_node: int | None = None,
+                 memory_gb: float | None = None) -> tuple[dict[str, int], dict[str, int]]:
+    """(requests, limits) of one gang pod on a node of `group`, as integers (memory in GiB): what the pod
+    template asks for and, per node, what kueue.py's quotas count."""
+    per_node = per_node or group.gpus_per_node
+    memory = memory_gb or group.memory_per_node_gb
     if group.gpu_type.value == "cpu":
-        req = {"cpu": str(per_node), "memory": f"{int(memory)}Gi"}
-        return {"requests": req, "limits": dict(req)}
-    limits = {"nvidia.com/gpu": str(per_node)}
-    if link == "infiniband":
-        limits[options.rdma_resource] = "1"
-    elif link == "efa":
-        limits["vpc.amazonaws.com/efa"] = str(options.efa_devices_per_node or per_node)
+        req = {"cpu": per_node, "memory": int(memory)}
+        return req, dict(req)
+    limits = {"nvidia.com/gpu": per_node}
+    if group.inter_node_link == "infiniband":
+        limits[options.rdma_resource] = 1
+    elif group.inter_node_link == "efa":
+        limits["vpc.amazonaws.com/efa"] = options.efa_devices_per_node or per_node
     # Most of the host for the gang's pod (the node is the job's whole): room for the kubelet and daemons.
-    requests = dict(limits) | {"cpu": "16", "memory": f"{int(memory * 0.8)}Gi"}
-    return {"requests": requests, "limits": limits}
+    requests = dict(limits) | {"cpu": POD_CPU_REQUEST, "memory": int(memory * POD_MEMORY_FRACTION)}
+    return requests, limits
 
 
-def _affinity(name: str, nodes: list[GangNode]) -> dict[str, Any]:
-    racks = sorted({n.rack for n in nodes})
+def quantity(resource: str, amount: int) -> str:
+    return f"{amount}Gi" if resource == "memory" else str(amount)
+
+
+def _resources(spec: JobSpec, nodes: list[GangNode], options: K8sOptions) -> dict[str, Any]:
+    requests, limits = pod_requests(nodes[0].group, options, per_node=len(nodes[0].gpus),
+                                    memory_gb=spec.resources.memory_per_node_gb)
+    return {"requests": {k: quantity(k, v) for k, v in requests.items()},
+            "limits": {k: quantity(k, v) for k, v in limits.items()}}
+
+
+def _affinity(name: str, nodes: list[GangNode], *, pinned: bool) -> dict[str, Any]:
+    """The GPU type and the fabric always (Kueue then admits the gang on one ResourceFlavor, never half on
+    InfiniBand and half on EFA); the scheduler's nodes and racks only when `pinned` (no topology-aware Kueue:
+    with it, Kueue picks the nodes and a pin to the preview's would contradict its assignment)."""
+    exprs = [{"key": GPU_TYPE_LABEL, "operator": "In", "values": [nodes[0].group.gpu_type.value]},
+             {"key": INTERCONNECT_LABEL, "operator": "In", "values": [nodes[0].group.inter_node_link]}]
+    if pinned:
+        exprs = [{"key": NODE_LABEL, "operator": "In", "values": [n.name for n in nodes]},
+                 {"key": RACK_LABEL, "operator": "In", "values": sorted({n.rack for n in nodes})}] + exprs
     return {
         "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
-            "matchExpressions": [
-                {"key": NODE_LABEL, "operator": "In", "values": [n.name for n in nodes]},
-                {"key": RACK_LABEL, "operator": "In", "values": racks},
-                {"key": GPU_TYPE_LABEL, "operator": "In", "values": [nodes[0].group.gpu_type.value]},
-            ]}]}},
+            "matchExpressions": exprs}]}},
         # One pod per node: the pod owns the node's GPUs (TP stays on NVLink).
         "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "labelSelector": {"matchLabels": {JOBSET_NAME_LABEL: name}}, "topologyKey": NODE_LABEL}]},
@@ -262,7 +315,7 @@ def _pod_spec(name: str, spec: JobSpec, nodes: list[GangNode], options: K8sOptio
                                  master_port=options.rdzv_port,
                                  max_restarts=spec.fault_tolerance.max_restarts),
         "env": _container_env(spec, nodes, options, link),
-        "resources": _resources(spec, nodes, options, link),
+        "resources": _resources(spec, nodes, options),
         "ports": [{"name": "rendezvous", "containerPort": options.rdzv_port, "protocol": "TCP"}],
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                          {"name": "dshm", "mountPath": "/dev/shm"},
@@ -295,7 +348,7 @@ def _pod_spec(name: str, spec: JobSpec, nodes: list[GangNode], options: K8sOptio
         "restartPolicy": "Never",
         "priorityClassName": priority_class_name(spec.priority),
         "terminationGracePeriodSeconds": options.termination_grace_s,
-        "affinity": _affinity(name, nodes),
+        "affinity": _affinity(name, nodes, pinned=not options.tas),
         "tolerations": _tolerations(nodes, options),
         "containers": containers,
         "volumes": volumes,
@@ -303,12 +356,36 @@ def _pod_spec(name: str, spec: JobSpec, nodes: list[GangNode], options: K8sOptio
     }
 
 
-def _pod_annotations(nodes: list[GangNode], options: K8sOptions) -> dict[str, str]:
+def topology_annotations(group: NodeGroup, pods: int, gpus_per_pod: int, layout: Layout | None) -> dict[str, str]:
+    """What Kueue's topology-aware scheduling must guarantee for a gang of `pods` pods (one per node):
+    - a TP group within a node: one pod owns a whole node, and the planner keeps TP within a node;
+    - the whole gang in one rack when it fits one (required), else in one block when the group has blocks and it
+      fits one (required), else as few racks/blocks as Kueue can (preferred);
+    - a PP stage group (the nodes of one model replica, tp * pp GPUs) within a rack when the gang spans racks:
+      slices of that many consecutive pods (Kueue gives consecutive completion indexes, = node ranks, to a slice).
+    Data parallelism crosses racks; its all-reduce is the traffic that tolerates the spine best."""
+    ann: dict[str, str] = {}
+    per_block = group.nodes_per_block
+    fits_rack = pods <= group.nodes_per_rack
+    if fits_rack:
+        ann[TAS_REQUIRED] = RACK_LABEL
+    elif per_block is not None and pods <= per_block:
+        ann[TAS_REQUIRED] = BLOCK_LABEL
+    else:
+        ann[TAS_PREFERRED] = BLOCK_LABEL if per_block is not None else RACK_LABEL
+    if layout is not None and not fits_rack:
+        replica_nodes = -(-(layout.tp * layout.pp) // gpus_per_pod)
+        if 1 < replica_nodes < pods and pods % replica_nodes == 0 and replica_nodes <= group.nodes_per_rack:
+            ann[TAS_SLICE_REQUIRED] = RACK_LABEL
+            ann[TAS_SLICE_SIZE] = str(replica_nodes)
+    return ann
+
+
+def _pod_annotations(nodes: list[GangNode], options: K8sOptions, layout: Layout | None) -> dict[str, str]:
+    # The scheduler's preview placement, for people and for the job record (not a pin under Kueue).
     ann = {"trainforge.io/placement": json.dumps([[n.name, list(n.gpus)] for n in nodes], separators=(",", ":"))}
-    if options.topology_aware:
-        fits_rack = len(nodes) <= nodes[0].group.nodes_per_rack
-        key = "kueue.x-k8s.io/podset-required-topology" if fits_rack else "kueue.x-k8s.io/podset-preferred-topology"
-        ann[key] = RACK_LABEL
+    if options.tas:
+        ann |= topology_annotations(nodes[0].group, len(nodes), len(nodes[0].gpus), layout)
     if nodes[0].group.inter_node_link == "gpudirect-tcpx":
         ann["networking.gke.io/default-interface"] = "eth0"
         ann["networking.gke.io/interfaces"] = json.dumps(
@@ -317,7 +394,8 @@ def _pod_annotations(nodes: list[GangNode], options: K8sOptions) -> dict[str, st
     return ann
 
 
-def render_jobset(name: str, job_id: str, spec: JobSpec, nodes: list[GangNode], options: K8sOptions) -> dict[str, Any]:
+def render_jobset(name: str, job_id: str, spec: JobSpec, nodes: list[GangNode], options: K8sOptions,
+                  layout: Layout | None = None) -> dict[str, Any]:
     labels = _labels(spec, name)
     meta_labels = dict(labels)
     if options.kueue:
@@ -332,7 +410,7 @@ def render_jobset(name: str, job_id: str, spec: JobSpec, nodes: list[GangNode], 
         "podFailurePolicy": {"rules": [
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]},
-        "template": {"metadata": {"labels": dict(labels), "annotations": _pod_annotations(nodes, options)},
+        "template": {"metadata": {"labels": dict(labels), "annotations": _pod_annotations(nodes, options, layout)},
                      "spec": _pod_spec(name, spec, nodes, options)},
     }
     js_spec: dict[str, Any] = {
@@ -370,5 +448,5 @@ def render_job(spec: JobSpec, job_id: str, cluster: ClusterSpec, placement: Sequ
     if options.kueue:
         out.append(render_workload_priority_class(spec.priority))
     out += [render_config_map(name, spec, options, config), render_network_policy(name, spec, options),
-            render_jobset(name, job_id, spec, nodes, options)]
+            render_jobset(name, job_id, spec, nodes, options, config.layout)]
     return out
