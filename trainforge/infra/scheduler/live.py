@@ -145,11 +145,15 @@ _writers_guard = threading.Lock()
 _writers: dict[str, _FifoLock] = {}
 
 
-def _writer_lock(engine: sa.Engine) -> _FifoLock:
-    """The process-wide writer queue of one database (every LiveScheduler on it shares it)."""
-    url = engine.url
-    key = (f"sqlite:{os.path.realpath(url.database or '')}" if url.get_backend_name() == "sqlite"
-           else url.render_as_string(hide_password=True))
+def _database_key(url: sa.URL) -> str:
+    if url.get_backend_name() == "sqlite":
+        return f"sqlite:{os.path.realpath(url.database or '')}"
+    return url.render_as_string(hide_password=True)
+
+
+def _writer_lock(key: str) -> _FifoLock:
+    """The process-wide writer queue of one database (every LiveScheduler on it shares it). Looked up per
+    transaction, not kept: after a fork the child gets fresh queues, also for the schedulers it inherited."""
     with _writers_guard:
         return _writers.setdefault(key, _FifoLock())
 
@@ -240,7 +244,7 @@ class LiveScheduler:
         """How long an operation keeps retrying a database locked by other writers before SchedulerBusy."""
         self.engine = _engine(db_url, attempt_s=min(10.0, busy_timeout_s / 4))
         self._sqlite = db_url.startswith("sqlite")
-        self._writer = _writer_lock(self.engine)
+        self._db_key = _database_key(self.engine.url)
         self._attempt("create the scheduler tables", self._create_tables)
 
     def _create_tables(self, conn: sa.Connection) -> None:
@@ -257,7 +261,7 @@ class LiveScheduler:
         contention did nothing and is run again, until `busy_timeout_s`, then SchedulerBusy."""
         deadline = time.monotonic() + self.busy_timeout_s
         pause = 0.01
-        while self._writer.acquire(deadline - time.monotonic()):
+        while (writer := _writer_lock(self._db_key)).acquire(deadline - time.monotonic()):
             try:
                 with self.engine.begin() as conn:
                     return body(conn)
@@ -266,7 +270,7 @@ class LiveScheduler:
                     raise
                 logger.info("scheduler database busy (%s), retrying: %s", what, exc.orig)
             finally:
-                self._writer.release()
+                writer.release()
             if time.monotonic() >= deadline:
                 break
             time.sleep(pause * random.uniform(0.5, 1.5))  # another process holds it: let it finish
