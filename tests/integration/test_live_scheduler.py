@@ -225,7 +225,7 @@ def test_a_locked_database_is_waited_out_then_reported(tmp_path):
     alloc = sched.request(GangRequest(job_id="a", team="x", num_gpus=8, tp=8), timeout_s=10)
     holder.join(timeout=10)
     assert alloc.num_gpus == 8
-    holder = _hold_write_lock(path, 4.0)
+    holder = _hold_write_lock(path, 3.0)
     t0 = time.monotonic()
     with pytest.raises(SchedulerBusy, match=r"could not release job a: the scheduler database .*s\.db stayed locked"):
         sched.release("a")
