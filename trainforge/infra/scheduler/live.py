@@ -5,6 +5,15 @@ Every operation is one short write transaction that rebuilds the policy from the
 a scheduling pass and writes back what changed. Writers are serialized by the database: `BEGIN IMMEDIATE` on
 SQLite, a `SELECT ... FOR UPDATE` on a lock row elsewhere. So two requesters can never both see a GPU free.
 
+No request is lost to contention. Inside one process the writers of a database queue on a first-come first-served
+lock before they open their transaction: SQLite's busy handler is sleep-and-retry, not a queue, and with 32
+threads polling, one of them waited 31 s for `BEGIN IMMEDIATE` while the others took turns (measured), long enough
+under load to reach the busy timeout, raise "database is locked" and kill that requester's thread with its gangs.
+A transaction that still meets contention (another process, a PostgreSQL deadlock or serialization failure) is
+rolled back and run again from the start; only when the database stays busy past `busy_timeout_s` does the
+operation raise `SchedulerBusy`, which names the database. Tables are created under a lock too (concurrent
+`CREATE TABLE` on PostgreSQL fails with a duplicate key in its catalog).
+
 The flow's provision task calls `request(GangRequest, timeout_s)`, which blocks (polling with a bounded backoff)
 until the gang is admitted, and `release(job_id)` when the job completes, fails or is preempted.
 """
@@ -14,11 +23,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import random
+import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -94,6 +106,79 @@ class SchedulingTimeout(TimeoutError):
                          f"{queued} pending); the request was withdrawn, submit again to re-queue")
 
 
+class SchedulerBusy(RuntimeError):
+    """The scheduler's database stayed locked by other writers for longer than `busy_timeout_s`."""
+
+
+class _FifoLock:
+    """A lock granted in arrival order: the waiter that came first is handed the lock by the releaser, so no
+    writer of this process starves (threading.Lock and SQLite's busy handler let a newcomer overtake)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._held = False
+        self._waiters: deque[threading.Event] = deque()
+
+    def acquire(self, timeout: float) -> bool:
+        with self._guard:
+            if not self._held and not self._waiters:
+                self._held = True
+                return True
+            turn = threading.Event()
+            self._waiters.append(turn)
+        turn.wait(max(0.0, timeout))
+        with self._guard:
+            if turn.is_set():  # handed over (possibly just after the wait timed out): we hold it
+                return True
+            self._waiters.remove(turn)
+            return False
+
+    def release(self) -> None:
+        with self._guard:
+            if self._waiters:
+                self._waiters.popleft().set()  # hand over: _held stays True
+            else:
+                self._held = False
+
+
+_writers_guard = threading.Lock()
+_writers: dict[str, _FifoLock] = {}
+
+
+def _database_key(url: sa.URL) -> str:
+    if url.get_backend_name() == "sqlite":
+        return f"sqlite:{os.path.realpath(url.database or '')}"
+    return url.render_as_string(hide_password=True)
+
+
+def _writer_lock(key: str) -> _FifoLock:
+    """The process-wide writer queue of one database (every LiveScheduler on it shares it). Looked up per
+    transaction, not kept: after a fork the child gets fresh queues, also for the schedulers it inherited."""
+    with _writers_guard:
+        return _writers.setdefault(key, _FifoLock())
+
+
+def _reset_writer_locks() -> None:
+    # a child forked while another thread held a writer lock would otherwise inherit it held, forever
+    global _writers_guard, _writers
+    _writers_guard, _writers = threading.Lock(), {}
+
+
+os.register_at_fork(after_in_child=_reset_writer_locks)
+
+# PostgreSQL: serialization_failure, deadlock_detected, lock_not_available; SQLite: "database is locked" (the
+# busy timeout ran out). Each means the transaction was rolled back having done nothing, so it may run again.
+_PG_RETRY_CODES = frozenset({"40001", "40P01", "55P03"})
+
+
+def _is_contention(exc: sa.exc.DBAPIError) -> bool:
+    if getattr(exc.orig, "pgcode", None) in _PG_RETRY_CODES:
+        return True
+    return isinstance(exc, sa.exc.OperationalError) and "is locked" in str(exc.orig)
+
+
+T = TypeVar("T")
+
 _meta = sa.MetaData()
 JOBS = sa.Table(
     "sched_jobs", _meta,
@@ -120,20 +205,25 @@ META = sa.Table(
 )
 
 
-def _engine(url: str) -> sa.Engine:
+_READ_ONLY = "trainforge_read_only"
+
+
+def _engine(url: str, attempt_s: float = 10.0) -> sa.Engine:
     if not url.startswith("sqlite"):
         return sa.create_engine(url, pool_pre_ping=True)
-    engine = sa.create_engine(url, connect_args={"timeout": 120, "check_same_thread": False})
+    # SQLite's busy timeout bounds one attempt; LiveScheduler retries a locked attempt until its busy_timeout_s.
+    engine = sa.create_engine(url, connect_args={"timeout": attempt_s, "check_same_thread": False})
 
     @sa.event.listens_for(engine, "connect")
     def _connect(dbapi_conn: Any, _rec: Any) -> None:
         dbapi_conn.isolation_level = None  # let the "begin" hook issue BEGIN IMMEDIATE itself
         dbapi_conn.execute("PRAGMA journal_mode=WAL")
-        dbapi_conn.execute("PRAGMA busy_timeout=120000")
+        dbapi_conn.execute(f"PRAGMA busy_timeout={int(attempt_s * 1000)}")
 
     @sa.event.listens_for(engine, "begin")
     def _begin(conn: sa.Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # readers (queue, status) take no write lock: under WAL they read a snapshot beside the writer
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
 
     return engine
 
@@ -141,7 +231,7 @@ def _engine(url: str) -> sa.Engine:
 class LiveScheduler:
     def __init__(self, cluster: ClusterSpec, db_url: str | None = None, *,
                  teams: dict[str, TeamPolicy] | None = None, config: SchedulerConfig | None = None,
-                 stale_after_s: float = 300.0):
+                 stale_after_s: float = 300.0, busy_timeout_s: float = 120.0):
         if db_url is None:
             from trainforge.home import home
 
@@ -150,22 +240,58 @@ class LiveScheduler:
         self.teams = teams
         self.config = config or SchedulerConfig()
         self.stale_after_s = stale_after_s
-        self.engine = _engine(db_url)
+        self.busy_timeout_s = busy_timeout_s
+        """How long an operation keeps retrying a database locked by other writers before SchedulerBusy."""
+        self.engine = _engine(db_url, attempt_s=min(10.0, busy_timeout_s / 4))
         self._sqlite = db_url.startswith("sqlite")
-        with self.engine.begin() as conn:
-            _meta.create_all(conn)
-            if conn.execute(sa.select(META.c.key).where(META.c.key == "lock")).first() is None:
-                conn.execute(META.insert().values(key="lock", value=0))
+        self._db_key = _database_key(self.engine.url)
+        self._attempt("create the scheduler tables", self._create_tables)
+
+    def _create_tables(self, conn: sa.Connection) -> None:
+        if self.engine.dialect.name == "postgresql":
+            # CREATE TABLE IF NOT EXISTS is not atomic there: two creators collide in pg_type; so is the lock row
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(7463207)"))
+        _meta.create_all(conn)
+        if conn.execute(sa.select(META.c.key).where(META.c.key == "lock")).first() is None:
+            conn.execute(META.insert().values(key="lock", value=0))
 
     # -- transactions -------------------------------------------------------------------------------------
-    @contextmanager
-    def _tx(self) -> Iterator[tuple[sa.Connection, Scheduler, dict[str, dict[str, Any]]]]:
-        with self.engine.begin() as conn:
+    def _attempt(self, what: str, body: Callable[[sa.Connection], T]) -> T:
+        """Run `body` in one write transaction, after this process's earlier writers; a transaction that meets
+        contention did nothing and is run again, until `busy_timeout_s`, then SchedulerBusy."""
+        deadline = time.monotonic() + self.busy_timeout_s
+        pause = 0.01
+        while (writer := _writer_lock(self._db_key)).acquire(deadline - time.monotonic()):
+            try:
+                with self.engine.begin() as conn:
+                    return body(conn)
+            except sa.exc.DBAPIError as exc:
+                if not _is_contention(exc):
+                    raise
+                logger.info("scheduler database busy (%s), retrying: %s", what, exc.orig)
+            finally:
+                writer.release()
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(pause * random.uniform(0.5, 1.5))  # another process holds it: let it finish
+            pause = min(pause * 2, 0.5)
+        raise SchedulerBusy(f"could not {what}: the scheduler database {self.engine.url.render_as_string()} "
+                            f"stayed locked by other writers for {self.busy_timeout_s:g}s (busy_timeout_s); "
+                            f"nothing was changed: call again, or find the process that holds it")
+
+    def _tx(self, what: str, body: Callable[[sa.Connection, Scheduler], T]) -> T:
+        """Rebuild the policy from the tables, apply `body`, write back what changed: one transaction. `body` may
+        run more than once (a retried transaction), so it does nothing outside the database."""
+
+        def run(conn: sa.Connection) -> T:
             if not self._sqlite:
                 conn.execute(sa.select(META.c.value).where(META.c.key == "lock").with_for_update())
             sched, rows = self._load(conn)
-            yield conn, sched, rows
+            out = body(conn, sched)
             self._save(conn, sched, rows)
+            return out
+
+        return self._attempt(what, run)
 
     def _load(self, conn: sa.Connection) -> tuple[Scheduler, dict[str, dict[str, Any]]]:
         state = ClusterState.from_spec(self.cluster)
@@ -247,60 +373,70 @@ class LiveScheduler:
         req = request.to_job_request()
         deadline = time.monotonic() + timeout_s
         wait = poll_s
-        first = True
+        submitted = False
+
+        def poll(conn: sa.Connection, sched: Scheduler) -> Allocation | SchedulingTimeout | None:
+            now = time.time()
+            if not submitted:
+                self._expire_stale(conn, sched, now, keep=req.job_id)
+                if req.job_id not in sched.jobs:
+                    sched.submit(req, now)
+            sched.schedule(now)
+            job = sched.jobs[req.job_id]
+            conn.execute(JOBS.update().where(JOBS.c.job_id == req.job_id).values(last_seen=now))
+            if job.state is not JobState.PENDING:
+                return self._allocation(sched.state, job)
+            if time.monotonic() < deadline:
+                return None
+            same = [j for j in sched.pending() if j.req.gpu_type == req.gpu_type]
+            same.sort(key=lambda j: (-j.req.rank, int(j.boost), j.submit_time, j.seq))
+            position = next(i for i, j in enumerate(same, 1) if j is job)
+            reason = job.reason
+            sched.finish(req.job_id, now)  # withdrawn in the same transaction that decides the timeout
+            return SchedulingTimeout(req.job_id, timeout_s, reason, position, len(same))
+
         while True:
-            timed_out: SchedulingTimeout | None = None
-            with self._tx() as (conn, sched, _):
-                now = time.time()
-                if first:
-                    self._expire_stale(conn, sched, now, keep=req.job_id)
-                    if req.job_id not in sched.jobs:
-                        sched.submit(req, now)
-                    first = False
-                sched.schedule(now)
-                job = sched.jobs[req.job_id]
-                conn.execute(JOBS.update().where(JOBS.c.job_id == req.job_id).values(last_seen=now))
-                if job.state is not JobState.PENDING:
-                    return self._allocation(sched.state, job)
-                if time.monotonic() >= deadline:
-                    same = [j for j in sched.pending() if j.req.gpu_type == req.gpu_type]
-                    same.sort(key=lambda j: (-j.req.rank, int(j.boost), j.submit_time, j.seq))
-                    position = next(i for i, j in enumerate(same, 1) if j is job)
-                    reason = job.reason
-                    sched.finish(req.job_id, now)
-                    timed_out = SchedulingTimeout(req.job_id, timeout_s, reason, position, len(same))
-            if timed_out is not None:
-                raise timed_out
+            out = self._tx(f"request job {req.job_id}", poll)
+            submitted = True
+            if isinstance(out, Allocation):
+                return out
+            if out is not None:
+                raise out
             time.sleep(max(0.0, min(wait, deadline - time.monotonic())))
             wait = min(wait * 2, max_poll_s)
 
     def release(self, job_id: str) -> None:
         """The job completed, failed, was cancelled or stopped after a preemption notice: free its GPUs."""
-        with self._tx() as (_, sched, _rows):
+        def body(_conn: sa.Connection, sched: Scheduler) -> None:
             now = time.time()
             sched.finish(job_id, now)
             sched.schedule(now)
+
+        self._tx(f"release job {job_id}", body)
 
     def status(self, job_id: str) -> dict[str, Any] | None:
         """The job's row: state (`preempting` means checkpoint now and release before `preempt_deadline`)."""
         return next((r for r in self.queue() if r["job_id"] == job_id), None)
 
     def checkpointed(self, job_id: str) -> None:
-        with self._tx() as (_, sched, _rows):
-            sched.checkpointed(job_id, time.time())
+        self._tx(f"record a checkpoint of job {job_id}", lambda _conn, sched: sched.checkpointed(job_id, time.time()))
 
     def node_failed(self, node: str, reason: str = "node failure") -> None:
-        with self._tx() as (conn, sched, _rows):
+        def body(conn: sa.Connection, sched: Scheduler) -> None:
             now = time.time()
             sched.fail_node(node, now, reason)
             self._set_node(conn, node, False)
             sched.schedule(now)
 
+        self._tx(f"mark node {node} failed", body)
+
     def node_restored(self, node: str) -> None:
-        with self._tx() as (conn, sched, _rows):
+        def body(conn: sa.Connection, sched: Scheduler) -> None:
             sched.restore_node(node)
             self._set_node(conn, node, True)
             sched.schedule(time.time())
+
+        self._tx(f"mark node {node} restored", body)
 
     def _set_node(self, conn: sa.Connection, node: str, healthy: bool) -> None:
         conn.execute(NODES.delete().where(NODES.c.name == node))
@@ -309,7 +445,7 @@ class LiveScheduler:
     def queue(self) -> list[dict[str, Any]]:
         """Running and pending jobs, per team, with why each pending job waits (read-only)."""
         now = time.time()
-        with self.engine.connect() as conn:
+        with self.engine.connect().execution_options(**{_READ_ONLY: True}) as conn:
             rows = [dict(r._mapping) for r in conn.execute(sa.select(JOBS).order_by(JOBS.c.team, JOBS.c.seq))]
         out = []
         for r in rows:

@@ -1,0 +1,155 @@
+"""Soak: 64 threads submit, complete and preempt gangs on one PostgreSQL database for TRAINFORGE_SOAK_S seconds
+(default 300, issue 19's five minutes). Nothing is double-booked and no request is lost:
+
+- the policy's invariants (no GPU in two gangs, no partial gang, node masks agree with the jobs) are checked over
+  the scheduler's own state at the end of every transaction, before it is written back, and loading the tables
+  at the start of every transaction refuses a double booking (ClusterState.allocate);
+- the holders keep a ledger of who holds which GPU as they see it (forget before release, take after admit):
+  a GPU taken while another holder still has it is a double booking the requesters would have lived through;
+- every submit is counted as admitted or rejected (SchedulingTimeout, with its reason); admitted gangs end as
+  completed or preempted (the victim saw `preempting`, released, and the preemptor started); any other
+  exception in a thread fails the test with its traceback; at the end the scheduler holds no job at all.
+
+Run: TRAINFORGE_SOAK_S=60 pytest -m slow tests/integration/test_live_scheduler_soak.py
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+import traceback
+from collections import Counter
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.unit.scheduler.conftest_helpers import check_invariants
+from trainforge.infra.scheduler.live import GangRequest, LiveScheduler, SchedulingTimeout
+from trainforge.infra.scheduler.model import SchedulerConfig
+from trainforge.infra.scheduler.policy import Scheduler
+from trainforge.plan.cluster import ClusterSpec, NodeGroup
+
+SOAK_S = float(os.environ.get("TRAINFORGE_SOAK_S", "300"))
+THREADS = 64
+CLUSTER = ClusterSpec(name="soak", node_groups=[
+    NodeGroup(name="h", gpu_type="h100", nodes=8, gpus_per_node=8, nodes_per_rack=4)])
+# Victims poll their status every POLL_S and release at once, well inside the grace: a kill (grace expired, the
+# job requeued behind its holder's back) would be a soak failure, not a policy outcome.
+CONFIG = SchedulerConfig(grace_s=60.0)
+POLL_S = 0.25
+
+
+class CheckedScheduler(LiveScheduler):
+    """The live scheduler with the policy's invariants checked over its own state after every operation."""
+
+    lock = threading.Lock()
+    checks = 0
+
+    def _save(self, conn: sa.Connection, sched: Scheduler, rows: dict[str, dict[str, Any]]) -> None:
+        check_invariants(sched)
+        with CheckedScheduler.lock:
+            CheckedScheduler.checks += 1
+        super()._save(conn, sched, rows)
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held: dict[tuple[str, int], str] = {}
+        self.errors: list[str] = []
+        self.counts: Counter[str] = Counter()
+
+    def count(self, what: str) -> None:
+        with self.lock:
+            self.counts[what] += 1
+
+    def take(self, job: str, nodes: list[tuple[str, list[int]]]) -> None:
+        with self.lock:
+            for name, gpus in nodes:
+                for g in gpus:
+                    if (name, g) in self.held:
+                        self.errors.append(f"{name}:{g} held by {self.held[(name, g)]} and {job}")
+                    self.held[(name, g)] = job
+
+    def give(self, nodes: list[tuple[str, list[int]]]) -> None:
+        with self.lock:
+            for name, gpus in nodes:
+                for g in gpus:
+                    self.held.pop((name, g), None)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(SOAK_S + 300)
+def test_soak_64_threads_on_postgresql_never_double_book_nor_lose_a_request(postgres_url):
+    ledger = Ledger()
+    start = threading.Barrier(THREADS)
+    end = time.monotonic() + SOAK_S
+
+    def worker(i: int) -> None:
+        try:
+            _worker(i)
+        except BaseException:  # a thread's exception is otherwise lost: make it the test's failure message
+            ledger.errors.append(f"thread {i}: {traceback.format_exc()}")
+
+    def _worker(i: int) -> None:
+        start.wait(timeout=60)
+        sched = CheckedScheduler(CLUSTER, postgres_url, config=CONFIG)  # 64 creators at once, on a fresh database
+        try:
+            _loop(i, sched)
+        finally:
+            sched.engine.dispose()
+
+    def _loop(i: int, sched: LiveScheduler) -> None:
+        rng = random.Random(i)
+        k = 0
+        while time.monotonic() < end:
+            k += 1
+            job = f"s{i}-{k}"
+            n = rng.choice([1, 2, 4, 8, 8, 16])
+            priority = rng.choices(["low", "normal", "high"], weights=[4, 4, 1])[0]
+            ledger.count("submitted")
+            try:
+                alloc = sched.request(GangRequest(job_id=job, team=f"t{i % 4}", priority=priority, num_gpus=n,
+                                                  tp=min(n, 2)), timeout_s=rng.uniform(2.0, 20.0), max_poll_s=1.0)
+            except SchedulingTimeout as exc:
+                assert exc.reason, f"{job} rejected without a reason"
+                ledger.count("rejected")
+                continue
+            assert alloc.num_gpus == n, f"{job} asked for {n} GPUs and got {alloc.num_gpus}"
+            ledger.count("admitted")
+            ledger.take(job, alloc.nodes)
+            outcome = "completed"
+            hold_until = time.monotonic() + rng.expovariate(1 / 1.5)
+            while time.monotonic() < hold_until:
+                row = sched.status(job)
+                state = row["state"] if row else None
+                if state == "preempting":
+                    outcome = "preempted"
+                    break
+                assert state == "running", f"{job} is {state!r} while its holder runs it (killed or dropped)"
+                if rng.random() < 0.2:
+                    sched.checkpointed(job)
+                time.sleep(POLL_S)
+            ledger.give(alloc.nodes)  # forget before releasing: the scheduler may re-grant at once
+            sched.release(job)
+            ledger.count(outcome)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(i,), name=f"soak-{i}") for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=max(1.0, end + 120 - time.monotonic()))  # a request times out within 20 s of the end
+    elapsed = time.monotonic() - t0
+    c = ledger.counts
+    print(f"soak {SOAK_S:g}s x {THREADS} threads: {elapsed:.0f}s wall, {dict(c)}, "
+          f"{CheckedScheduler.checks} transactions checked")
+    assert not [t.name for t in threads if t.is_alive()]
+    assert ledger.errors == []
+    assert c["submitted"] == c["admitted"] + c["rejected"], "a request neither admitted nor rejected: lost"
+    assert c["admitted"] == c["completed"] + c["preempted"]
+    assert LiveScheduler(CLUSTER, postgres_url, config=CONFIG).queue() == [], "a job outlived its holder"
+    assert c["admitted"] >= 16 and c["preempted"] >= 1, f"the soak did too little to prove anything: {c}"
