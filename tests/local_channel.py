@@ -9,7 +9,7 @@ the channel, so the beats a test hands the supervisor's checks are the ones the 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +32,21 @@ FLUSH_S = 0.05
 
 class LocalChannel:
     def __init__(self, folder: Path, nodes: Iterable[str] = ("node-0",), *, publishing: Iterable[str] | None = None,
-                 lost_after_s: float = 3.0, flush_interval_s: float = FLUSH_S):
+                 lost_after_s: float = 3.0, flush_interval_s: float = FLUSH_S, socket: str | None = None,
+                 lease_ttl_s: float = 30.0):
         """`nodes`: the nodes the control plane launched (the reader's); `publishing`: those with a running
-        publisher (default: all of them; a launched node without one never publishes and is lost)."""
+        publisher (default: all of them; a launched node without one never publishes and is lost); `socket`: the
+        first node's rank socket (for worker processes: their $TRAINFORGE_CHANNEL_SOCKET)."""
         nodes = list(nodes)
         self.store = LocalObjectStore(folder)
         self.root = f"{channel_root('teams/t/jobs/j')}/segment-0"
         self.reader = ChannelReader(self.store, self.root, nodes=nodes, lost_after_s=lost_after_s,
                                     flush_interval_s=flush_interval_s)
         self.commands = CommandWriter(self.store, self.root)
-        self.publishers = {n: NodePublisher(self.store, self.root, n, flush_interval_s=flush_interval_s).start()
+        self.socket = socket
+        self.publishers = {n: NodePublisher(self.store, self.root, n, flush_interval_s=flush_interval_s,
+                                            lease_ttl_s=lease_ttl_s, socket_path=socket if n == nodes[0] else None
+                                            ).start()
                            for n in (nodes if publishing is None else publishing)}
         self._down = {n: CommandReader(self.store, self.root, n) for n in nodes}  # what each node would receive
         self._sent: dict[str, list[Command]] = {n: [] for n in nodes}
@@ -61,13 +66,17 @@ class LocalChannel:
 
     def deliver(self, sup: SegmentSupervisor, *beats: Heartbeat, timeout_s: float = 10.0) -> dict[int, RankBeat]:
         """Read the channel as the supervisor does until it holds exactly these beats (one per rank)."""
+        return self.read_until(sup, lambda got: all(b.rank in got and got[b.rank].beat == b for b in beats),
+                               timeout_s)
+
+    def read_until(self, sup: SegmentSupervisor, cond: Callable[[dict[int, RankBeat]], bool],
+                   timeout_s: float = 10.0) -> dict[int, RankBeat]:
+        """Read the channel as the supervisor does until its beats satisfy `cond`."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            got = sup._read_beats()
-            if all(b.rank in got and got[b.rank].beat == b for b in beats):
-                return got
+        while not cond(got := sup._read_beats()):
             assert time.monotonic() < deadline, f"the channel did not deliver the beats in {timeout_s}s: {got}"
             time.sleep(FLUSH_S / 2)
+        return got
 
     def sent(self, node: str = "node-0") -> list[Command]:
         """Every command for `node` written down so far (read as its publisher reads them), except the leases."""
