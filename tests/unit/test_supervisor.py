@@ -121,3 +121,31 @@ def test_beats_are_typed_and_a_malformed_one_is_skipped_by_name(tmp_path, record
                                          if k != "type"}) == good
     finally:
         channel.close()
+
+
+def test_failure_reports_come_up_the_channel_typed_root_cause_first(tmp_path, record, caplog):
+    from trainforge.tasks.segment import _failure, failure_reports
+
+    channel = LocalChannel(tmp_path / "objects")
+    try:
+        sup = channel.supervisor(record)
+        pub = channel.publishers["node-0"]
+        # as trainer/worker.py write_failure sends them: rank 0 died of the broken connection after rank 1's fault
+        pub.publish({"type": "failure", "rank": 0, "attempt": "0", "restart": "0", "kind": "infra", "host": "h",
+                     "exception": "ConnectionError: reset", "traceback": "Traceback ...", "time": 20.0})
+        pub.publish({"type": "failure", "rank": 1, "attempt": "0", "restart": "0", "kind": "user", "host": "h",
+                     "exception": "InjectedFault: boom", "traceback": "Traceback ...", "time": 30.0})
+        deadline = time.monotonic() + 10
+        while len(list((record.folder / "failures").glob("segment-0-rank-*.json"))) < 2:
+            assert time.monotonic() < deadline, "the reports were not journalled"
+            sup._read_beats()
+            time.sleep(0.02)
+    finally:
+        channel.close()
+    (record.folder / "failures" / "segment-0-rank-00002.json").write_text('{"rank": 2}')  # not a report
+    with caplog.at_level(logging.WARNING, logger="trainforge.tasks.segment"):
+        reports = failure_reports(record, 0)
+    assert [(r.rank, r.failure) for r in reports] == [(1, "user"), (0, "infra")]  # a user fault is the cause
+    assert any("segment-0-rank-00002.json" in r.message for r in caplog.records)
+    exc = _failure(record, 0, tmp_path / "logs", 1, sup)
+    assert (exc.kind, exc.rank) == ("user", 1) and "InjectedFault: boom" in str(exc)
