@@ -302,6 +302,7 @@ class SegmentSupervisor:
             return
         self._handled.add(key)
         folder = stacks_dir(self.run_dir, self.attempt)
+        folder.mkdir(parents=True, exist_ok=True)  # the workers' own disk may be elsewhere: the report goes here
         plain = {r: dump_event(b.beat) for r, b in beats.items()}  # the stack tools read beats as JSON objects
         stacks = dump_stacks(plain, folder, request=lambda rank: self._to_rank("dump_stacks", rank, beats[rank]))
         rank, where = name_culprit(stacks, plain)
