@@ -1,5 +1,5 @@
-"""Chaos: kill -9 of one rank mid-run is detected from its heartbeat's pid within seconds, torchrun restarts the
-gang in-segment (tier 1), it restores from the newest checkpoint it reaches and the job finishes.
+"""Chaos: kill -9 of one rank mid-run is detected by its node sidecar's process check within seconds, torchrun
+restarts the gang in-segment (tier 1), it restores from the newest checkpoint it reaches and the job finishes.
 
 Run: .venv/bin/python -m pytest tests/chaos/test_kill.py -s   (about 40 s on 2 cores)
 """
