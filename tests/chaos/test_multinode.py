@@ -20,7 +20,7 @@ from trainforge.home import home
 
 # Fault timing on 2 shared cores is load-sensitive (detection windows, async uploads racing a kill): a scenario
 # that fails is rerun up to twice before it counts as failed; a real regression fails all three runs.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.flaky(reruns=2, reruns_delay=2)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 STEPS, INTERVAL = 20, 8
 

@@ -25,7 +25,7 @@ from trainforge.tasks.supervisor import give_up_report
 
 # Fault timing on 2 shared cores is load-sensitive (detection windows, async uploads racing a kill): a scenario
 # that fails is rerun up to twice before it counts as failed; a real regression fails all three runs.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.flaky(reruns=2, reruns_delay=2)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def incidents(job, kind):
