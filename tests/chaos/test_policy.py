@@ -92,3 +92,33 @@ def test_fault_spec_parses_every_kind():
         ("kill", 1, 3, True, 0), ("slow", 0, 2, False, 300), ("nan", 0, 4, False, 0)]
     with pytest.raises(ValueError, match="unknown fault kind"):
         parse_faults("explode:step=1")
+
+
+def test_start_up_and_the_first_step_are_judged_on_the_start_up_budget(tmp_path):
+    """A starting rank's beat thread stops while `import torch` holds the GIL, and the first step carries the
+    start-up work (data loader, first connections): neither is a lost or hung rank. Once a step is done, the
+    heartbeat and hang windows apply."""
+    import subprocess
+    import time
+
+    from trainforge.registry.jobs import JobStore
+    from trainforge.tasks.supervisor import SegmentSupervisor
+
+    record = JobStore(tmp_path / "jobs").create("warm-up", name="w", team="t", spec={}, source="x")
+    sup = SegmentSupervisor(record, 0, HealthPolicy(heartbeat_timeout_s=3.0, hang_timeout_s=4.0))
+    victim = subprocess.Popen(["sleep", "60"])  # an alive pid for the liveness check (the stale one is killed)
+    try:
+        now = time.time()
+        beat = {"pid": victim.pid, "restart": 0, "step": None, "steps_done": 0, "time": now - 10}
+        starting = {r: {**beat, "rank": r, "phase": "starting"} for r in (0, 1)}
+        sup._check_liveness(starting, now)
+        first = {r: {**b, "phase": "training", "step": 0, "time": now} for r, b in starting.items()}
+        sup._check_progress(first, now)
+        sup._check_progress(first, now + 60)  # 60 s in the first step: under the 300 s start-up budget
+        assert not sup.incidents
+        stale = {r: {**b, "steps_done": 1, "step": 1, "time": now} for r, b in first.items()}
+        sup._check_liveness(stale, now + 10)  # training: a beat 10 s old is a lost rank
+        assert [(i.kind, i.rank) for i in sup.incidents] == [("rank_lost", 0), ("rank_lost", 1)]
+        assert victim.wait(timeout=10) == -9
+    finally:
+        victim.kill()
