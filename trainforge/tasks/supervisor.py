@@ -216,10 +216,7 @@ class SegmentSupervisor:
             age = now - float(beat["time"])
             if not alive:
                 why = "its process died without a report (killed by a signal, the OOM killer or a lost node)"
-            elif age > self.policy.heartbeat_timeout_s and beat.get("phase") != "starting":
-                # Not while starting: `import torch` runs libtorch's initialisation in C calls that hold the GIL,
-                # so the beat thread stops (a 4.3 s gap measured at load 35; 3.2 s killed a healthy gang). A
-                # starting rank's liveness is its node's process watch; a stuck start-up, the start-up budget.
+            elif age > self.policy.heartbeat_timeout_s and not _warming_up(beat):
                 why = f"no heartbeat for {age:.1f}s (> {self.policy.heartbeat_timeout_s:g}s): frozen or unreachable"
             else:
                 continue
@@ -266,14 +263,14 @@ class SegmentSupervisor:
         # The first step of a (re)start is start-up too (the data loader's first batch, lazy imports, the first
         # collectives' connections: 10.8 s on the loaded 2-core host against ~1.5 s after): until every rank
         # finished one, the start-up budget applies, not the hang window.
-        warm = all(b.get("phase") != "training" or b.get("steps_done") for b in beats.values())
+        warm = not any(_warming_up(b) for b in beats.values())
         training = {r: b for r, b in beats.items() if b.get("phase") == "training"} if warm else {}
         signature = tuple(sorted((r, b.get("restart"), b.get("step"), b.get("steps_done")) for r, b in beats.items()))
         if signature != self._progress:
             self._progress, self._progress_at = signature, now
             return
         if not training:  # starting up or committing the last checkpoint: the longer budget applies
-            if beats and all(b.get("phase") in ("starting", "closing", "training") for b in beats.values()) \
+            if beats and all(_warming_up(b) or b.get("phase") == "closing" for b in beats.values()) \
                     and now - self._progress_at > self.policy.startup_timeout_s:
                 self._on_hang(beats, now, now - self._progress_at, startup=True)
             return
@@ -460,6 +457,16 @@ class SegmentSupervisor:
         history.extend(asdict(i) for i in new)
         self.record.update(incidents=history)
         self._written = len(self.incidents)
+
+
+def _warming_up(beat: dict[str, Any]) -> bool:
+    """Starting, or in the first step of its (re)start. Both hold the GIL in long C calls (`import torch` runs
+    libtorch's initialisation, the first step lazy imports and the first collectives' set-up), which stop the
+    beat thread: gaps of 2.3-4.3 s at load 35, and 3-4 s false `rank_lost`s of healthy gangs under heavier load,
+    all at step 0 or the first step after a restore. The first step also carries the data loader's start-up
+    (10.8 s against ~1.5 s after on the loaded host). A warming-up rank's liveness is its node's process watch;
+    a stuck warm-up is the start-up budget's (`startup_timeout_s`), not the heartbeat or hang window's."""
+    return beat.get("phase") == "starting" or (beat.get("phase") == "training" and not beat.get("steps_done"))
 
 
 # ---------------------------------------------------------------------- stacks
