@@ -116,6 +116,7 @@ def test_start_up_and_the_first_step_are_judged_on_the_start_up_budget(tmp_path)
         sup._check_progress(first, now)
         sup._check_progress(first, now + 60)  # 60 s in the first step: under the 300 s start-up budget
         sup._check_liveness(first, now + 10)  # the first step's lazy imports stop the beat thread too
+        sup._check_liveness({r: {**b, "phase": "closing", "steps_done": 5} for r, b in first.items()}, now + 10)
         assert not sup.incidents
         stale = {r: {**b, "steps_done": 1, "step": 1, "time": now} for r, b in first.items()}
         sup._check_liveness(stale, now + 10)  # training: a beat 10 s old is a lost rank
