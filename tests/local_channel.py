@@ -60,6 +60,9 @@ class LocalChannel:
         """A rank's heartbeat (typed, as the worker's monitor sends it) handed to its node's publisher; extra
         envelope fields (`alive=False`: the sidecar's finding) go as `node_side`."""
         node_side = fields.pop("node_side", {})
+        # A rank at step N has done N steps of this (re)start unless told otherwise (it began at step 0); a rank
+        # with none done is warming up, which the supervisor judges by the start-up budget instead.
+        fields.setdefault("steps_done", fields.get("step", 0))
         beat = Heartbeat(rank=rank, pid=fields.pop("pid", 1000 + rank), **{"phase": "training", **fields})
         self.publishers[node].heartbeat(rank, **dump_event(beat), **node_side)
         return beat

@@ -25,6 +25,10 @@ from trainforge.home import home
 from trainforge.infra.scheduler.live import GangRequest
 from trainforge.tasks.provision import live_scheduler, release_gang
 
+# Still rerun (not yet 3 green runs in a row): under loads of 100-216 the supervisor declares healthy training
+# ranks lost ('no heartbeat for 3.1s') while their node's batches in the store carried beats 0.1-0.3 s old: the
+# starved supervisor's view of the channel lagged (its reader takes at most 16 batches per node per poll,
+# oldest first) and `now - beat time` judged the lag. Remove it once a beat's age excludes the reader's lag.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480), pytest.mark.flaky(reruns=1, reruns_delay=2)]
 
 STEPS, INTERVAL, KILL_STEP = 48, 4, 20
@@ -79,8 +83,8 @@ def test_node_loss_shrinks_to_the_capacity_left_then_grows_back_with_the_same_lo
     assert len(job.placements[-1]) == 2 and lost_node not in job.placements[-1]
     # resumed from checkpoints written at the other world size (DCP reshards 4 -> 2 and 2 -> 4)
     resumed = [e["resumed_from"] for e in starts]
-    detected = events(job, "fault_detected")[0]["time"]
-    newest = max(e["step"] for e in events(job, "checkpoint") if e["time"] < detected)
+    # the newest the failed segment committed (a commit may land after the detection: see test_multinode.py)
+    newest = max(e["step"] for e in events(job, "checkpoint") if e["src"]["attempt"] == 0)
     assert resumed[0] is None and resumed[1] == newest and resumed[2] > resumed[1]
     assert m["tier"] == "segment retry" and m["lost_steps"] == KILL_STEP - newest
     grow = [e for e in events(job, "recovered") if e["fault"] == "resize"]

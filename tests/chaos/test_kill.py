@@ -10,18 +10,30 @@ import pytest
 
 from tests.chaos.harness import events, make_job, measure, run_job
 
-# Fault timing on 2 shared cores is load-sensitive (detection windows, async uploads racing a kill): a scenario
-# that fails is rerun up to twice before it counts as failed; a real regression fails all three runs.
+# Still rerun (not yet 3 green runs in a row): under loads of 100-216 the supervisor declares healthy training
+# ranks lost ('no heartbeat for 3.1s') while their node's batches in the store carried beats 0.1-0.3 s old: the
+# starved supervisor's view of the channel lagged (its reader takes at most 16 batches per node per poll,
+# oldest first) and `now - beat time` judged the lag. Remove it once a beat's age excludes the reader's lag.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.flaky(reruns=2, reruns_delay=2)]
 
 
+KILL_STEP, INTERVAL = 10, 8
+
+
 def test_kill9_rank_restarts_in_segment_and_finishes():
-    job = run_job(make_job("chaos-kill"), fault="kill:rank=1:step=10", max_restarts=1)
+    # `durable=1`: rank 1 dies once its step-8 save is written, replicated on its peer and committed. A kill at a
+    # fixed step alone raced that save's background work: on a loaded host the save was still in flight at step
+    # 10, rank 1 died with the only copy of its shard and the restart rightly fell back to step 0 (10 lost steps).
+    job = run_job(make_job("chaos-kill", interval=INTERVAL), fault=f"kill:rank=1:step={KILL_STEP}:durable=1",
+                  max_restarts=1)
     m = measure(job, "kill -9 rank 1 (in-segment restart)", "kill")
     lost = [e for e in events(job, "fault_detected") if e["fault"] == "rank_lost"]
     assert lost and lost[0]["rank"] == 1
     assert m["detection_s"] is not None and m["detection_s"] < 5
     assert m["tier"] == "in-segment restart" and m["mttr_s"] < 60
-    assert m["lost_steps"] is not None and m["lost_steps"] <= 8
+    # restored from the step-8 checkpoint (the peers' memory replicas), so the lost work is the steps since
+    # it: under one interval
+    assert [e["resumed_from"] for e in events(job, "segment_start")] == [None, INTERVAL]
+    assert m["lost_steps"] == KILL_STEP - INTERVAL
     assert [s["state"] for s in job.record.data["segments"]] == ["completed"]
     assert events(job, "segment_end")[-1]["step"] == 24

@@ -18,8 +18,10 @@ import pytest
 from tests.chaos.harness import events, make_job, measure, run_job, unhealthy_nodes
 from trainforge.home import home
 
-# Fault timing on 2 shared cores is load-sensitive (detection windows, async uploads racing a kill): a scenario
-# that fails is rerun up to twice before it counts as failed; a real regression fails all three runs.
+# Still rerun (not yet 3 green runs in a row): under loads of 100-216 the supervisor declares healthy training
+# ranks lost ('no heartbeat for 3.1s') while their node's batches in the store carried beats 0.1-0.3 s old: the
+# starved supervisor's view of the channel lagged (its reader takes at most 16 batches per node per poll,
+# oldest first) and `now - beat time` judged the lag. Remove it once a beat's age excludes the reader's lag.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.flaky(reruns=2, reruns_delay=2)]
 
 STEPS, INTERVAL = 20, 8
@@ -36,10 +38,12 @@ def test_whole_node_lost_is_replaced_through_the_scheduler():
     assert lost_node in unhealthy_nodes()
     assert lost_node not in job.placements[1] and len(job.placements[1]) == 2
     assert m["detection_s"] is not None and m["detection_s"] < 5
-    # resumed from the newest checkpoint committed before the loss (4 workers on 2 cores: an upload takes ~3 s,
-    # so the one staged just before the kill may still be in flight and is rightly not used)
-    detected = events(job, "fault_detected")[0]["time"]
-    last = max(e["step"] for e in events(job, "checkpoint") if e["time"] < detected)
+    # resumed from the newest checkpoint the failed segment committed (4 workers on 2 cores: an upload takes ~3 s,
+    # so the one staged just before the kill may still be in flight and is rightly not used). Every commit of
+    # the failed segment counts, not only those before the detection: rank 0 may write the manifest of a
+    # checkpoint whose shards the lost node had already handed over after the loss is detected, and the retry,
+    # which starts once the whole gang is gone, resumes from it.
+    last = max(e["step"] for e in events(job, "checkpoint") if e["src"]["attempt"] == 0)
     assert [e["resumed_from"] for e in events(job, "segment_start")] == [None, last]
     assert m["tier"] == "segment retry" and m["lost_steps"] == 14 - last
     assert [s["state"] for s in job.record.data["segments"]] == ["failed", "completed"]

@@ -92,3 +92,43 @@ def test_fault_spec_parses_every_kind():
         ("kill", 1, 3, True, 0), ("slow", 0, 2, False, 300), ("nan", 0, 4, False, 0)]
     with pytest.raises(ValueError, match="unknown fault kind"):
         parse_faults("explode:step=1")
+
+
+def test_start_up_and_the_first_step_are_judged_on_the_start_up_budget(tmp_path):
+    """A starting rank's beat thread stops while `import torch` holds the GIL, and the first step carries the
+    start-up work (data loader, first connections): neither is a lost or hung rank. Once a step is done, the
+    heartbeat and hang windows apply. Driven through a real local channel (tests/local_channel.py); a lost rank
+    that is still alive is killed with the `kill_rank` command to its node."""
+    import time
+
+    from tests.local_channel import LocalChannel
+    from trainforge.contract.events import Heartbeat
+    from trainforge.registry.jobs import JobStore
+    from trainforge.tasks.supervisor import RankBeat
+
+    record = JobStore(tmp_path / "jobs").create("warm-up", name="w", team="t", spec={}, source="x")
+    channel = LocalChannel(tmp_path / "objects")
+    try:
+        sup = channel.supervisor(record, policy=HealthPolicy(heartbeat_timeout_s=3.0, hang_timeout_s=4.0))
+
+        def beats(age_s: float, **fields) -> dict[int, RankBeat]:
+            return {r: RankBeat(Heartbeat(rank=r, pid=1000 + r, **{"restart": 0, "steps_done": 0, **fields}),
+                                "node-0", None, age_s) for r in (0, 1)}
+
+        now = time.time()
+        sup._check_liveness(beats(10.0, phase="starting"), now)
+        first = beats(0.0, phase="training", step=0)
+        sup._check_progress(first, now)
+        sup._check_progress(first, now + 60)  # 60 s in the first step: under the 300 s start-up budget
+        sup._check_liveness(beats(10.0, phase="training", step=0), now + 10)  # the first step's lazy imports
+        sup._check_liveness(beats(10.0, phase="closing", step=0, steps_done=5), now + 10)
+        assert not sup.incidents
+        sup._check_liveness(beats(10.0, phase="training", step=1, steps_done=1), now + 10)  # a lost rank
+        assert [(i.kind, i.rank) for i in sup.incidents] == [("rank_lost", 0), ("rank_lost", 1)]
+        deadline = time.monotonic() + 10
+        while len(channel.sent()) < 2:
+            assert time.monotonic() < deadline, channel.sent()
+            time.sleep(0.05)
+        assert sorted((c.kind, c.args.get("rank")) for c in channel.sent()) == [("kill_rank", 0), ("kill_rank", 1)]
+    finally:
+        channel.close()

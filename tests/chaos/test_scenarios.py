@@ -17,14 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness import events, make_job, measure, run_job
+from tests.chaos.harness import FAST_HEALTH, events, make_job, measure, run_job
+from trainforge.contract.health import HealthPolicy
 from trainforge.home import home
 from trainforge.tasks.chaos import corrupt_after_emergency_checkpoint
 from trainforge.tasks.segment import SegmentFailed
 from trainforge.tasks.supervisor import give_up_report
+from trainforge.trainer.faults import fired_at
 
-# Fault timing on 2 shared cores is load-sensitive (detection windows, async uploads racing a kill): a scenario
-# that fails is rerun up to twice before it counts as failed; a real regression fails all three runs.
+# Still rerun (not yet 3 green runs in a row): under loads of 100-216 the supervisor declares healthy training
+# ranks lost ('no heartbeat for 3.1s') while their node's batches in the store carried beats 0.1-0.3 s old: the
+# starved supervisor's view of the channel lagged (its reader takes at most 16 batches per node per poll,
+# oldest first) and `now - beat time` judged the lag. Remove it once a beat's age excludes the reader's lag.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.flaky(reruns=2, reruns_delay=2)]
 
 
@@ -42,7 +46,11 @@ def test_hang_fires_watchdog_dumps_stacks_and_names_rank_and_line():
     assert report.is_file() and "faults.py" in report.read_text()
     dumps = sorted((job.record.folder / "artifacts/stacks/segment-0").glob("rank-*-restart-0.txt"))
     assert len(dumps) == 2 and all("File " in p.read_text() for p in dumps)
-    assert m["detection_s"] < 2 * 4 + 2  # hang_timeout_s=4 in the chaos policy
+    # the window the policy derives (max(floor, factor x median step): at most from the slowest step before the
+    # hang), plus the beat's way up (beat 0.25 s + flush 0.5 s + reader 0.6 s) and a loaded host's slack
+    fired = min(t for name, t in fired_at(job.record.folder).items() if name.startswith("hang"))
+    slowest = max(e["step_time_s"] for e in events(job, "metrics") if e["time"] < fired)
+    assert m["detection_s"] < HealthPolicy.from_dict(FAST_HEALTH).hang_timeout(slowest) + 6
     assert "rank 1" in str(job.failures[0]) and "faults.py" in str(job.failures[0])
     assert events(job, "segment_end")[-1]["step"] == 24
 

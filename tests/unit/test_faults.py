@@ -10,8 +10,22 @@ from trainforge.trainer.faults import Fault, FaultInjector, StoreOutage, parse_f
 
 
 def test_parse_faults_reads_every_parameter():
-    assert parse_faults("kill:rank=1:step=25, storeout:rank=0:step=7:until=12,slow:step=3:ms=40") == [
-        Fault("kill", 1, 25), Fault("storeout", 0, 7, until=12), Fault("slow", 0, 3, ms=40)]
+    assert parse_faults("kill:rank=1:step=25, storeout:rank=0:step=7:until=12,slow:step=3:ms=40,"
+                        "raise:step=9:durable=1") == [
+        Fault("kill", 1, 25), Fault("storeout", 0, 7, until=12), Fault("slow", 0, 3, ms=40),
+        Fault("raise", 0, 9, durable=True)]
+
+
+def test_a_durable_fault_waits_for_the_checkpoints_in_flight_then_fires_once(tmp_path):
+    calls: list[str] = []
+    injector = FaultInjector(parse_faults("raise:rank=0:step=3:durable=1"), str(tmp_path / "run"), rank=0)
+    injector.maybe_fire(2, settle=lambda: calls.append("settle"))
+    assert calls == []  # not the fault's step: no wait
+    with pytest.raises(faults.InjectedFault):
+        injector.maybe_fire(3, settle=lambda: calls.append("settle"))
+    assert calls == ["settle"]
+    injector.maybe_fire(3, settle=lambda: calls.append("settle"))  # fired once: the retried run neither waits
+    assert calls == ["settle"]
 
 
 @pytest.mark.parametrize("text", ["boom:step=1", "storeout:rank=0:step=7"])

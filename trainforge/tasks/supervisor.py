@@ -236,7 +236,9 @@ class SegmentSupervisor:
                 continue
             if not b.alive:
                 why = "its process died without a report (killed by a signal, the OOM killer or a lost node)"
-            elif b.age_s > self.policy.heartbeat_timeout_s:
+            elif b.age_s > self.policy.heartbeat_timeout_s and not (_warming_up(b) or b.beat.phase == "closing"):
+                # closing (the final commit, the process group's shutdown) stalls the beat thread too (3.5 s
+                # after the segment's end under load 85): like start-up, the start-up budget judges it
                 why = (f"no heartbeat for {b.age_s:.1f}s (> {self.policy.heartbeat_timeout_s:g}s): frozen or "
                        "unreachable")
             else:
@@ -281,13 +283,17 @@ class SegmentSupervisor:
                         inc.scope = "node"
 
     def _check_progress(self, beats: dict[int, RankBeat], now: float) -> None:
-        training = {r: b for r, b in beats.items() if b.beat.phase == "training"}
+        # The first step of a (re)start is start-up too (the data loader's first batch, lazy imports, the first
+        # collectives' connections: 10.8 s on the loaded 2-core host against ~1.5 s after): until every rank
+        # finished one, the start-up budget applies, not the hang window.
+        warm = not any(_warming_up(b) for b in beats.values())
+        training = {r: b for r, b in beats.items() if b.beat.phase == "training"} if warm else {}
         signature = tuple(sorted((r, b.beat.restart, b.beat.step, b.beat.steps_done) for r, b in beats.items()))
         if signature != self._progress:
             self._progress, self._progress_at = signature, now
             return
         if not training:  # starting up or committing the last checkpoint: the longer budget applies
-            if beats and all(b.beat.phase in ("starting", "closing") for b in beats.values()) \
+            if beats and all(_warming_up(b) or b.beat.phase == "closing" for b in beats.values()) \
                     and now - self._progress_at > self.policy.startup_timeout_s:
                 self._on_hang(beats, now, now - self._progress_at, startup=True)
             return
@@ -475,6 +481,16 @@ class SegmentSupervisor:
         history.extend(asdict(i) for i in new)
         self.record.update(incidents=history)
         self._written = len(self.incidents)
+
+
+def _warming_up(b: RankBeat) -> bool:
+    """Starting, or in the first step of its (re)start. Both hold the GIL in long C calls (`import torch` runs
+    libtorch's initialisation, the first step lazy imports and the first collectives' set-up), which stop the
+    beat thread: gaps of 2.3-4.3 s at load 35, and 3-4 s false `rank_lost`s of healthy gangs under heavier load,
+    all at step 0 or the first step after a restore. The first step also carries the data loader's start-up
+    (10.8 s against ~1.5 s after on the loaded host). A warming-up rank's liveness is its node's process watch;
+    a stuck warm-up is the start-up budget's (`startup_timeout_s`), not the heartbeat or hang window's."""
+    return b.beat.phase == "starting" or (b.beat.phase == "training" and not b.beat.steps_done)
 
 
 # ---------------------------------------------------------------------- stacks

@@ -17,18 +17,28 @@ Kinds, each at the start of 0-based step `step` on rank `rank`:
 A fault fires once per job (a marker file in the run folder remembers it, with the time it fired: the chaos suite
 measures detection latency from it), so the retried segment runs clean, as a replaced node would; `always=1`
 fires it on every attempt (a persistent fault that exhausts the retry budget).
+
+`durable=1` fires the fault only once this rank's checkpoints in flight are durable: written, replicated on a
+peer and committed (the rank blocks at the fault's step until its background save finished; the peers block in
+the step's collective meanwhile, as they would behind a slow rank). Without it, a fault a fixed number of steps
+after a save races that save's background work: on a loaded host the save may still be in flight, the rank dies
+with the only copy of its shard, and recovery rightly falls back to the checkpoint before (a full interval more
+lost). `durable=1` makes "lost work after a fault is under one checkpoint interval" a deterministic check.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ENV_VAR = "TRAINFORGE_FAULT"
+_LOG = logging.getLogger(__name__)
 KINDS = ("kill", "raise", "hang", "stop", "nan", "sigterm", "slow", "node", "storeout")
 
 
@@ -45,6 +55,8 @@ class Fault:
     ms: int = 0
     s: float = 0.0
     until: int | None = None
+    durable: bool = False
+    """Wait for this rank's in-flight checkpoints to be committed before firing (see the module docstring)."""
 
     @property
     def marker(self) -> str:
@@ -62,7 +74,7 @@ def parse_faults(text: str) -> list[Fault]:
         if kind == "storeout" and not (float(values.get("s", 0)) > 0 or until is not None):
             raise ValueError(f"storeout needs a window in ${ENV_VAR}={text!r}: s=SECONDS or until=STEP")
         faults.append(Fault(kind, int(values.get("rank", 0)), int(values["step"]), values.get("always") == "1",
-                            int(values.get("ms", 0)), float(values.get("s", 0)), until))
+                            int(values.get("ms", 0)), float(values.get("s", 0)), until, values.get("durable") == "1"))
     return faults
 
 
@@ -87,7 +99,9 @@ class FaultInjector:
     def from_env(cls, run_dir: str, rank: int) -> FaultInjector:
         return cls(parse_faults(os.environ.get(ENV_VAR, "")), run_dir, rank)
 
-    def maybe_fire(self, step: int, model: Any = None) -> None:
+    def maybe_fire(self, step: int, model: Any = None, settle: Callable[[], None] | None = None) -> None:
+        """Fire this rank's faults of `step`; `settle` (the checkpointer's wait for its in-flight saves) runs
+        first for a `durable` fault."""
         for fault in self.faults:
             if fault.kind == "slow":
                 if step >= fault.step:
@@ -100,6 +114,8 @@ class FaultInjector:
             marker = self.marker_dir / fault.marker
             if not fault.always and marker.exists():
                 continue
+            if fault.durable and settle is not None:
+                settle()
             self.marker_dir.mkdir(parents=True, exist_ok=True)
             marker.write_text(str(time.time()))
             self._fire(fault, step, model)
@@ -138,7 +154,19 @@ class FaultHook:
     def before_step(self, step: int, engine: Any) -> None:
         if step in self.nan_steps:
             engine.wait_for_staging()
-        self.injector.maybe_fire(step, engine.model)
+        self.injector.maybe_fire(step, engine.model, settle=lambda: _settle(engine))
+
+
+def _settle(engine: Any) -> None:
+    """Block until the engine's background checkpoint saves are committed (a `durable` fault fires after). A save
+    that failed does not stop the fault: its failure is the checkpointer's to report, the fault still fires."""
+    ckpt = getattr(engine, "ckpt", None)
+    if ckpt is None:
+        return
+    try:
+        ckpt.wait()
+    except Exception:
+        _LOG.warning("a checkpoint in flight failed before a durable fault fired", exc_info=True)
 
 
 def step_hooks_from_env(run_dir: str, rank: int) -> list[FaultHook]:

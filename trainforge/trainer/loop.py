@@ -28,7 +28,7 @@ from trainforge.events import AsyncEventWriter, event_sink, worker_sender
 from trainforge.trainer.distributed import DistContext
 from trainforge.trainer.engine import StepHook, build_engine
 from trainforge.trainer.faults import step_hooks_from_env
-from trainforge.trainer.health import current_monitor
+from trainforge.trainer.health import DivergenceError, current_monitor
 from trainforge.trainer.metrics import StepMeter
 from trainforge.trainer.schedule import lr_at
 from trainforge.trainer.segment import (
@@ -167,6 +167,19 @@ class DataFeed:
             self.close()
 
 
+def commit_before_rollback(engine: Any, monitor: Any) -> None:
+    """A divergence stops a healthy gang in step (every rank raises at the same step: `end_step` agrees on it), and
+    the checkpoints still uploading hold states from before it: let them commit before the rank exits, so the
+    rollback resumes from the newest of them. Exiting at once threw away the save in flight: on a loaded host its
+    upload outlasted the steps to the divergence and the rollback went a whole interval further back. A commit
+    that fails is the checkpointer's to log; the divergence is still what ends the segment."""
+    monitor.set_phase("closing")  # the wait is a final commit (the start-up / closing budget), not a hang
+    try:
+        engine.close()
+    except Exception:
+        logger.warning("a checkpoint in flight did not commit before the divergence rollback", exc_info=True)
+
+
 def train(cfg: SegmentConfig, ctx: DistContext, hooks: Sequence[StepHook] | None = None) -> dict[str, Any]:
     """Train one segment: from the last committed checkpoint (or step 0) to the end or the segment limit.
     `hooks` run at the start of each step; None installs the chaos harness's from $TRAINFORGE_FAULT (faults.py)."""
@@ -208,7 +221,11 @@ def train(cfg: SegmentConfig, ctx: DistContext, hooks: Sequence[StepHook] | None
         live.publish(Metrics(step=step + 1, loss=last_loss, grad_norm=grad_norm, lr=lr, step_time_s=dt,
                              tokens_per_s=tr.global_batch_size * tr.seq_len / dt,
                              samples_per_s=tr.global_batch_size / dt, **meter.end_step(step + 1, dt, feed.last_wait_s)))
-        preempted = monitor.end_step(step, last_loss, grad_norm, dt)  # raises on divergence (policy)
+        try:
+            preempted = monitor.end_step(step, last_loss, grad_norm, dt)  # raises on divergence (policy)
+        except DivergenceError:
+            commit_before_rollback(engine, monitor)
+            raise
         if checkpoint_due(cfg, step + 1, end) or preempted:
             engine.save(step + 1, manifest_fields(cfg, ctx.world_size, step + 1, last_loss))
             report_staged(engine.ckpt, events.publish)  # a synchronous save is complete here
