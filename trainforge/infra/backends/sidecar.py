@@ -14,6 +14,10 @@ Commands down are delivered to the node's ranks here, as local signals: `preempt
 `dump_stacks` -> SIGUSR1 (faulthandler), `kill_rank` -> SIGKILL of one rank (an unresponsive or hung one). A node
 whose lease lapsed (no renewal from the control plane) stops its ranks: SIGTERM, then SIGKILL.
 
+Stack dumps come back the same way: each rank's faulthandler writes into a file on its own node (named in its
+heartbeat, `stacks_file`); after the SIGUSR1 the sidecar reads what the dump added and publishes it as a
+`StackDump` record (trainforge/contract/events.py), so the control plane reads no worker's disk.
+
 Run: python -m trainforge.infra.backends.sidecar --store URL --root ROOT --node NAME --socket @NAME
 """
 
@@ -24,12 +28,15 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from trainforge.contract.channel import FLUSH_INTERVAL_S, LEASE_TTL_S, Command, NodePublisher
+from trainforge.contract.events import Sender, StackDump, dump_event
 from trainforge.infra.procs import pid_alive
 
 log = logging.getLogger(__name__)
@@ -38,14 +45,22 @@ SOCKET_ENV = "TRAINFORGE_CHANNEL_SOCKET"
 """The worker's environment variable naming its node's publisher socket (a leading '@': abstract namespace)."""
 WATCH_INTERVAL_S = 0.1
 FINISHED = ("done", "failed", "terminated")
+DUMP_WAIT_S = 3.0
+"""How long the sidecar waits for a rank's faulthandler file to grow after SIGUSR1 (a rank that does not answer
+in that time is reported with an empty dump: its process is not running Python, e.g. stopped)."""
+DUMP_SETTLE_S = 0.15
+"""A dump is complete once its file stopped growing for this long (faulthandler writes it in one go)."""
+MAX_DUMP_BYTES = 64 * 1024
+"""The most of one rank's dump sent up (its head: every thread's innermost frames come first)."""
 
 
 class NodeSidecar:
     """The publisher plus the node-local watch of its ranks and the delivery of commands to them."""
 
-    def __init__(self, publisher: NodePublisher, *, watch_interval_s: float = WATCH_INTERVAL_S):
+    def __init__(self, publisher: NodePublisher, *, watch_interval_s: float = WATCH_INTERVAL_S,
+                 dump_wait_s: float = DUMP_WAIT_S):
         self.publisher = publisher
-        self.watch_interval_s = watch_interval_s
+        self.watch_interval_s, self.dump_wait_s = watch_interval_s, dump_wait_s
         self.stopping = threading.Event()
         self._reported: set[tuple[str, int]] = set()  # (rank, pid) already reported dead
         publisher.on_command(self._on_command)
@@ -67,7 +82,7 @@ class NodeSidecar:
         if cmd.kind in ("preemption_notice", "resize_notice", "stop"):
             self._signal_ranks(signal.SIGTERM)
         elif cmd.kind == "dump_stacks":
-            self._signal_ranks(signal.SIGUSR1, cmd.args.get("rank"))
+            self.dump_stacks(cmd.seq, cmd.args.get("rank"))
         elif cmd.kind == "kill_rank":
             self._signal_ranks(signal.SIGKILL, cmd.args["rank"])
         elif cmd.kind == "lease_expired":
@@ -77,6 +92,45 @@ class NodeSidecar:
             timer = threading.Timer(5.0, self._signal_ranks, (signal.SIGKILL,))
             timer.daemon = True
             timer.start()
+
+    def dump_stacks(self, cmd_seq: int, rank: Any = None) -> threading.Thread:
+        """SIGUSR1 to the rank (all of the node's ranks when None); a thread then waits for each dump to land in
+        its faulthandler file and publishes it (the publisher's own thread, which called this, must not wait:
+        it carries the node's heartbeats)."""
+        targets = {}
+        for r, info in self.publisher.beats().items():
+            if rank is not None and str(rank) != r:
+                continue
+            path = Path(str(info["stacks_file"])) if info.get("stacks_file") else None
+            start = _size(path)
+            targets[r] = (path, start, int(info.get("restart") or 0))
+        self._signal_ranks(signal.SIGUSR1, rank)
+        thread = threading.Thread(target=self._collect_dumps, args=(cmd_seq, targets), daemon=True,
+                                  name=f"stack-dump-{cmd_seq}")
+        thread.start()
+        return thread
+
+    def _collect_dumps(self, cmd_seq: int, targets: dict[str, tuple[Path | None, int, int]]) -> None:
+        deadline = time.monotonic() + self.dump_wait_s
+        last = {r: start for r, (_, start, _) in targets.items()}
+        changed_at = dict.fromkeys(targets, time.monotonic())
+        while time.monotonic() < deadline:
+            now, pending = time.monotonic(), False
+            for r, (path, start, _) in targets.items():
+                size = _size(path)
+                if size != last[r]:
+                    last[r], changed_at[r] = size, now
+                if size <= start or now - changed_at[r] < DUMP_SETTLE_S:
+                    pending = True  # nothing yet, or still growing
+            if not pending:
+                break
+            time.sleep(0.03)
+        for r, (path, start, restart) in targets.items():
+            text, truncated = _read_from(path, start, MAX_DUMP_BYTES)
+            event = StackDump(rank=int(r), restart=restart, text=text, truncated=truncated, cmd_seq=cmd_seq,
+                              src=Sender(rank=int(r), host=socket.gethostname()))
+            self.publisher.publish(dump_event(event))
+        self.publisher.wake()
 
     def watch_once(self) -> bool:
         """Mark the ranks whose process is gone; True when one was newly found dead."""
@@ -98,6 +152,26 @@ class NodeSidecar:
         while not self.stopping.wait(self.watch_interval_s):
             self.watch_once()
         self.watch_once()  # a rank that died just before the stop is reported in the closing batch
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
+
+
+def _read_from(path: Path | None, start: int, limit: int) -> tuple[str, bool]:
+    """What the file holds after byte `start` (at most `limit` bytes), and whether it was cut."""
+    if path is None:
+        return "", False
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(limit + 1)
+    except OSError:
+        return "", False
+    return data[:limit].decode(errors="replace"), len(data) > limit
 
 
 def main(argv: list[str] | None = None) -> int:
