@@ -1,17 +1,22 @@
 """The segment supervisor: the control plane's side of failure detection, and the recovery bookkeeping.
 
-`run_segment` polls a `SegmentSupervisor` while the gang runs. It reads the per-rank heartbeats that
-trainer/health.py writes and applies the policy:
-- rank lost: the heartbeat's pid is gone (kill -9, OOM killer) or its heartbeat is older than
-  `heartbeat_timeout_s` (SIGSTOP, frozen host, lost node). An unresponsive rank is SIGKILLed so torchrun's agent
+`run_segment` polls a `SegmentSupervisor` while the gang runs. Everything it knows about the workers comes up the
+segment attempt's channel (trainforge/contract/channel.py): their events, failure reports, and one heartbeat per
+rank in every batch of its node's publisher (each parsed as the typed `Heartbeat`); everything it asks of them
+goes down as channel commands that the node's sidecar carries out. It needs no worker's process id and no
+shared disk. It applies the policy:
+- rank lost: the node's sidecar saw the rank's process gone (kill -9, OOM killer), or the rank's heartbeat is
+  older than `heartbeat_timeout_s` (SIGSTOP, frozen host; the age is measured on the publisher's and this
+  reader's clocks, never compared with the worker's wall clock), or no batch came from its node for the
+  channel's `lost_after_s` (a lost node). An unresponsive rank is killed (`kill_rank`) so torchrun's agent
   restarts the gang (tier 1) or the segment fails and is retried (tier 2).
-- hang: no rank made step progress for the hang timeout: every rank's Python stack is dumped (faulthandler on
-  SIGUSR1) into artifacts/stacks/, the rank that is not waiting in a collective is named with its line, and it
-  is killed (same recovery).
+- hang: no rank made step progress for the hang timeout: every rank's Python stack is dumped (`dump_stacks`:
+  faulthandler on SIGUSR1) into artifacts/stacks/, the rank that is not waiting in a collective is named with
+  its line, and it is killed (same recovery).
 - straggler: a rank's local time per step persistently above `straggler_ratio` x the median of ranks: reported
   with the evidence; with `straggler_action: evict` the segment ends at the next committed checkpoint.
-- preemption: the scheduler marks the job `preempting` (or a worker got a termination notice): SIGTERM to the
-  workers, which checkpoint at the next step boundary and end the segment cleanly.
+- preemption: the scheduler marks the job `preempting` (or a worker got a termination notice): the
+  `preemption_notice` command, which the workers turn into a checkpoint at the next step boundary and a clean end.
 Every detection and recovery is an event in events.jsonl (with timestamps) and in the job record, so detection
 latency, MTTR (detection -> first step completed after the restore) and lost steps are computed from records.
 """
@@ -21,29 +26,77 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
-import signal
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from trainforge.contract.channel import LEASE_TTL_S, ChannelReader, CommandWriter
+from trainforge.contract.channel import LEASE_TTL_S, Batch, ChannelReader, CommandWriter
 from trainforge.contract.config import SegmentConfig
-from trainforge.contract.events import CheckpointCommitted, FaultDetected, Metrics, Recovered, Sender
+from trainforge.contract.events import (
+    CheckpointCommitted,
+    EventError,
+    FailureReport,
+    FaultDetected,
+    Heartbeat,
+    Metrics,
+    Recovered,
+    Sender,
+    dump_event,
+    parse_event,
+)
 from trainforge.events import EventWriter, append_records, read_typed_events
 from trainforge.registry.jobs import JobRecord
-from trainforge.trainer.health import HealthPolicy, heartbeat_path, read_heartbeats, stacks_dir
+from trainforge.trainer.health import HealthPolicy, heartbeat_path, stacks_dir
 
 logger = logging.getLogger(__name__)
 
 PREEMPTION_CHECK_S = 2.0
 FATAL = ("rank_lost", "hang", "straggler_evicted")
+NODE_SIDE = ("age_s", "alive", "dead_at")
+"""What a node's side adds to a rank's beat in the batch envelope (the publisher: the beat's age; the sidecar: its
+check of the rank's process), not part of the rank's own `Heartbeat`."""
+
+
+@dataclass(frozen=True)
+class RankBeat:
+    """One rank's last heartbeat as the channel delivered it: the rank's own typed `Heartbeat` and what its node
+    added. `age_s` is the beat's age now: its age when its batch was taken (the publisher's clock) plus the time
+    since that batch arrived (this reader's clock), so no clock of another host enters."""
+
+    beat: Heartbeat
+    node: str
+    """The channel node (publisher) that carried it."""
+    host: str | None
+    """The launch's node of the rank (several "nodes" on one host), else the host the rank reports."""
+    age_s: float
+    alive: bool = True
+    """False once the node's sidecar saw the rank's process gone without a last `done` / `failed` beat."""
+
+
+def rank_beats(channel: ChannelReader, rank_hosts: Mapping[int, str] | None = None) -> dict[int, RankBeat]:
+    """Every rank's latest beat from the channel's latest batch of each node, typed. A beat that does not parse
+    as a `Heartbeat` is skipped with a warning that names its node, rank and field."""
+    status = channel.status()
+    out: dict[int, RankBeat] = {}
+    for node, ranks in channel.heartbeats.items():
+        since = status[node].age_s if node in status else 0.0
+        for key, info in ranks.items():
+            if not str(key).isdigit():  # not a rank's beat (a publisher's own, in tools and benches)
+                continue
+            rank = int(key)
+            try:
+                beat = parse_event({"type": "heartbeat", **{k: v for k, v in info.items() if k not in NODE_SIDE}})
+            except EventError as e:
+                logger.warning("channel node %s: skipping rank %d's heartbeat: %s", node, rank, e)
+                continue
+            assert isinstance(beat, Heartbeat)
+            out[rank] = RankBeat(beat, node, (rank_hosts or {}).get(rank, beat.host),
+                                 float(info.get("age_s") or 0.0) + since, info.get("alive", True) is not False)
+    return out
 
 
 @dataclass
@@ -64,17 +117,16 @@ class Incident:
 
 
 class SegmentSupervisor:
-    def __init__(self, record: JobRecord, attempt: int, policy: HealthPolicy, *,
-                 scheduler_status: Callable[[], dict[str, Any] | None] | None = None,
+    def __init__(self, record: JobRecord, attempt: int, policy: HealthPolicy, *, channel: ChannelReader,
+                 commands: CommandWriter, scheduler_status: Callable[[], dict[str, Any] | None] | None = None,
                  rank_hosts: dict[int, str] | None = None, world: int | None = None,
-                 sizes: list[int] | None = None, channel: ChannelReader | None = None,
-                 commands: CommandWriter | None = None):
+                 sizes: list[int] | None = None):
         self.record, self.attempt, self.policy = record, attempt, policy
         # The channel (contract/channel.py): the workers' events, heartbeats and failure reports come up through
-        # it and the notices go down as commands, so the workers need not share this host's disk nor its pids.
-        # Without one (a supervisor driven on files, as in unit tests) the heartbeat files and pids are used.
+        # it and the notices and kills go down as commands, so the workers share neither this host's disk nor
+        # its process ids.
         self.channel, self.commands = channel, commands
-        self._beats: dict[int, dict[str, Any]] = {}
+        self._beats: dict[int, RankBeat] = {}
         self._lost_nodes: set[str] = set()
         self._lease_renewed = 0.0
         self.world, self.sizes = world, sorted(sizes or [], reverse=True)  # elastic: the sizes it can run at
@@ -86,7 +138,7 @@ class SegmentSupervisor:
         self.started = time.time()
         self.incidents: list[Incident] = []
         self._written = 0
-        self._handled: set[tuple[str, int, int]] = set()  # (kind, rank, pid) already acted on
+        self._handled: set[tuple[str, int, int]] = set()  # (kind, rank, restart generation) already acted on
         self._progress: tuple[Any, ...] = ()
         self._progress_at = self.started
         self._restarts = 0
@@ -104,13 +156,10 @@ class SegmentSupervisor:
         """One supervision pass. Returns a reason when the gang must be stopped now (e.g. straggler eviction)."""
         now = time.time()
         beats = self._read_beats()
-        for rank, beat in beats.items():
-            if rank in self.rank_hosts:
-                beat["host"] = self.rank_hosts[rank]
-        restarts = max((b.get("restart", 0) for b in beats.values()), default=0)
+        restarts = max((b.beat.restart for b in beats.values()), default=0)
         if restarts > self._restarts:  # torchrun restarted the gang: a fresh start-up budget
             self._restarts, self._progress_at = restarts, now
-        current = {r: b for r, b in beats.items() if b.get("restart", 0) == restarts}
+        current = {r: b for r, b in beats.items() if b.beat.restart == restarts}
         if self._fatal_gen != restarts:  # after a fatal incident the peers' deaths are its consequence
             self._check_liveness(current, now)
             self._check_progress(current, now)
@@ -123,38 +172,34 @@ class SegmentSupervisor:
         return self.terminate_requested
 
     # ------------------------------------------------------------------ the channel
-    def _read_beats(self) -> dict[int, dict[str, Any]]:
-        if self.channel is None:
-            return read_heartbeats(self.run_dir, self.attempt)
+    def _read_beats(self) -> dict[int, RankBeat]:
         self._renew_lease()
         self._journal(self.channel.poll())
-        beats: dict[int, dict[str, Any]] = {}
-        for node, ranks in self.channel.heartbeats.items():
-            for rank, info in ranks.items():
-                if str(rank).isdigit() and "pid" in info:
-                    beats[int(rank)] = {**info, "rank": int(rank), "node": node}
-        self._beats = beats
+        self._beats = rank_beats(self.channel, self.rank_hosts)
         for node in self.channel.lost_nodes():
             if node not in self._lost_nodes:  # no batch for lost_after_s: the node (its publisher too) is gone
                 self._lost_nodes.add(node)
                 self.node_lost(node, f"no batch from its publisher for {self.channel.lost_after_s:g}s")
-        return beats
+        return self._beats
 
-    def _journal(self, batches: list[Any]) -> None:
+    def _journal(self, batches: list[Batch]) -> None:
         """What came up the channel, kept in the job's folder: events appended to the job's events.jsonl (the
         control plane is its only writer), failure reports into failures/ (read by tasks/segment.py)."""
-        assert self.channel is not None
         events = []
         for _node, _seq, _i, rec in self.channel.records(batches):
-            if rec.get("type") == "failure" and "rank" in rec:
+            try:
+                report = parse_event(rec)
+            except EventError:  # not ours to judge here: the journal keeps it, its readers name the problem
+                report = None
+            if isinstance(report, FailureReport):
                 folder = self.record.folder / "failures"
-                write_json(folder / f"segment-{self.attempt}-rank-{int(rec['rank']):05d}.json", rec)
+                write_json(folder / f"segment-{self.attempt}-rank-{report.rank:05d}.json", rec)
             else:
                 events.append(rec)
         append_records(self.record.events_path, events)
 
     def _renew_lease(self) -> None:
-        if self.commands is None or time.monotonic() - self._lease_renewed < LEASE_TTL_S / 3:
+        if time.monotonic() - self._lease_renewed < LEASE_TTL_S / 3:
             return
         try:
             self.commands.renew_lease(LEASE_TTL_S)
@@ -165,8 +210,6 @@ class SegmentSupervisor:
     def drain(self, timeout_s: float = 15.0) -> None:
         """After the gang ended (and its publishers closed): read the channel to its end, so the journal holds
         every event the workers sent before the caller reads it."""
-        if self.channel is None:
-            return
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             batches = self.channel.poll()
@@ -177,131 +220,110 @@ class SegmentSupervisor:
             if not batches:
                 time.sleep(0.1)
 
-    def _signal(self, rank: int, beat: dict[str, Any], sig: int) -> None:
-        """A signal to one rank: a channel command its node's sidecar delivers (no pid here), or the pid."""
-        if self.commands is not None:
-            kind = {signal.SIGKILL: "kill_rank", signal.SIGUSR1: "dump_stacks"}[sig]
-            node = beat.get("node")
-            self._send(kind, nodes=[node] if node else None, rank=rank)
-        else:
-            _kill(int(beat["pid"]), sig)
-
-    def _notice(self, beats: dict[int, dict[str, Any]], kind: str, **args: Any) -> None:
-        """A termination notice to every rank (preemption, resize): SIGTERM on the ranks' side."""
-        if self.commands is not None:
-            self._send(kind, **args)
-        else:
-            for beat in beats.values():
-                _kill(int(beat["pid"]), signal.SIGTERM)
+    def _to_rank(self, kind: str, rank: int, beat: RankBeat) -> None:
+        """A command for one rank (`kill_rank`, `dump_stacks`): to its node, whose sidecar signals it."""
+        self._send(kind, nodes=[beat.node], rank=rank)
 
     def _send(self, kind: str, *, nodes: list[str] | None = None, **args: Any) -> None:
-        assert self.commands is not None
         try:
             self.commands.send(kind, nodes=nodes, **args)
         except Exception as e:
             logger.warning("sending %s to the workers failed: %s: %s", kind, type(e).__name__, e)
 
-    def _alive(self, beat: dict[str, Any]) -> bool:
-        """The node's own view through the channel (its sidecar watches its ranks' processes), else the pid."""
-        if self.channel is not None:
-            return beat.get("alive", True) is not False
-        return _alive(int(beat["pid"]))
-
-    def _check_liveness(self, beats: dict[int, dict[str, Any]], now: float) -> None:
-        for rank, beat in beats.items():
-            if beat.get("phase") in ("done", "failed"):
+    def _check_liveness(self, beats: dict[int, RankBeat], now: float) -> None:
+        for rank, b in beats.items():
+            if b.beat.phase in ("done", "failed"):
                 continue
-            pid = int(beat["pid"])
-            alive = self._alive(beat)
-            age = now - float(beat["time"])
-            if not alive:
+            if not b.alive:
                 why = "its process died without a report (killed by a signal, the OOM killer or a lost node)"
-            elif age > self.policy.heartbeat_timeout_s:
-                why = f"no heartbeat for {age:.1f}s (> {self.policy.heartbeat_timeout_s:g}s): frozen or unreachable"
+            elif b.age_s > self.policy.heartbeat_timeout_s:
+                why = (f"no heartbeat for {b.age_s:.1f}s (> {self.policy.heartbeat_timeout_s:g}s): frozen or "
+                       "unreachable")
             else:
                 continue
-            if self._once("rank_lost", rank, pid):
-                inc = self._record("rank_lost", rank, f"rank {rank} lost: {why}", beats,
-                                   action="restart (torchrun in segment, else segment retry)" if alive is False
-                                   else "SIGKILL, then restart",
-                                   host=beat.get("host"), evidence={"pid": pid, "heartbeat_age_s": round(age, 2)})
-                if alive:
-                    self._signal(rank, beat, signal.SIGKILL)
-                inc.evidence["pid_alive"] = alive
+            if self._once("rank_lost", rank, b.beat.restart):
+                self._record("rank_lost", rank, f"rank {rank} lost: {why}", beats,
+                             action="SIGKILL, then restart" if b.alive
+                             else "restart (torchrun in segment, else segment retry)",
+                             host=b.host, evidence={"node": b.node, "heartbeat_age_s": round(b.age_s, 2),
+                                                    "alive": b.alive})
+                if b.alive:
+                    self._to_rank("kill_rank", rank, b)
 
     def node_lost(self, host: str, why: str = "its agent and workers died without a report") -> None:
-        """The launcher saw the host's agent die of a signal: every incident of that host is a node loss (a pass of
-        the supervisor may have seen only some of its ranks gone before the segment ended)."""
+        """The launcher saw the host's agent die of a signal, or the channel got no batch from the node: every
+        incident of that host is a node loss (a pass of the supervisor may have seen only some of its ranks gone
+        before the segment ended)."""
         found = False
         for inc in self.incidents:
             if inc.kind == "rank_lost" and inc.host == host:
                 inc.scope, found = "node", True
         if not found:
             ranks = sorted(r for r, h in self.rank_hosts.items() if h == host)
-            beats = self._beats if self.channel is not None else read_heartbeats(self.run_dir, self.attempt)
             inc = self._record("rank_lost", ranks[0] if ranks else None,
-                               f"node {host} lost: {why}", beats,
+                               f"node {host} lost: {why}", self._beats,
                                action="segment retry on a replacement node", host=host,
                                evidence={"ranks": ranks})
             inc.scope = "node"
 
-    def _check_node_scope(self, beats: dict[int, dict[str, Any]], now: float) -> None:
+    def _check_node_scope(self, beats: dict[int, RankBeat], now: float) -> None:
         """A host with a lost rank whose every rank is now gone was lost whole: its incidents get scope `node`
         (the ranks of a dying node are not all gone in the same pass, so this is checked again every pass)."""
         hosts = {i.host for i in self.incidents if i.kind == "rank_lost" and i.scope == "process" and i.host}
         for host in hosts:
-            on_host = [b for b in beats.values() if b.get("host") == host]
+            on_host = [b for b in beats.values() if b.host == host]
             if len(on_host) > 1 and all(
-                    b.get("phase") not in ("done", "failed")
-                    and (not self._alive(b) or now - float(b["time"]) > self.policy.heartbeat_timeout_s)
+                    b.beat.phase not in ("done", "failed")
+                    and (not b.alive or b.age_s > self.policy.heartbeat_timeout_s)
                     for b in on_host):
                 for inc in self.incidents:
                     if inc.kind == "rank_lost" and inc.host == host:
                         inc.scope = "node"
 
-    def _check_progress(self, beats: dict[int, dict[str, Any]], now: float) -> None:
-        training = {r: b for r, b in beats.items() if b.get("phase") == "training"}
-        signature = tuple(sorted((r, b.get("restart"), b.get("step"), b.get("steps_done")) for r, b in beats.items()))
+    def _check_progress(self, beats: dict[int, RankBeat], now: float) -> None:
+        training = {r: b for r, b in beats.items() if b.beat.phase == "training"}
+        signature = tuple(sorted((r, b.beat.restart, b.beat.step, b.beat.steps_done) for r, b in beats.items()))
         if signature != self._progress:
             self._progress, self._progress_at = signature, now
             return
         if not training:  # starting up or committing the last checkpoint: the longer budget applies
-            if beats and all(b.get("phase") in ("starting", "closing") for b in beats.values()) \
+            if beats and all(b.beat.phase in ("starting", "closing") for b in beats.values()) \
                     and now - self._progress_at > self.policy.startup_timeout_s:
                 self._on_hang(beats, now, now - self._progress_at, startup=True)
             return
-        steps = [b["step_s"] for b in training.values() if b.get("step_s")]
+        steps = [b.beat.step_s for b in training.values() if b.beat.step_s]
         timeout = self.policy.hang_timeout(statistics.median(steps) if steps else None)
         if now - self._progress_at > timeout:
             self._on_hang(beats, now, now - self._progress_at)
 
-    def _on_hang(self, beats: dict[int, dict[str, Any]], now: float, stalled_s: float, startup: bool = False) -> None:
+    def _on_hang(self, beats: dict[int, RankBeat], now: float, stalled_s: float, startup: bool = False) -> None:
         key = ("hang", -1, hash(self._progress))
         if key in self._handled:
             return
         self._handled.add(key)
         folder = stacks_dir(self.run_dir, self.attempt)
-        stacks = dump_stacks(beats, folder, signal_rank=self._signal)
-        rank, where = name_culprit(stacks, beats)
+        plain = {r: dump_event(b.beat) for r, b in beats.items()}  # the stack tools read beats as JSON objects
+        stacks = dump_stacks(plain, folder, request=lambda rank: self._to_rank("dump_stacks", rank, beats[rank]))
+        rank, where = name_culprit(stacks, plain)
         what = "start-up / final commit" if startup else "step progress"
         message = (f"hang: no {what} on any rank for {stalled_s:.1f}s; rank {rank} is stuck at {where} "
                    f"(the others wait in collectives); stacks of every rank: {folder}")
         self._record("hang", rank, message, beats, action="dump stacks, SIGKILL the stuck rank, restart",
-                     host=beats.get(rank, {}).get("host"),
+                     host=beats[rank].host if rank in beats else None,
                      evidence={"stalled_s": round(stalled_s, 2), "where": where, "stacks": str(folder),
                                "frames": {r: s[:6] for r, s in stacks.items()}})
         (folder / "hang-report.txt").write_text(message + "\n" + "\n".join(
             f"rank {r}: " + " <- ".join(s[:6]) for r, s in sorted(stacks.items())) + "\n")
         if rank in beats:
-            self._signal(rank, beats[rank], signal.SIGKILL)
+            self._to_rank("kill_rank", rank, beats[rank])
 
-    def _check_stragglers(self, beats: dict[int, dict[str, Any]], now: float) -> None:
-        local = {r: b["local_s"] for r, b in beats.items() if b.get("phase") == "training" and b.get("local_s")}
+    def _check_stragglers(self, beats: dict[int, RankBeat], now: float) -> None:
+        local = {r: b.beat.local_s for r, b in beats.items() if b.beat.phase == "training" and b.beat.local_s}
         if len(local) < 2:
             return
         for rank, value in local.items():
             med = statistics.median(v for r, v in local.items() if r != rank)  # the others: 2 ranks work too
-            done = beats[rank].get("steps_done", 0)
+            done = beats[rank].beat.steps_done
             if self._slow_seen.get(rank) == done:
                 continue
             self._slow_seen[rank] = done
@@ -313,13 +335,13 @@ class SegmentSupervisor:
                              f"{value / max(med, 1e-9):.1f}x the median of the other ranks ({med:.3f}s), for "
                              f"{self._slow_counts[rank]} steps", beats,
                              action="evict at the next committed checkpoint" if evict else "report",
-                             host=beats[rank].get("host"),
+                             host=beats[rank].host,
                              evidence={"local_s": {str(r): round(v, 4) for r, v in local.items()}})
                 if evict:
                     self._evict_after = now
 
-    def _check_preemption(self, beats: dict[int, dict[str, Any]], now: float) -> None:
-        noticed = [r for r, b in beats.items() if b.get("phase_note") == "termination notice received"]
+    def _check_preemption(self, beats: dict[int, RankBeat], now: float) -> None:
+        noticed = [r for r, b in beats.items() if b.beat.phase_note == "termination notice received"]
         if noticed and self.resize_to is None and self._once("preemption", noticed[0], 0):  # not our resize notice
             self.preempting = True
             self._record("preemption", noticed[0], f"termination notice on rank {noticed[0]}: emergency checkpoint "
@@ -336,12 +358,11 @@ class SegmentSupervisor:
             self._record("preemption", None, f"the scheduler preempts this job (deadline "
                          f"{status.get('preempt_deadline')}): termination notice to every worker", beats,
                          action="emergency checkpoint")
-            deadline = status.get("preempt_deadline")
-            self._notice(beats, "preemption_notice", deadline_s=deadline)
+            self._send("preemption_notice", deadline_s=status.get("preempt_deadline"))
         elif status and status.get("state") == "running":
             self._check_resize(int(status.get("gpus") or 0), beats)
 
-    def _check_resize(self, gpus: int, beats: dict[int, dict[str, Any]]) -> None:
+    def _check_resize(self, gpus: int, beats: dict[int, RankBeat]) -> None:
         """Elastic jobs: the scheduler shrank the allocation (to make room for another job) or grew it into idle
         capacity. Shrinking must happen now (the GPUs are promised away); growing is worth a restart only when
         a larger valid size fits. Either way: emergency checkpoint at the next step boundary (the termination
@@ -352,7 +373,7 @@ class SegmentSupervisor:
         target = fitting[0] if fitting else None
         if target is None or target == self.world:
             return
-        if not beats or any(b.get("phase") != "training" for b in beats.values()):
+        if not beats or any(b.beat.phase != "training" for b in beats.values()):
             return  # the notice handler is installed once training runs: ask again on the next pass
         if self._pending is not None:
             return  # a recovery in progress is measured first (its MTTR ends at the first step after the restore)
@@ -363,19 +384,19 @@ class SegmentSupervisor:
                      action="emergency checkpoint, re-provision at the new size",
                      evidence={"gpus": gpus, "from": self.world, "to": target})
         # the sizes are in workers; the node count is the scheduler's to choose at re-provisioning
-        self._notice(beats, "resize_notice", num_nodes=None, workers=target)
+        self._send("resize_notice", num_nodes=None, workers=target)
 
-    def _check_recovered(self, beats: dict[int, dict[str, Any]], now: float) -> None:
+    def _check_recovered(self, beats: dict[int, RankBeat], now: float) -> None:
         """MTTR ends at the first step completed after a restore that followed the detection."""
         pending = self._pending
         if pending is None:
             return
         # A short retried segment may finish between two passes: ranks already closing or done count too.
-        fresh = [b for b in beats.values() if b.get("phase") in ("training", "closing", "done")
-                 and b.get("steps_done", 0) >= 1 and b.get("started", 0) > pending["detected_at"]]
+        fresh = [b.beat for b in beats.values() if b.beat.phase in ("training", "closing", "done")
+                 and b.beat.steps_done >= 1 and (b.beat.started or 0) > pending["detected_at"]]
         if len(fresh) < max(1, len(beats)) or not beats:
             return
-        resumed = min(int(b.get("resumed_from") or 0) for b in fresh)
+        resumed = min(int(b.resumed_from or 0) for b in fresh)
         mttr = now - pending["detected_at"]
         reached = self._reached_before(pending["detected_at"])
         lost = max(0, reached - resumed) if reached is not None else None
@@ -388,16 +409,16 @@ class SegmentSupervisor:
         self.record.update(pending_recovery=None)
 
     # ------------------------------------------------------------------ bookkeeping
-    def _once(self, kind: str, rank: int, pid: int) -> bool:
-        key = (kind, rank, pid)
+    def _once(self, kind: str, rank: int, generation: int) -> bool:
+        key = (kind, rank, generation)
         if key in self._handled:
             return False
         self._handled.add(key)
         return True
 
-    def _record(self, kind: str, rank: int | None, message: str, beats: dict[int, dict[str, Any]], *, action: str,
+    def _record(self, kind: str, rank: int | None, message: str, beats: dict[int, RankBeat], *, action: str,
                 host: str | None = None, evidence: dict[str, Any] | None = None) -> Incident:
-        step = max((int(b.get("step") or 0) for b in beats.values()), default=None)
+        step = max((b.beat.step or 0 for b in beats.values()), default=None)
         inc = Incident(kind, rank, time.time(), message, action, self.attempt, step, host=host,
                        evidence=evidence or {})
         self.incidents.append(inc)
@@ -440,11 +461,11 @@ class SegmentSupervisor:
 
     def finish(self) -> None:
         """Keep this segment's incidents in the job record (the give-up report lists them)."""
-        if self.channel is not None:
-            # The last beat of each rank, kept in the job's folder for the post-mortem readers (read_heartbeats).
-            for rank, beat in self._beats.items():
-                with contextlib.suppress(OSError):
-                    write_json(heartbeat_path(self.run_dir, self.attempt, rank), beat)
+        # The last beat of each rank (the typed Heartbeat), kept in the job's folder for the post-mortem
+        # (trainer/health.py read_heartbeats).
+        for rank, b in self._beats.items():
+            with contextlib.suppress(OSError):
+                write_json(heartbeat_path(self.run_dir, self.attempt, rank), dump_event(b.beat))
         new = self.incidents[self._written:]
         if not new:
             return
@@ -458,20 +479,17 @@ class SegmentSupervisor:
 # ---------------------------------------------------------------------- stacks
 
 
-def dump_stacks(beats: dict[int, dict[str, Any]], folder: Path, wait_s: float = 3.0,
-                signal_rank: Callable[[int, dict[str, Any], int], None] | None = None) -> dict[int, list[str]]:
-    """SIGUSR1 to every rank (faulthandler writes all its threads' Python stacks into its file under `folder`),
-    then the main thread's frames per rank, innermost first, as 'path:line in func'. `signal_rank`: how the
-    signal reaches a rank (the supervisor's channel command), by default its pid."""
+def dump_stacks(beats: dict[int, dict[str, Any]], folder: Path, wait_s: float = 3.0, *,
+                request: Callable[[int], None]) -> dict[int, list[str]]:
+    """A stack dump asked of every rank (`request(rank)`: the supervisor's `dump_stacks` command, which the rank's
+    node sidecar turns into SIGUSR1; faulthandler writes all its threads' Python stacks into its file under
+    `folder`), then the main thread's frames per rank, innermost first, as 'path:line in func'."""
     sizes = {}
     for rank, beat in beats.items():
         path = folder / f"rank-{rank:05d}-restart-{beat.get('restart', 0)}.txt"
         sizes[rank] = (path, path.stat().st_size if path.is_file() else 0)
-    for rank, beat in beats.items():
-        if signal_rank is not None:
-            signal_rank(rank, beat, signal.SIGUSR1)
-        else:
-            _kill(int(beat["pid"]), signal.SIGUSR1)
+    for rank in beats:
+        request(rank)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if all(p.is_file() and p.stat().st_size > s for p, s in sizes.values()):
@@ -521,21 +539,6 @@ def name_culprit(stacks: dict[int, list[str]], beats: dict[int, dict[str, Any]])
     own = [f for f in frames if "/torch/" not in f and "/python3" not in f]
     where = own[0] if own else (frames[0] if frames else "(stack not available: the process did not respond)")
     return rank, where
-
-
-# ---------------------------------------------------------------------- processes
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def _kill(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
 
 
 # ---------------------------------------------------------------------- divergence and the give-up report
