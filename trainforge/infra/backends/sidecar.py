@@ -14,9 +14,10 @@ Commands down are delivered to the node's ranks here, as local signals: `preempt
 `dump_stacks` -> SIGUSR1 (faulthandler), `kill_rank` -> SIGKILL of one rank (an unresponsive or hung one). A node
 whose lease lapsed (no renewal from the control plane) stops its ranks: SIGTERM, then SIGKILL.
 
-Stack dumps come back the same way: each rank's faulthandler writes into a file on its own node (named in its
-heartbeat, `stacks_file`); after the SIGUSR1 the sidecar reads what the dump added and publishes it as a
-`StackDump` record (trainforge/contract/events.py), so the control plane reads no worker's disk.
+Stack dumps come back the same way: each rank's faulthandler writes into a file on its own node, in the folder
+named after this sidecar's socket (trainer/health.py `node_stacks_dir`); after the SIGUSR1 the sidecar reads what
+the dump added and publishes it as a `StackDump` record (trainforge/contract/events.py), so the control plane
+reads no worker's disk.
 
 Run: python -m trainforge.infra.backends.sidecar --store URL --root ROOT --node NAME --socket @NAME
 """
@@ -27,6 +28,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -38,6 +40,7 @@ from typing import Any
 from trainforge.contract.channel import FLUSH_INTERVAL_S, LEASE_TTL_S, Command, NodePublisher
 from trainforge.contract.events import Sender, StackDump, dump_event
 from trainforge.infra.procs import pid_alive
+from trainforge.trainer.health import node_stacks_dir, stacks_file_name
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,10 @@ class NodeSidecar:
         self.watch_interval_s, self.dump_wait_s = watch_interval_s, dump_wait_s
         self.stopping = threading.Event()
         self._reported: set[tuple[str, int]] = set()  # (rank, pid) already reported dead
+        # The node's ranks write their faulthandler dumps here (created before they start, removed at the end).
+        self.stacks_dir = node_stacks_dir(publisher.socket_path) if publisher.socket_path else None
+        if self.stacks_dir is not None:
+            self.stacks_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         publisher.on_command(self._on_command)
 
     def _pids(self) -> dict[str, int]:
@@ -99,11 +106,13 @@ class NodeSidecar:
         it carries the node's heartbeats)."""
         targets = {}
         for r, info in self.publisher.beats().items():
-            if rank is not None and str(rank) != r:
+            if not r.isdigit() or (rank is not None and str(rank) != r):
                 continue
-            path = Path(str(info["stacks_file"])) if info.get("stacks_file") else None
-            start = _size(path)
-            targets[r] = (path, start, int(info.get("restart") or 0))
+            if info.get("phase") in FINISHED or info.get("alive") is False:
+                continue  # no process to answer
+            restart = int(info.get("restart") or 0)
+            path = self.stacks_dir / stacks_file_name(int(r), restart) if self.stacks_dir else None
+            targets[r] = (path, _size(path), restart)
         self._signal_ranks(signal.SIGUSR1, rank)
         thread = threading.Thread(target=self._collect_dumps, args=(cmd_seq, targets), daemon=True,
                                   name=f"stack-dump-{cmd_seq}")
@@ -153,6 +162,11 @@ class NodeSidecar:
             self.watch_once()
         self.watch_once()  # a rank that died just before the stop is reported in the closing batch
 
+    def cleanup(self) -> None:
+        """Remove the node's stack-dump folder: every dump anyone asked for went up the channel."""
+        if self.stacks_dir is not None:
+            shutil.rmtree(self.stacks_dir, ignore_errors=True)
+
 
 def _size(path: Path | None) -> int:
     try:
@@ -197,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         sidecar.run()
     finally:
         publisher.close(timeout=10.0)  # the closing batch: the reader tells a clean end from a lost node
+        sidecar.cleanup()
     return 0
 
 
