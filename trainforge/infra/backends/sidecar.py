@@ -12,7 +12,9 @@ heartbeat and an immediate flush, so kill -9 detection stays well under a second
 Commands down are delivered to the node's ranks here, as local signals: `preemption_notice` / `resize_notice` /
 `stop` -> SIGTERM (the ranks' HealthMonitor turns it into a checkpoint at the next step boundary),
 `dump_stacks` -> SIGUSR1 (faulthandler), `kill_rank` -> SIGKILL of one rank (an unresponsive or hung one). A node
-whose lease lapsed (no renewal from the control plane) stops its ranks: SIGTERM, then SIGKILL.
+whose lease lapsed (no renewal from the control plane) stops its ranks: SIGTERM, then SIGKILL. The publisher
+hands every command to the ranks too (their `RankClient.poll_commands()`): `profile_window` is read there, and
+replayed here to a rank that reached the publisher after it came (started or restarted later).
 
 Stack dumps come back the same way: each rank's faulthandler writes into a file on its own node, in the folder
 named after this sidecar's socket (trainer/health.py `node_stacks_dir`); after the SIGUSR1 the sidecar reads what
@@ -66,6 +68,10 @@ class NodeSidecar:
         self.watch_interval_s, self.dump_wait_s = watch_interval_s, dump_wait_s
         self.stopping = threading.Event()
         self._reported: set[tuple[str, int]] = set()  # (rank, pid) already reported dead
+        # The newest profile window, replayed to a rank that reaches the publisher after it was delivered (a
+        # window asked for while the gang starts up, or before torchrun restarted a rank), and who has it.
+        self._window: Command | None = None
+        self._window_given: set[tuple[str, int]] = set()
         # The node's ranks write their faulthandler dumps here (created before they start, removed at the end).
         self.stacks_dir = node_stacks_dir(publisher.socket_path) if publisher.socket_path else None
         if self.stacks_dir is not None:
@@ -90,6 +96,9 @@ class NodeSidecar:
             self._signal_ranks(signal.SIGTERM)
         elif cmd.kind == "dump_stacks":
             self.dump_stacks(cmd.seq, cmd.args.get("rank"))
+        elif cmd.kind == "profile_window":
+            # The publisher hands it to every rank it knows right after this handler; the others get it later.
+            self._window, self._window_given = cmd, set(self._pids().items())
         elif cmd.kind == "kill_rank":
             self._signal_ranks(signal.SIGKILL, cmd.args["rank"])
         elif cmd.kind == "lease_expired":
@@ -141,8 +150,17 @@ class NodeSidecar:
             self.publisher.publish(dump_event(event))
         self.publisher.wake()
 
+    def replay_window(self) -> None:
+        """The profile window to the ranks that reached the publisher since it was delivered."""
+        if self._window is None:
+            return
+        for rank_pid in self._pids().items():
+            if rank_pid not in self._window_given and self.publisher.deliver_to(rank_pid[0], self._window):
+                self._window_given.add(rank_pid)
+
     def watch_once(self) -> bool:
         """Mark the ranks whose process is gone; True when one was newly found dead."""
+        self.replay_window()
         found = False
         for rank, info in self.publisher.beats().items():
             if info.get("phase") in FINISHED or info.get("alive") is False or "pid" not in info:
