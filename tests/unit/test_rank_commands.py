@@ -203,11 +203,11 @@ def test_the_inbox_keeps_each_kind_for_its_taker_and_acts_on_a_replay_once():
     assert inbox.take("kill_rank") == []  # the sidecar's business, not the rank's
 
 
-def test_notices_are_reported_once_per_gang_or_once_per_node():
+def test_a_notice_command_is_reported_once_per_gang_and_a_bare_sigterm_by_its_rank():
     monitor = types.SimpleNamespace(stop_requested=False)
     client0, client1 = FakeClient(), FakeClient()
-    rank0 = NoticeWatch(CommandInbox(client0), monitor, rank=0, local_rank=0, src=Sender(rank=0))
-    rank1 = NoticeWatch(CommandInbox(client1), monitor, rank=1, local_rank=1, src=Sender(rank=1))
+    rank0 = NoticeWatch(CommandInbox(client0), monitor, rank=0, src=Sender(rank=0))
+    rank1 = NoticeWatch(CommandInbox(client1), monitor, rank=1, src=Sender(rank=1))
     for client in (client0, client1):
         client.commands = [_cmd(4, "resize_notice", num_nodes=None, workers=2)]
     monitor.stop_requested = True  # the sidecar's SIGTERM that comes with the command
@@ -218,9 +218,9 @@ def test_notices_are_reported_once_per_gang_or_once_per_node():
     assert (notice["type"], notice["notice"], notice["target_workers"], notice["src"]["rank"]) == (
         "notice", "resize", 2, 0)
     assert client1.published == []  # one event per notice for the gang
-    # A SIGTERM with no notice from the control plane: the node's own termination notice, from its first rank.
+    # A SIGTERM with no notice from the control plane (the node's own termination notice): the rank reports it.
     bare = FakeClient()
-    watch = NoticeWatch(CommandInbox(bare), monitor, rank=4, local_rank=0, src=Sender(rank=4), explain_s=1.0)
+    watch = NoticeWatch(CommandInbox(bare), monitor, rank=4, src=Sender(rank=4), explain_s=1.0)
     watch.check(10.0)
     assert bare.published == []  # a notice command may still be on its way
     watch.check(11.5)

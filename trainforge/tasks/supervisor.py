@@ -218,6 +218,7 @@ class SegmentSupervisor:
         with open(path, "a", encoding="utf-8") as f:
             f.write(dump.text)
         self._stack_dumps.append(dump)
+        del self._stack_dumps[:-4096]  # dumps nobody waits for (a `dump_stacks` sent by hand) do not pile up
         return dump_event(dump.model_copy(update={"text": "",
                                                    "artifact": str(path.relative_to(self.record.folder))}))
 

@@ -91,12 +91,13 @@ def notice_of(cmd: dict[str, Any]) -> Notice | None:
 
 class NoticeWatch:
     """A daemon thread that reports the notices this rank received as `Notice` events: the command notices from
-    rank 0 (one event per notice for the gang), a bare SIGTERM (no notice command came with it within
-    `explain_s`) from the node's first local rank (one event per node)."""
+    rank 0 (one event per notice for the gang: every rank gets the same command), a bare SIGTERM (no notice
+    command came with it within `explain_s`) from each rank that got it (a signal reaches the ranks it was sent
+    to, a node's termination notice all of the node's, a fault drill one)."""
 
-    def __init__(self, inbox: CommandInbox, monitor: Any, *, rank: int, local_rank: int, src: Sender,
-                 interval_s: float = 0.25, explain_s: float = 1.0):
-        self.inbox, self.monitor, self.rank, self.local_rank, self.src = inbox, monitor, rank, local_rank, src
+    def __init__(self, inbox: CommandInbox, monitor: Any, *, rank: int, src: Sender, interval_s: float = 0.25,
+                 explain_s: float = 1.0):
+        self.inbox, self.monitor, self.rank, self.src = inbox, monitor, rank, src
         self.interval_s, self.explain_s = interval_s, explain_s
         self._explained = False
         self._sigterm_at: float | None = None
@@ -124,10 +125,9 @@ class NoticeWatch:
                 self._sigterm_at = now
             elif now - self._sigterm_at >= self.explain_s:
                 self._explained = True
-                if self.local_rank == 0:
-                    self._publish(Notice(notice="termination", message="SIGTERM without a notice from the control "
-                                         "plane (the node's own termination notice, e.g. a spot reclaim): "
-                                         "emergency checkpoint at the next step boundary"))
+                self._publish(Notice(notice="termination", message=f"rank {self.rank} got SIGTERM without a "
+                                     "notice from the control plane (the node's own termination notice, e.g. a "
+                                     "spot reclaim): emergency checkpoint at the next step boundary"))
 
     def _publish(self, notice: Notice) -> None:
         self.sent.append(notice)

@@ -93,8 +93,7 @@ def watch_notices(cfg: SegmentConfig, rank: int) -> NoticeWatch | None:
     inbox = rank_inbox()
     if inbox is None:
         return None
-    return NoticeWatch(inbox, current_monitor(), rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-                       src=worker_sender(cfg.job_id, rank)).start()
+    return NoticeWatch(inbox, current_monitor(), rank=rank, src=worker_sender(cfg.job_id, rank)).start()
 
 
 def run_script(cfg: SegmentConfig) -> None:
