@@ -89,13 +89,14 @@ RANK = textwrap.dedent("""
 def test_the_sidecar_sends_a_ranks_faulthandler_dump_up_the_channel(store):
     sock = f"@tf-test-stacks-{os.getpid()}"
     pub = NodePublisher(store, ROOT, "n1", flush_interval_s=0.05, socket_path=sock).start()
-    sidecar = NodeSidecar(pub)
+    # Generous bounds (each ends as soon as its condition holds): a loaded host starts a Python process slowly.
+    sidecar = NodeSidecar(pub, dump_wait_s=60.0)
     rank = subprocess.Popen([sys.executable, "-c", RANK, sock], env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
-        _wait(lambda: "2" in pub.beats(), what="the rank's first heartbeat")
-        sidecar.dump_stacks(7).join(10)
+        _wait(lambda: "2" in pub.beats(), timeout=90, what="the rank's first heartbeat")
+        sidecar.dump_stacks(7).join(90)
         pub.wake()
-        _wait(lambda: _records(store, "stack_dump"), what="the StackDump record")
+        _wait(lambda: _records(store, "stack_dump"), timeout=60, what="the StackDump record")
         [rec] = _records(store, "stack_dump")
         assert (rec["rank"], rec["restart"], rec["cmd_seq"], rec["truncated"]) == (2, 0, 7, False)
         assert "in waiting_in_user_code" in rec["text"] and "File " in rec["text"]
@@ -295,6 +296,7 @@ def test_a_requested_window_is_profiled_uploaded_and_announced(store, tmp_path, 
         _wait(lambda: profiler._poll_request(0) or profiler.window is not None, what="the window")
         for step in range(1, 7):
             profiler.after_step(step, 0.01)
+        profiler.close()  # the segment's end waits for the window's files (written on a thread of their own)
         assert started == [1] and profiler.done and profiler.published is not None
         event = profiler.published
         assert (event.rank, event.start_step, event.end_step) == (0, 3, 4)

@@ -27,6 +27,7 @@ import re
 import shutil
 import statistics
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ from trainforge.trainer.inbox import rank_inbox
 
 logger = logging.getLogger(__name__)
 
+FINISH_TIMEOUT_S = 120.0
+"""How long the end of a segment waits for a window's files to be written and uploaded."""
 COMM_PATTERN = re.compile(r"gloo|nccl|c10d|all_?reduce|all_?gather|reduce_?scatter|broadcast|alltoall|all_to_all|"
                           r"send|recv|record_param_comms", re.IGNORECASE)
 
@@ -174,6 +177,7 @@ class StepProfiler:
         self.step_times: dict[str, float] = {}
         self.done = False
         self.published: Profile | None = None
+        self._writer: threading.Thread | None = None
         if window and window[0] <= start_step + 1 <= window[1]:
             self._start()
 
@@ -224,8 +228,32 @@ class StepProfiler:
             self._finish()
 
     def _finish(self) -> None:
+        """Stop the profiler, then export, summarise and upload on a thread of its own: reading a window's events
+        takes seconds (measured: 19 s for two steps on a loaded 2-core host), and a rank that spent them in its
+        step loop would stall the gang's next collective long enough to be taken for a hang and killed."""
         prof, self.prof, self.done = self.prof, None, True
         prof.__exit__(None, None, None)
+        self._writer = threading.Thread(target=self._write_out, args=(prof,), name="profile-writer", daemon=True)
+        self._writer.start()
+
+    def wait(self, timeout_s: float = FINISH_TIMEOUT_S) -> bool:
+        """Wait for the window's files (and the upload and event); True when they are out."""
+        if self._writer is None:
+            return True
+        self._writer.join(timeout_s)
+        if self._writer.is_alive():
+            logger.warning("the profile of steps %s is not written after %.0f s: the segment ends without it",
+                           self.window, timeout_s)
+            return False
+        return True
+
+    def _write_out(self, prof: Any) -> None:
+        try:
+            self._export(prof)
+        except Exception:  # a profile must never fail the training
+            logger.exception("writing the profile of steps %s failed", self.window)
+
+    def _export(self, prof: Any) -> None:
         client = rank_client(self.rank) if self.config is not None else None
         # With a node publisher the files go to the job's store, not to a folder the control plane would share.
         out = Path(tempfile.mkdtemp(prefix=f"trainforge-profile-rank{self.rank}-")) if client is not None \
@@ -280,3 +308,4 @@ class StepProfiler:
     def close(self) -> None:
         if self.prof is not None:  # the segment ended inside the window
             self._finish()
+        self.wait()
