@@ -53,6 +53,7 @@ from trainforge.contract.events import (
 from trainforge.events import EventWriter, append_records, read_typed_events
 from trainforge.registry.jobs import JobRecord
 from trainforge.trainer.health import HealthPolicy, heartbeat_path, stacks_dir, stacks_file_name
+from trainforge.trainer.profiling import summary_key
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ class SegmentSupervisor:
             return
         folder = self.record.folder / "profiles"
         folder.mkdir(parents=True, exist_ok=True)
-        for key in (profile.trace, profile.trace.removesuffix(".trace.json") + ".summary.json"):
+        for key in (profile.trace, summary_key(profile.trace)):
             try:
                 self.channel.store.get_file(key, folder / key.rsplit("/", 1)[-1])
             except Exception as e:  # the store is busy or the object gone: the profile is lost, the job is not
