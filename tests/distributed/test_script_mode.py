@@ -4,6 +4,7 @@ Run: `.venv/bin/python -m pytest tests/distributed/test_script_mode.py -q`."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ open(os.path.join(os.environ["TRAINFORGE_RUN_DIR"], f"env-{rank}.json"), "w").wr
 '''
 
 
-def launch(tmp: Path, script: str, code: dict) -> Path:
+def launch(tmp: Path, script: str, code: dict, env: dict[str, str] | None = None) -> Path:
     (tmp / "code").mkdir()
     (tmp / "code" / "train.py").write_text(script)
     run_dir = tmp / "run"
@@ -42,7 +43,7 @@ def launch(tmp: Path, script: str, code: dict) -> Path:
     cfg = segment_config(run_dir=str(run_dir), storage_url="", storage_prefix="", staging_dir="",
                          code_dir=str(tmp / "code"), code={"entrypoint": "train.py", "mode": "script", **code})
     cfg.write(tmp / "cfg.json")
-    run_torchrun(2, "trainforge.trainer.worker", [], timeout=120, env={ENV_VAR: str(tmp / "cfg.json")})
+    run_torchrun(2, "trainforge.trainer.worker", [], timeout=120, env={ENV_VAR: str(tmp / "cfg.json"), **(env or {})})
     return run_dir
 
 
@@ -68,17 +69,28 @@ def test_framework_env_injected(tmp_path: Path, framework: str) -> None:
 def test_plain_script_is_never_a_startup_hang_and_ends_done(tmp_path: Path) -> None:
     """A script that does not use trainforge.runtime reports no steps: its heartbeats say `script` while it runs
     (liveness checks only, not the start-up hang timeout) and `done` when it returns."""
-    from trainforge.registry.jobs import JobStore
-    from trainforge.tasks.supervisor import SegmentSupervisor
-    from trainforge.trainer.health import HealthPolicy, read_heartbeats
+    from dataclasses import replace
 
-    run_dir = launch(tmp_path, TORCH_SCRIPT, {"framework": "pytorch"})
-    beats = read_heartbeats(run_dir, "0")
-    assert sorted(beats) == [0, 1] and {b["phase"] for b in beats.values()} == {"done"}
-    # While it runs, a script-phase gang that reports no progress is never called hung (start-up budget 0 s here).
-    record = JobStore(tmp_path / "jobs").create("plain-script", name="s", team="t", spec={}, source="x")
-    supervisor = SegmentSupervisor(record, 0, HealthPolicy(startup_timeout_s=0.0))
-    running = {r: {**b, "phase": "script"} for r, b in beats.items()}
-    supervisor._check_progress(running, 1.0)
-    supervisor._check_progress(running, 1e9)
-    assert not supervisor.incidents
+    from tests.local_channel import LocalChannel
+    from trainforge.registry.jobs import JobStore
+    from trainforge.trainer.health import HealthPolicy
+
+    # The ranks beat to a real node publisher (as the backend's sidecar runs it) and the supervisor reads them from
+    # the channel; a long lease: nobody renews it while torchrun runs.
+    channel = LocalChannel(tmp_path / "objects", socket=f"@tf-script-mode-{os.getpid()}", lease_ttl_s=600.0)
+    try:
+        run_dir = launch(tmp_path, TORCH_SCRIPT, {"framework": "pytorch"},
+                         env={"TRAINFORGE_CHANNEL_SOCKET": channel.socket or ""})
+        record = JobStore(tmp_path / "jobs").create("plain-script", name="s", team="t", spec={}, source="x")
+        supervisor = channel.supervisor(record, 0, HealthPolicy(startup_timeout_s=0.0))
+        beats = channel.read_until(supervisor, lambda got: sorted(got) == [0, 1]
+                                   and all(b.beat.phase == "done" for b in got.values()))
+        assert sorted(beats) == [0, 1] and {b.beat.phase for b in beats.values()} == {"done"}
+        assert not (run_dir / "health").exists()
+        # While it runs, a script-phase gang that reports no progress is never called hung (start-up budget 0 s).
+        running = {r: replace(b, beat=b.beat.model_copy(update={"phase": "script"})) for r, b in beats.items()}
+        supervisor._check_progress(running, 1.0)
+        supervisor._check_progress(running, 1e9)
+        assert not supervisor.incidents
+    finally:
+        channel.close()

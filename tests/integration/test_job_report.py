@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 def test_report_of_a_job_that_failed_and_recovered(prefect_api, monkeypatch, tmp_path):
     from trainforge.datasets.demo import ensure_demo_dataset
-    from trainforge.events import read_events
+    from trainforge.events import read_events, typed
     from trainforge.infra.cost import job_cost
 
     ensure_demo_dataset()
@@ -56,7 +56,7 @@ def test_report_of_a_job_that_failed_and_recovered(prefect_api, monkeypatch, tmp
     for text in ("segment #0 failed", "fault: ", "recovered (segment retry)",
                  "id='chart-mfu'><svg", 'id="checkpoint-table"', "id='job-state'>completed<"):
         assert text in page, text
-    cost = job_cost(record.data, events)
+    cost = job_cost(record.data, typed(events))
     assert cost.lost_hours > 0  # the replayed steps
     assert f"<td>lost</td><td>{cost.lost_hours:.4f}</td>" in page
     assert f"<td>GPU-hours (allocated)</td><td>{cost.gpu_hours:.4f}</td>" in page

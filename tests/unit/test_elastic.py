@@ -11,6 +11,7 @@ import copy
 
 import pytest
 
+from tests.local_channel import LocalChannel
 from trainforge.events import read_events
 from trainforge.infra.scheduler.live import GangRequest
 from trainforge.registry.jobs import JobStore
@@ -25,8 +26,6 @@ from trainforge.tasks.provision import (
     record_allocation,
     release_gang,
 )
-from trainforge.tasks.supervisor import SegmentSupervisor
-from trainforge.trainer.health import HealthPolicy
 
 DOC = {
     "name": "elastic", "team": "demo", "code": {"entrypoint": "trainforge.trainer.models.llama:build_model"},
@@ -113,16 +112,20 @@ def test_fixed_size_job_requests_exactly_its_gang():
 @pytest.mark.parametrize(("gpus", "phase", "expect"), [(4, "training", 4), (2, "training", None),
                                                         (4, "starting", None), (3, "training", None),
                                                         (6, "training", 4)])
-def test_supervisor_ends_the_segment_for_a_usable_new_size(tmp_path, monkeypatch, gpus, phase, expect):
+def test_supervisor_ends_the_segment_for_a_usable_new_size(tmp_path, gpus, phase, expect):
     record = JobStore().create(f"sup-{gpus}-{phase}", name="e", team="demo", spec={}, source="x")
-    sent = []
-    monkeypatch.setattr("trainforge.tasks.supervisor._kill", lambda pid, sig: sent.append((pid, sig)))
-    sup = SegmentSupervisor(record, 0, HealthPolicy(), scheduler_status=lambda: {"state": "running", "gpus": gpus},
-                            world=2, sizes=[4, 2])
-    beats = {0: {"pid": 11, "phase": phase, "step": 3}, 1: {"pid": 12, "phase": phase, "step": 3}}
-    sup._check_preemption(beats, now=1e12)
-    assert sup.resize_to == expect
-    assert bool(sent) == (expect is not None) and sup.preempting == (expect is not None)
+    channel = LocalChannel(tmp_path / "objects")
+    try:
+        sup = channel.supervisor(record, 0, scheduler_status=lambda: {"state": "running", "gpus": gpus},
+                                 world=2, sizes=[4, 2])
+        beats = channel.deliver(sup, channel.beat(0, phase=phase, step=3), channel.beat(1, phase=phase, step=3))
+        sup._check_preemption(beats, now=1e12)
+        assert sup.resize_to == expect
+        sent = channel.sent()  # the notice goes down the channel: the node's sidecar signals its ranks
+        assert [(c.kind, c.args.get("workers")) for c in sent] == ([("resize_notice", expect)] if expect else [])
+        assert sup.preempting == (expect is not None)
+    finally:
+        channel.close()
     if expect:
         [ev] = [e for e in read_events(record.events_path)[0] if e["type"] == "fault_detected"]
         assert ev["fault"] == "resize" and "from 2 to 4" in ev["message"]
@@ -130,17 +133,19 @@ def test_supervisor_ends_the_segment_for_a_usable_new_size(tmp_path, monkeypatch
 
 
 
-def test_supervisor_waits_for_a_pending_recovery_before_resizing(monkeypatch):
+def test_supervisor_waits_for_a_pending_recovery_before_resizing(tmp_path):
     """A resize notice right after a restore would end the recovery before its first step (no MTTR measured)."""
     record = JobStore().create("sup-pending", name="e", team="demo", spec={}, source="x")
     record.update(pending_recovery={"kind": "rank_lost", "rank": 2, "detected_at": 1.0, "step": 14, "attempt": 0})
-    sent = []
-    monkeypatch.setattr("trainforge.tasks.supervisor._kill", lambda pid, sig: sent.append((pid, sig)))
-    sup = SegmentSupervisor(record, 1, HealthPolicy(), scheduler_status=lambda: {"state": "running", "gpus": 4},
-                            world=2, sizes=[4, 2])
-    beats = {0: {"pid": 11, "phase": "training", "step": 3}, 1: {"pid": 12, "phase": "training", "step": 3}}
-    sup._check_preemption(beats, now=1e12)
-    assert sup.resize_to is None and not sent
-    sup._pending = None  # recovered: the next pass resizes
-    sup._check_preemption(beats, now=2e12)
-    assert sup.resize_to == 4 and sent
+    channel = LocalChannel(tmp_path / "objects")
+    try:
+        sup = channel.supervisor(record, 1, scheduler_status=lambda: {"state": "running", "gpus": 4},
+                                 world=2, sizes=[4, 2])
+        beats = channel.deliver(sup, channel.beat(0, step=3), channel.beat(1, step=3))
+        sup._check_preemption(beats, now=1e12)
+        assert sup.resize_to is None and not channel.sent()
+        sup._pending = None  # recovered: the next pass resizes
+        sup._check_preemption(beats, now=2e12)
+        assert sup.resize_to == 4 and [c.kind for c in channel.sent()] == ["resize_notice"]
+    finally:
+        channel.close()

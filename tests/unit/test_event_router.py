@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -177,28 +178,47 @@ def test_sinks_stamp_the_sender_and_write_what_readers_read(tmp_path):
     assert not (tmp_path / "off").exists()
 
 
-def test_heartbeat_and_failure_files_are_typed_events(tmp_path, monkeypatch):
-    from trainforge.trainer.health import HealthMonitor, HealthPolicy, gpu_health, read_heartbeats
+def test_a_heartbeat_through_the_channel_and_a_failure_file_are_typed_events(tmp_path, monkeypatch):
+    from trainforge.contract.channel import ChannelReader, NodePublisher
+    from trainforge.infra.storage import LocalObjectStore
+    from trainforge.tasks.supervisor import rank_beats
+    from trainforge.trainer.health import HealthMonitor, HealthPolicy, gpu_health
     from trainforge.trainer.worker import write_failure
 
-    mon = HealthMonitor(HealthPolicy(), tmp_path, rank=3, attempt=1, handle_sigterm=False)
-    mon._state["gpu"] = gpu_health()
-    mon.attach(None, 4)
-    mon.begin_step(4)
-    mon.local_done()
-    mon._write()
-    beat = from_file(Heartbeat, read_heartbeats(tmp_path, 1)[3])
-    assert isinstance(beat, Heartbeat) and beat.rank == 3 and beat.phase == "training" and beat.step == 4
-    assert beat.resumed_from == 4 and beat.local_s is not None and beat.gpu is not None
     monkeypatch.setenv("TRAINFORGE_SEGMENT_ATTEMPT", "1")
     try:
         raise ConnectionError("connection reset by peer")
     except ConnectionError as exc:
-        write_failure(types.SimpleNamespace(run_dir=str(tmp_path)), 3, exc)
+        write_failure(types.SimpleNamespace(run_dir=str(tmp_path)), 3, exc)  # no publisher: run_dir/failures
     [path] = (tmp_path / "failures").glob("segment-1-rank-*.json")
     report = from_file(FailureReport, json.loads(path.read_text()))
     assert report.rank == 3 and report.attempt == 1 and report.failure == "infra"
     assert report.exception.startswith("ConnectionError") and "Traceback" in report.traceback
+
+    # The monitor's beat, through its node's real publisher (a Unix socket, as from the sidecar) and the channel.
+    sock = f"@tf-event-router-{id(tmp_path)}"
+    monkeypatch.setenv("TRAINFORGE_CHANNEL_SOCKET", sock)
+    monkeypatch.setattr("trainforge.events._CLIENT", None)
+    store = LocalObjectStore(tmp_path / "objects")
+    reader = ChannelReader(store, "ch", nodes=["node-0"], flush_interval_s=0.05)
+    with NodePublisher(store, "ch", "node-0", flush_interval_s=0.05, socket_path=sock):
+        mon = HealthMonitor(HealthPolicy(), tmp_path, rank=3, attempt=1, handle_sigterm=False)
+        mon._state["gpu"] = gpu_health()
+        mon.attach(None, 4)
+        mon.begin_step(4)
+        mon.local_done()
+        mon._write()
+        deadline = time.monotonic() + 10
+        while 3 not in (beats := rank_beats(reader)) or beats[3].beat.step is None:
+            assert time.monotonic() < deadline, "the beat did not come through the channel"
+            reader.poll()
+            time.sleep(0.02)
+        mon._client.close()
+    reader.close()
+    beat = beats[3].beat
+    assert isinstance(beat, Heartbeat) and beat.rank == 3 and beat.phase == "training" and beat.step == 4
+    assert beat.resumed_from == 4 and beat.local_s is not None and beat.gpu is not None
+    assert not (tmp_path / "health").exists()  # no heartbeat file: the channel is the only way up
 
 
 def test_the_contract_imports_without_torch():

@@ -19,7 +19,8 @@ def _progress_thread(job_folder_getter, total_steps: int, stop: threading.Event)
     """Rich progress (step, loss, tokens/s) from the job's events file while the flow runs."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trainforge.events import read_events
+    from trainforge.contract.events import Metrics
+    from trainforge.events import read_typed_events
 
     def run() -> None:
         offset, step, loss, tps = 0, 0, float("nan"), 0.0
@@ -30,10 +31,12 @@ def _progress_thread(job_folder_getter, total_steps: int, stop: threading.Event)
             while not stop.is_set():
                 folder = job_folder_getter()
                 if folder is not None:
-                    events, offset = read_events(folder / "events.jsonl", offset)
+                    events, offset, _ = read_typed_events(folder / "events.jsonl", offset, only=(Metrics,))
                     for ev in events:
-                        if ev.get("type") == "metrics":
-                            step, loss, tps = ev["step"], ev["loss"], ev["tokens_per_s"]
+                        if isinstance(ev, Metrics):  # a script's metrics may lack the loss or the throughput
+                            step = ev.step
+                            loss = ev.loss if ev.loss is not None else loss
+                            tps = ev.tokens_per_s if ev.tokens_per_s is not None else tps
                     progress.update(task, completed=step, loss=loss, tps=tps)
                 stop.wait(0.5)
 

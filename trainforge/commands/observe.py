@@ -319,8 +319,8 @@ def cost(
 
     Example: trainforge cost --team research --since 2026-11-01 --by-team
     """
-    from trainforge.events import read_events
-    from trainforge.infra.cost import job_cost, load_prices, team_rollup
+    from trainforge.events import read_typed_events
+    from trainforge.infra.cost import COST_EVENTS, job_cost, load_prices, team_rollup
     from trainforge.registry.jobs import JobStore
 
     if market not in ("on_demand", "spot"):
@@ -333,7 +333,7 @@ def cost(
             continue
         if not record.data.get("segments"):
             continue
-        events, _ = read_events(record.events_path)
+        events, _, _ = read_typed_events(record.events_path, only=COST_EVENTS)
         costs.append(job_cost(record.data, events, prices=prices, storage_gb_month=storage, market=market))
     rows = ([t.to_dict() for t in team_rollup(costs).values()] if by_team else [c.to_dict() for c in costs])
     if csv_path is not None:

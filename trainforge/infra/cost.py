@@ -25,6 +25,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainforge.contract.events import Metrics, Resize, SegmentEvent
+
+COST_EVENTS = (Metrics, Resize)
+"""The events the cost model reads."""
+
 DEFAULT_PRICES: dict[str, dict[str, float]] = {
     "h200": {"on_demand": 5.00, "spot": 2.30},
     "h100": {"on_demand": 4.00, "spot": 1.80},
@@ -78,19 +83,19 @@ class JobCost:
         return {**asdict(self), "total_cost": self.total_cost}
 
 
-def step_hours(events: Iterable[Mapping[str, Any]], workers: int) -> tuple[float, float, float]:
-    """(productive, lost, data-wait) GPU-hours from `metrics` events in file order: a step number at or below the
-    highest already reached was recomputed after a failure. A `resize` event changes the workers from there on."""
+def step_hours(events: Iterable[SegmentEvent], workers: int) -> tuple[float, float, float]:
+    """(productive, lost, data-wait) GPU-hours from `Metrics` events in file order: a step number at or below the
+    highest already reached was recomputed after a failure. A `Resize` event changes the workers from there on."""
     productive = lost = wait = 0.0
     reached = 0
     for ev in events:
-        if ev.get("type") == "resize" and ev.get("to_workers"):
-            workers = int(ev["to_workers"])
+        if isinstance(ev, Resize):
+            workers = ev.to_workers or workers
             continue
-        if ev.get("type") != "metrics":
+        if not isinstance(ev, Metrics):
             continue
-        dt, step = float(ev.get("step_time_s", 0.0)), int(ev["step"])
-        data_wait = min(dt, float(ev.get("data_wait_s", 0.0)))
+        dt, step = float(ev.step_time_s or 0.0), ev.step
+        data_wait = min(dt, ev.values().get("data_wait_s", 0.0))
         if step <= reached:
             lost += dt * workers
         else:
@@ -100,19 +105,20 @@ def step_hours(events: Iterable[Mapping[str, Any]], workers: int) -> tuple[float
     return productive / HOUR, lost / HOUR, wait / HOUR
 
 
-def workers_at(events: Iterable[Mapping[str, Any]], initial: int) -> list[tuple[float, int]]:
-    """[(since, workers)] from the `resize` events: the gang size in effect from each time on."""
+def workers_at(events: Iterable[SegmentEvent], initial: int) -> list[tuple[float, int]]:
+    """[(since, workers)] from the `Resize` events: the gang size in effect from each time on."""
     timeline = [(float("-inf"), initial)]
     for ev in events:
-        if ev.get("type") == "resize" and ev.get("to_workers") and ev.get("time") is not None:
-            timeline.append((float(ev["time"]), int(ev["to_workers"])))
+        if isinstance(ev, Resize) and ev.to_workers:
+            timeline.append((ev.time, ev.to_workers))
     return sorted(timeline)
 
 
-def job_cost(record: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = (), *,
+def job_cost(record: Mapping[str, Any], events: Iterable[SegmentEvent] = (), *,
              prices: Mapping[str, Mapping[str, float]] | None = None, storage_gb_month: float = STORAGE_GB_MONTH,
              market: str = "on_demand", now: float | None = None) -> JobCost:
-    """The cost of one job from its record (segments, plan, checkpoints) and its events (step times)."""
+    """The cost of one job from its record (segments, plan, checkpoints) and its typed events (step times and
+    resizes; `trainforge.events.read_typed_events(path, only=COST_EVENTS)` reads just those)."""
     import time
 
     now = time.time() if now is None else now

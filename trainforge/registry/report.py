@@ -34,7 +34,6 @@ from trainforge.contract.events import (
     SegmentEnd,
     SegmentEvent,
     SegmentStart,
-    dump_event,
 )
 
 REPORT_NAME = "report.html"
@@ -391,7 +390,7 @@ def render_html(record: Mapping[str, Any], events: list[SegmentEvent], *, now: f
     parts.append("<h2 id='cost'>Cost</h2>")
     try:
         prices, storage = load_prices()
-        cost = job_cost(record, [dump_event(e) for e in events], prices=prices, storage_gb_month=storage, now=now)
+        cost = job_cost(record, events, prices=prices, storage_gb_month=storage, now=now)
         rows = [("GPU-hours (allocated)", f"{cost.gpu_hours:.4f}", f"{cost.workers} x {cost.gpu_type} at "
                  f"${cost.price_per_gpu_hour:.2f}/GPU-h ({cost.market})"),
                 ("productive", f"{cost.productive_hours:.4f}", "steps that count, minus data wait"),

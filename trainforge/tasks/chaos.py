@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from trainforge.events import read_events
+from trainforge.contract.events import CheckpointSkipped, FaultDetected, Recovered, SegmentEnd
+from trainforge.events import E, read_events, read_typed_events
 from trainforge.registry.jobs import JobRecord, JobStore
 from trainforge.tasks import prepare
 from trainforge.tasks.driver import NoGang, SegmentDriver
@@ -208,23 +209,29 @@ def events(job: ChaosJob, kind: str | None = None) -> list[dict[str, Any]]:
     return [e for e in evs if kind is None or e.get("type") == kind]
 
 
+def typed_events(job: ChaosJob, cls: type[E]) -> list[E]:
+    """The job's events of one class, typed (`events` gives the raw objects, for the tests' field checks)."""
+    evs, _, _ = read_typed_events(job.record.events_path, only=(cls,))
+    return [e for e in evs if isinstance(e, cls)]
+
+
 def measure(job: ChaosJob, scenario: str, fault_kind: str | None = None, detected_kind: str | None = None,
             quiet: bool = False) -> dict[str, Any]:
     """Detection latency (fault fired -> detected), MTTR (detected -> first step after the restore) and lost
     steps, from the records; printed as one `CHAOS` line for the design doc unless `quiet`."""
-    detected = [e for e in events(job, "fault_detected") if detected_kind in (None, e["fault"])]
-    recovered = [e for e in events(job, "recovered") if detected_kind in (None, e["fault"])]
+    detected = [e for e in typed_events(job, FaultDetected) if detected_kind in (None, e.fault)]
+    recovered = [e for e in typed_events(job, Recovered) if detected_kind in (None, e.fault)]
     fired = fired_at(job.record.folder)
     fired_t = min((t for name, t in fired.items() if fault_kind is None or name.startswith(fault_kind)),
                   default=None)
     first = detected[0] if detected else None
     out = {
         "scenario": scenario,
-        "detected": first["fault"] if first else None,
-        "detection_s": round(first["detected_at"] - fired_t, 2) if first and fired_t else None,
-        "mttr_s": recovered[0]["mttr_s"] if recovered else None,
-        "lost_steps": recovered[0]["lost_steps"] if recovered else None,
-        "tier": recovered[0]["tier"] if recovered else None,
+        "detected": first.fault if first else None,
+        "detection_s": round(first.detected_at - fired_t, 2) if first and fired_t else None,
+        "mttr_s": recovered[0].mttr_s if recovered else None,
+        "lost_steps": recovered[0].lost_steps if recovered else None,
+        "tier": recovered[0].tier if recovered else None,
         "segments": len(job.record.data.get("segments", [])),
         "wall_s": round(job.wall_s, 1),
         "resizes": job.record.data.get("resizes", []),
@@ -381,10 +388,10 @@ def drill(doc: dict[str, Any], source: str, base_dir: Path, name: str, *, job_id
         error = str(exc)
     out = measure(job, f"{name}: {sc.description}", sc.marker, sc.detected, quiet=True)
     if name == "storeout":  # not a detection of the supervisor: the skipped checkpoint is the record
-        skipped = events(job, "checkpoint_skipped")
+        skipped = typed_events(job, CheckpointSkipped)
         out["detected"] = "checkpoint_skipped" if skipped else None
-    ends = events(job, "segment_end")
+    ends = typed_events(job, SegmentEnd)
     out.update(job_id=job.record.job_id, fault=sc.fault, state="failed" if error else "completed", error=error,
-               final_step=ends[-1]["step"] if ends else None, total_steps=job.config.total_steps,
+               final_step=ends[-1].step if ends else None, total_steps=job.config.total_steps,
                workers=job.workers, folder=str(job.record.folder))
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -25,7 +26,7 @@ from typing import Any
 
 from trainforge.contract.channel import ChannelReader, CommandWriter, channel_root
 from trainforge.contract.config import SegmentConfig
-from trainforge.contract.events import SegmentEnd
+from trainforge.contract.events import FailureKind, FailureReport, SegmentEnd, from_file
 from trainforge.events import last_of
 from trainforge.infra.backends.local import LocalGang, LocalMultiNodeGang, SidecarSpec, free_port
 from trainforge.infra.launch import LaunchSpec, allocator_environment, worker_environment
@@ -36,6 +37,8 @@ from trainforge.tasks.supervisor import SegmentSupervisor, offending_samples
 from trainforge.trainer.health import HealthPolicy, collective_timeout_for
 
 LOG_TAIL_LINES = 20
+
+logger = logging.getLogger(__name__)
 
 
 class SegmentFailed(RuntimeError):
@@ -213,38 +216,45 @@ def _last_segment_end(record: JobRecord, since: float = 0.0) -> SegmentEnd | Non
     return end if end is not None and end.time >= since else None
 
 
-KIND_ORDER = {"user": 0, "divergence": 1, "infra": 2}
+KIND_ORDER: dict[FailureKind, int] = {"user": 0, "divergence": 1, "infra": 2}
+
+
+def failure_reports(record: JobRecord, attempt: int) -> list[FailureReport]:
+    """The ranks' failure reports of a segment attempt (journalled from the channel by the supervisor), typed, the
+    root cause first: a user fault before a divergence before an infrastructure one, then the earliest; the others
+    are usually peers dying of the lost connection. A report that does not parse is left out with a warning."""
+    reports = []
+    for path in sorted((record.folder / "failures").glob(f"segment-{attempt}-rank-*.json")):
+        try:
+            reports.append(from_file(FailureReport, json.loads(path.read_text())))
+        except (OSError, ValueError) as e:  # EventError is a ValueError: it names the field
+            logger.warning("ignoring the failure report %s: %s", path, e)
+    return sorted(reports, key=lambda r: (KIND_ORDER[r.failure], r.time))
 
 
 def _failure(record: JobRecord, attempt: int, log_dir: Path, code: int, supervisor: SegmentSupervisor | None = None,
              config: SegmentConfig | None = None) -> SegmentFailed:
-    reports = []
-    for path in sorted((record.folder / "failures").glob(f"segment-{attempt}-rank-*.json")):
-        try:
-            reports.append(json.loads(path.read_text()))
-        except ValueError:
-            continue
-    # The first failure is the root cause; the others are usually peers dying of the lost connection.
-    reports.sort(key=lambda r: (KIND_ORDER.get(r.get("kind"), 2), r.get("time", 0)))
+    reports = failure_reports(record, attempt)
     root = supervisor.root_cause() if supervisor is not None else None
     if supervisor is not None and supervisor.terminate_requested:
         return SegmentFailed(f"segment {attempt} stopped by policy: {supervisor.terminate_requested}; "
                              f"{root.message if root else ''}", "infra", root.rank if root else None)
-    if reports and reports[0].get("kind") == "divergence" and config is not None and supervisor is not None:
+    if reports and reports[0].failure == "divergence" and reports[0].step is not None and config is not None \
+            and supervisor is not None:
         return _divergence(record, attempt, reports[0], supervisor, config)
-    if root is not None and (not reports or reports[0].get("kind") == "infra"):
+    if root is not None and (not reports or reports[0].failure == "infra"):
         # The supervisor saw the cause (a lost or hung rank); the peers' reports are its consequences.
         tail = _log_tail(log_dir, root.rank) if root.rank is not None else _tail(log_dir / "agent.log")
         return SegmentFailed(f"{root.message}: treated as an infrastructure fault (recovery: {root.action})\n"
                              f"--- last lines of rank {root.rank}'s log ---\n{tail}", "infra", root.rank)
     if reports:
         first = reports[0]
-        rank = int(first["rank"])
+        rank = first.rank
         tail = _log_tail(log_dir, rank)
         return SegmentFailed(
-            f"rank {rank} failed ({first['kind']} error): {first['exception']}\n"
+            f"rank {rank} failed ({first.failure} error): {first.exception}\n"
             f"--- last lines of rank {rank}'s log ({_rank_log(log_dir, rank)}) ---\n{tail}",
-            first["kind"], rank,
+            first.failure, rank,
         )
     # No report: the process was killed (signal, OOM killer, lost node) before it could write one.
     rank, signal_text = _killed_rank(log_dir)
@@ -294,26 +304,27 @@ def _killed_rank(log_dir: Path) -> tuple[int | None, str | None]:
     return rank, sig
 
 
-def _divergence(record: JobRecord, attempt: int, report: dict[str, Any], supervisor: SegmentSupervisor,
+def _divergence(record: JobRecord, attempt: int, report: FailureReport, supervisor: SegmentSupervisor,
                 config: SegmentConfig) -> SegmentFailed:
     """Policy `rollback`: skip the offending batch's samples from now on (the job record keeps the list, each
     checkpoint manifest records it) and retry from the last good checkpoint; past `max_rollbacks`, stop."""
     record.reload()
-    step = int(report["step"])
+    assert report.step is not None  # the caller routes only a divergence report with its step here
+    step, reason = report.step, report.reason or ""
     skip = list(record.data.get("skip_samples", []))
     samples = offending_samples(config, step, skip)
-    rollbacks = [*record.data.get("divergence", []), {"step": step, "reason": report.get("reason", ""),
-                                                      "samples": samples, "attempt": attempt, "time": report["time"]}]
+    rollbacks = [*record.data.get("divergence", []), {"step": step, "reason": reason,
+                                                      "samples": samples, "attempt": attempt, "time": report.time}]
     record.update(skip_samples=sorted(set(skip) | set(samples)), divergence=rollbacks)
     within = len(rollbacks) <= supervisor.policy.max_rollbacks
-    supervisor.note("divergence", int(report["rank"]), f"divergence at step {step + 1}: {report.get('reason')}",
+    supervisor.note("divergence", report.rank, f"divergence at step {step + 1}: {reason}",
                     action=f"roll back to the last good checkpoint, skip {len(samples)} samples" if within
-                    else "stop: rollback budget spent", detected_at=float(report["time"]), step=step,
+                    else "stop: rollback budget spent", detected_at=report.time, step=step,
                     fatal=within)
     if not within:
         return SegmentFailed(f"training diverged {len(rollbacks)} times (max_rollbacks "
-                             f"{supervisor.policy.max_rollbacks}); last at step {step + 1}: {report.get('reason')}. "
+                             f"{supervisor.policy.max_rollbacks}); last at step {step + 1}: {reason}. "
                              "Lower the learning rate or inspect the skipped samples (job record: divergence)",
-                             "user", int(report["rank"]))
-    return SegmentFailed(f"divergence at step {step + 1} ({report.get('reason')}): rolling back to the last "
-                         f"committed checkpoint, skipping samples {samples}", "divergence", int(report["rank"]))
+                             "user", report.rank)
+    return SegmentFailed(f"divergence at step {step + 1} ({reason}): rolling back to the last "
+                         f"committed checkpoint, skipping samples {samples}", "divergence", report.rank)

@@ -341,7 +341,7 @@ class SegmentSupervisor:
             return
         self._handled.add(key)
         folder = stacks_dir(self.run_dir, self.attempt)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)  # the workers' own disk may be elsewhere: the report goes here
         plain = {r: dump_event(b.beat) for r, b in beats.items()}  # the stack tools read beats as JSON objects
         stacks = self.dump_stacks(beats)
         rank, where = name_culprit(stacks, plain)

@@ -1,12 +1,14 @@
 """Health of a running gang: the declarative policy, and the worker side of detection.
 
 What each failure class is detected by, and what follows (the supervisor in trainforge/tasks/supervisor.py
-watches the files this module writes; docs/fault-tolerance.md has the state machine):
+reads the heartbeats this module sends through the node's channel publisher; docs/fault-tolerance.md has the
+state machine):
 
 | class                  | detected by                                              | action (policy)                   |
 |------------------------|----------------------------------------------------------|-----------------------------------|
-| process / node loss    | heartbeat file per rank, every `heartbeat_interval_s`;   | in-segment restart (torchrun), or |
-|                        | the supervisor checks the pid and the heartbeat's age    | segment retry (re-provision)      |
+| process / node loss    | a heartbeat per rank every `heartbeat_interval_s`, in    | in-segment restart (torchrun), or |
+|                        | its node's batches: the sidecar's process check, the     | segment retry (re-provision)      |
+|                        | beat's age, the node's batches stopping                  |                                   |
 | hang (collective, I/O) | step-progress watchdog in the supervisor + the process   | dump every rank's stack, name the |
 |                        | group's collective timeout (from the plan, not 30 min)   | rank and line, kill, restart      |
 | divergence             | NaN/Inf loss or grad norm; robust z-score loss spike     | roll back + skip the batch, or    |
@@ -15,7 +17,8 @@ watches the files this module writes; docs/fault-tolerance.md has the state mach
 | spot preemption        | SIGTERM (termination notice) / scheduler `preempting`    | emergency checkpoint, clean stop  |
 | GPU health             | NVML (ECC, throttling, clocks) where present             | report; node marked unhealthy     |
 
-Importing this module pulls in no torch: the control plane reads the policy and the heartbeat format from here.
+Importing this module pulls in no torch: the control plane reads the policy and the heartbeat journal's layout
+from here.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trainforge.contract.events import Heartbeat, dump_event
 
 # The policy lives in the contract (a worker reads it from its SegmentConfig); re-exported here for its users.
 from trainforge.contract.health import ENV_VAR as ENV_VAR
@@ -132,10 +137,12 @@ def stacks_file_name(rank: int, restart: int) -> str:
 
 
 def heartbeat_path(run_dir: str | Path, attempt: int | str, rank: int) -> Path:
+    """Where the control plane journals a rank's last heartbeat at the end of a segment (tasks/supervisor.py)."""
     return health_dir(run_dir, attempt) / f"rank-{rank:05d}.json"
 
 
 def read_heartbeats(run_dir: str | Path, attempt: int | str) -> dict[int, dict[str, Any]]:
+    """The journal of a segment's last beat per rank (a post-mortem record: live beats travel in the channel)."""
     out = {}
     for path in health_dir(run_dir, attempt).glob("rank-*.json"):
         try:
@@ -144,12 +151,6 @@ def read_heartbeats(run_dir: str | Path, attempt: int | str) -> dict[int, dict[s
             continue
         out[int(beat["rank"])] = beat
     return out
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------ GPU health
@@ -196,7 +197,11 @@ def gpu_health() -> dict[str, Any]:
 class HealthMonitor:
     """One per worker process: heartbeats from a thread, stack dumps on SIGUSR1 (faulthandler), a SIGTERM
     handler that turns a termination notice into a checkpoint at the next step boundary, and the per-step
-    divergence / straggler measurements. Started by the worker before torch is imported."""
+    divergence / straggler measurements. Started by the worker before torch is imported.
+
+    The heartbeats (typed `Heartbeat`s) go to the node's publisher over its socket ($TRAINFORGE_CHANNEL_SOCKET,
+    the backend's sidecar), the only way the control plane supervises a rank. A worker started without one (the
+    trainer driven directly, e.g. in tests) is not supervised: its monitor keeps the state and sends nothing."""
 
     def __init__(self, policy: HealthPolicy, run_dir: str | Path, rank: int, attempt: int | str, *,
                  handle_sigterm: bool = True):
@@ -204,12 +209,8 @@ class HealthMonitor:
         self.handle_sigterm = handle_sigterm
         self.rank = rank
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        self.path = heartbeat_path(run_dir, attempt, rank)
-        # Launched by a backend: the beats go to the node's publisher (the channel), not to a file the control
-        # plane would have to share a disk with.
+        self.run_dir, self.attempt = run_dir, attempt
         self._client = rank_client(rank)
-        if self._client is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.detector = DivergenceDetector(policy.spike_window, policy.spike_min_window, policy.spike_z,
                                            policy.spike_min_rel)
         self.stop_requested = False
@@ -230,7 +231,7 @@ class HealthMonitor:
         # With a node publisher the dump goes to a file on this node, which the node's sidecar reads after
         # SIGUSR1 and sends up the channel (the control plane writes artifacts/stacks/ from the text it receives).
         stacks = node_stacks_dir(os.environ[SOCKET_ENV]) if self._client is not None else \
-            stacks_dir(self.path.parent.parent.parent, self.path.parent.name.removeprefix("segment-"))
+            stacks_dir(self.run_dir, self.attempt)
         stacks.mkdir(parents=True, exist_ok=True)
         self._stack_file = open(stacks / stacks_file_name(self.rank, self.restart), "w")  # noqa: SIM115
         faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True)
@@ -238,7 +239,8 @@ class HealthMonitor:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self._state["gpu"] = gpu_health()
         self._write()
-        self._thread.start()
+        if self._client is not None:  # nobody to beat to otherwise
+            self._thread.start()
         return self
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -258,7 +260,7 @@ class HealthMonitor:
         while not self._stop.wait(self.policy.heartbeat_interval_s):
             try:
                 self._write()
-            except OSError:  # run folder gone: the supervisor is gone too
+            except OSError:  # the node's socket is gone: its publisher (and the supervision) too
                 return
             if self._client is not None and self._client.lease_expired():
                 # Nobody supervises this rank any more (its node's publisher went silent for a lease): stop.
@@ -266,11 +268,13 @@ class HealthMonitor:
                 self.close("terminated")
                 os._exit(143)
 
+    def heartbeat(self) -> Heartbeat:
+        """This rank's beat now, typed (a wrong field fails here, at the sender)."""
+        return Heartbeat.model_validate({**self._state, "time": time.time()})
+
     def _write(self) -> None:
         if self._client is not None:
-            self._client.heartbeat(**self._state, time=time.time())
-        else:
-            _write_json(self.path, {**self._state, "time": time.time()})
+            self._client.heartbeat(**dump_event(self.heartbeat()))  # never blocks: a datagram, else buffered
 
     def set_phase(self, phase: str) -> None:
         self._state["phase"] = phase

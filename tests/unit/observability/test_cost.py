@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from trainforge.contract.events import Metrics
 from trainforge.infra.cost import (
     DEFAULT_PRICES,
     job_cost,
@@ -28,7 +29,7 @@ def record(state="completed", segments=((100.0, 3700.0, "completed"),), workers=
 
 
 def metrics(steps, step_time=1.0, wait=0.0):
-    return [{"type": "metrics", "step": s, "step_time_s": step_time, "data_wait_s": wait} for s in steps]
+    return [Metrics(step=s, step_time_s=step_time, data_wait_s=wait) for s in steps]
 
 
 def test_one_clean_segment():

@@ -122,7 +122,7 @@ def test_checkpoint_stalls_and_cost_match_the_cost_model():
     assert stalls[0]["commit_after_s"] == pytest.approx(2.0)
     page = render_html(record, events, now=2000.0)
     assert "0.750 s over 2 checkpoint(s)" in page
-    cost = job_cost(record, [dump_event(e) for e in events], now=2000.0)  # infra/cost.py reads the wire form
+    cost = job_cost(record, events, now=2000.0)  # the same typed events
     assert f"<td>total $</td><td>{cost.total_cost:.4f}</td>" in page
     assert f"<td>lost</td><td>{cost.lost_hours:.4f}</td>" in page and cost.lost_hours > 0
 

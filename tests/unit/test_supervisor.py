@@ -1,0 +1,151 @@
+"""The segment supervisor (trainforge/tasks/supervisor.py) on a real local channel: liveness comes from the
+channel alone (the sidecar's process check in the beat, the beat's age on the publisher's and reader's clocks,
+a node whose batches stop), the kill of a frozen rank and the notices go down as commands, and a beat that is not a
+valid `Heartbeat` is skipped with a warning. No pid is read or signalled.
+
+Run: PYTHONPATH=$PWD .venv/bin/python -m pytest tests/unit/test_supervisor.py -q
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.local_channel import LocalChannel
+from trainforge.contract.events import Heartbeat
+from trainforge.registry.jobs import JobStore
+from trainforge.tasks.supervisor import Incident, SegmentSupervisor, rank_beats
+from trainforge.trainer.health import HealthPolicy, read_heartbeats
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _until(sup: SegmentSupervisor, cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"not seen in {timeout_s}s; incidents: {sup.incidents}"
+        sup.poll()
+        time.sleep(0.02)
+
+
+def _lost(sup: SegmentSupervisor) -> list[Incident]:
+    return [i for i in sup.incidents if i.kind == "rank_lost"]
+
+
+@pytest.fixture
+def record():  # type: ignore[no-untyped-def]
+    return JobStore().create("sup", name="s", team="demo", spec={}, source="x")
+
+
+def test_a_rank_its_sidecar_saw_die_is_lost_and_not_killed_again(tmp_path, record):
+    channel = LocalChannel(tmp_path / "objects")
+    try:
+        sup = channel.supervisor(record)
+        channel.deliver(sup, channel.beat(0, step=2), channel.beat(1, step=2, node_side={"alive": False}))
+        _until(sup, lambda: bool(_lost(sup)))
+        [inc] = _lost(sup)
+        assert (inc.rank, inc.scope, inc.host) == (1, "process", None)
+        assert "died without a report" in inc.message
+        assert inc.evidence["alive"] is False and inc.evidence["node"] == "node-0"
+        assert channel.sent() == []  # already dead: torchrun restarts the gang, nothing to kill
+    finally:
+        channel.close()
+
+
+def test_a_frozen_rank_is_lost_by_its_beats_age_and_killed_through_the_channel(tmp_path, record):
+    channel = LocalChannel(tmp_path / "objects", ["node-0", "node-1"])
+    try:
+        sup = channel.supervisor(record, policy=HealthPolicy(heartbeat_interval_s=0.1, heartbeat_timeout_s=0.5),
+                                 rank_hosts={0: "node-0", 1: "node-1"})
+        channel.deliver(sup, channel.beat(0, step=4), channel.beat(1, node="node-1", step=4))
+        # rank 0 keeps beating, rank 1 froze (SIGSTOP): its publisher re-sends its last beat with a growing age
+        deadline = time.monotonic() + 10
+        while not _lost(sup):
+            assert time.monotonic() < deadline, "the frozen rank was not found"
+            channel.beat(0, step=4)
+            sup.poll()
+            time.sleep(0.05)
+        [inc] = _lost(sup)
+        assert (inc.rank, inc.host, inc.scope) == (1, "node-1", "process")
+        assert "no heartbeat for" in inc.message and inc.evidence["heartbeat_age_s"] >= 0.5  # (rounded)
+        # the kill goes to rank 1's node only, as a command its sidecar turns into SIGKILL
+        assert [(c.kind, c.args, c.nodes) for c in channel.sent("node-1")] == [("kill_rank", {"rank": 1},
+                                                                               ("node-1",))]
+        assert channel.sent("node-0") == []
+    finally:
+        channel.close()
+
+
+def test_a_node_whose_batches_never_come_is_lost_whole(tmp_path, record):
+    channel = LocalChannel(tmp_path / "objects", ["node-0", "node-1"], publishing=["node-0"], lost_after_s=0.3)
+    try:
+        sup = channel.supervisor(record, rank_hosts={0: "node-0", 1: "node-1"})
+        channel.deliver(sup, channel.beat(0, step=1))
+        _until(sup, lambda: bool(_lost(sup)))
+        [inc] = _lost(sup)
+        assert (inc.rank, inc.host, inc.scope, inc.evidence) == (1, "node-1", "node", {"ranks": [1]})
+        assert "no batch from its publisher" in inc.message
+    finally:
+        channel.close()
+
+
+def test_the_scheduler_preemption_goes_down_as_a_notice(tmp_path, record):
+    channel = LocalChannel(tmp_path / "objects")
+    try:
+        sup = channel.supervisor(record, scheduler_status=lambda: {"state": "preempting", "preempt_deadline": 30})
+        channel.deliver(sup, channel.beat(0, step=1))
+        _until(sup, lambda: sup.preempting)
+        assert [(c.kind, c.args, c.nodes) for c in channel.sent()] == [("preemption_notice", {"deadline_s": 30},
+                                                                        None)]
+    finally:
+        channel.close()
+
+
+def test_beats_are_typed_and_a_malformed_one_is_skipped_by_name(tmp_path, record, caplog):
+    channel = LocalChannel(tmp_path / "objects")
+    try:
+        sup = channel.supervisor(record)
+        good = channel.beat(0, step=7, steps_done=3, local_s=0.01)
+        channel.publishers["node-0"].heartbeat(1, rank=1, phase="training")  # no pid: not a Heartbeat
+        with caplog.at_level(logging.WARNING, logger="trainforge.tasks.supervisor"):
+            beats = channel.deliver(sup, good)
+            assert "1" in channel.reader.heartbeats["node-0"]  # the channel carried it, the supervisor refused it
+            assert set(rank_beats(channel.reader)) == {0}
+        assert isinstance(beats[0].beat, Heartbeat) and beats[0].beat == good and beats[0].node == "node-0"
+        assert any("rank 1's heartbeat" in r.message and "pid" in r.message for r in caplog.records)
+        sup.finish()  # the journal: the last beat per rank, as the typed event's JSON
+        assert Heartbeat.model_validate({k: v for k, v in read_heartbeats(record.folder, 0)[0].items()
+                                         if k != "type"}) == good
+    finally:
+        channel.close()
+
+
+def test_failure_reports_come_up_the_channel_typed_root_cause_first(tmp_path, record, caplog):
+    from trainforge.tasks.segment import _failure, failure_reports
+
+    channel = LocalChannel(tmp_path / "objects")
+    try:
+        sup = channel.supervisor(record)
+        pub = channel.publishers["node-0"]
+        # as trainer/worker.py write_failure sends them: rank 0 died of the broken connection after rank 1's fault
+        pub.publish({"type": "failure", "rank": 0, "attempt": "0", "restart": "0", "kind": "infra", "host": "h",
+                     "exception": "ConnectionError: reset", "traceback": "Traceback ...", "time": 20.0})
+        pub.publish({"type": "failure", "rank": 1, "attempt": "0", "restart": "0", "kind": "user", "host": "h",
+                     "exception": "InjectedFault: boom", "traceback": "Traceback ...", "time": 30.0})
+        deadline = time.monotonic() + 10
+        while len(list((record.folder / "failures").glob("segment-0-rank-*.json"))) < 2:
+            assert time.monotonic() < deadline, "the reports were not journalled"
+            sup._read_beats()
+            time.sleep(0.02)
+    finally:
+        channel.close()
+    (record.folder / "failures" / "segment-0-rank-00002.json").write_text('{"rank": 2}')  # not a report
+    with caplog.at_level(logging.WARNING, logger="trainforge.tasks.segment"):
+        reports = failure_reports(record, 0)
+    assert [(r.rank, r.failure) for r in reports] == [(1, "user"), (0, "infra")]  # a user fault is the cause
+    assert any("segment-0-rank-00002.json" in r.message for r in caplog.records)
+    exc = _failure(record, 0, tmp_path / "logs", 1, sup)
+    assert (exc.kind, exc.rank) == ("user", 1) and "InjectedFault: boom" in str(exc)
