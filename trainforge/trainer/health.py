@@ -120,7 +120,8 @@ def stacks_dir(run_dir: str | Path, attempt: int | str) -> Path:
 
 
 SOCKET_ENV = "TRAINFORGE_CHANNEL_SOCKET"
-"""The node publisher's socket (trainforge/events.py `rank_client`): it names the node's stack-dump folder too."""
+"""The worker's environment variable naming its node's publisher socket (a leading '@': abstract namespace; read
+by trainforge/events.py `rank_client`); it names the node's stack-dump folder too."""
 
 
 def node_stacks_dir(socket_path: str) -> Path:

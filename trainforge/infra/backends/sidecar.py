@@ -42,12 +42,11 @@ from typing import Any
 from trainforge.contract.channel import FLUSH_INTERVAL_S, LEASE_TTL_S, Command, NodePublisher
 from trainforge.contract.events import Sender, StackDump, dump_event
 from trainforge.infra.procs import pid_alive
-from trainforge.trainer.health import node_stacks_dir, stacks_file_name
+from trainforge.trainer.health import SOCKET_ENV, node_stacks_dir, stacks_file_name
 
 log = logging.getLogger(__name__)
 
-SOCKET_ENV = "TRAINFORGE_CHANNEL_SOCKET"
-"""The worker's environment variable naming its node's publisher socket (a leading '@': abstract namespace)."""
+__all__ = ["SOCKET_ENV", "NodeSidecar", "main"]
 WATCH_INTERVAL_S = 0.1
 FINISHED = ("done", "failed", "terminated")
 DUMP_WAIT_S = 3.0
