@@ -1,14 +1,19 @@
 """Observability end to end: a real 2-worker job (train-job flow, torchrun, gloo) streams the new per-step metrics
 (step-time split, peak memory per rank, MFU beside the plan's, rank min/median/max, CPU telemetry, checkpoint
-stall) to MLflow; MFU equals model FLOPs over measured time and the calibrated peak; a profile window leaves
-per-rank traces and a merged summary as run artifacts; the cost split adds up to wall-clock x workers.
+stall) to MLflow; MFU equals model FLOPs over measured time and the calibrated peak; a profile window asked for
+while the job runs (`trainforge profile`, the channel's `profile_window` command) leaves per-rank traces uploaded
+into the job's store, `profile` events saying where, and the merged summary as run artifacts; the cost split adds
+up to wall-clock x workers.
 
 Run: .venv/bin/python -m pytest tests/integration/test_observability.py   (about 1 minute on 2 cores)
 """
 
 from __future__ import annotations
 
+import json
 import math
+import threading
+import time
 
 import pytest
 
@@ -26,13 +31,37 @@ NEW_METRICS = ("mfu", "mfu_predicted", "plan_attainment", "compute_s", "exposed_
                "system/cpu_percent", "system/workers_rss_peak_bytes")
 
 
+def _request_profile(window: str, answers: list) -> None:
+    """`trainforge profile JOB --steps a:b` as soon as the job's first segment runs (its workers are starting)."""
+    from typer.testing import CliRunner
+
+    from trainforge.cli import app
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        running = [r for r in JobStore().list()
+                   if any(s.get("state") == "running" for s in r.data.get("segments", []))]
+        if running:
+            answers.append(CliRunner().invoke(app, ["profile", running[0].job_id, "--steps", window]))
+            return
+        time.sleep(0.1)
+    answers.append(TimeoutError("no segment started within 300 s"))
+
+
 def test_job_streams_observability_metrics(prefect_api, monkeypatch):
     from trainforge.datasets.demo import ensure_demo_dataset
+    from trainforge.infra.storage import open_store
 
     ensure_demo_dataset()
-    monkeypatch.setenv("TRAINFORGE_PROFILE_STEPS", "5:6")
+    monkeypatch.delenv("TRAINFORGE_PROFILE_STEPS", raising=False)
     monkeypatch.setenv("TRAINFORGE_TELEMETRY_INTERVAL_S", "1")
+    answers: list = []
+    asker = threading.Thread(target=_request_profile, args=("8:9", answers), daemon=True)
+    asker.start()
     result = run_flow(small_spec(max_steps=12))
+    asker.join(10)
+    [answer] = answers
+    assert not isinstance(answer, Exception) and answer.exit_code == 0, answer
     assert result["state"] == "completed"
     record = JobStore().get(result["job_id"])
     events, _ = read_events(record.events_path)
@@ -59,11 +88,19 @@ def test_job_streams_observability_metrics(prefect_api, monkeypatch):
     history = client.get_metric_history(run.info.run_id, "mfu")
     assert len(history) == 12 and all(0 < m.value < 1.5 and math.isfinite(m.value) for m in history)
 
+    # Each rank uploaded its trace into the job's store and said where in a `profile` event.
+    config = json.loads((record.folder / "worker-config.json").read_text())
+    store = open_store(config["storage_url"])
+    profiles = sorted((e for e in events if e["type"] == "profile"), key=lambda e: e["rank"])
+    assert [(e["rank"], e["start_step"], e["end_step"]) for e in profiles] == [(0, 8, 9), (1, 8, 9)]
+    for e in profiles:
+        assert e["trace"].startswith(config["storage_prefix"] + "/profiles/segment-0/")
+        assert "traceEvents" in json.loads(store.get_bytes(e["trace"]))
     arts = Tracker().list_artifacts(run.info.run_id, "profiles")
     assert any(a.endswith("rank0.trace.json") for a in arts) and any(a.endswith("rank1.trace.json") for a in arts)
     assert any(a.endswith("summary.json") for a in arts)
     profile = record.data["profile"]
-    assert profile["ranks"] == [0, 1] and set(profile["slowest_rank_per_step"]) == {"5", "6"}
+    assert profile["ranks"] == [0, 1] and set(profile["slowest_rank_per_step"]) == {"8", "9"}
     assert 0.0 <= profile["overlap_fraction_mean"] <= 1.0
 
     cost = job_cost(record.data, prices={"cpu": {"on_demand": 1.0, "spot": 0.4}})
@@ -73,8 +110,6 @@ def test_job_streams_observability_metrics(prefect_api, monkeypatch):
     assert split == pytest.approx(cost.gpu_hours, rel=1e-6)
 
     # compare reads the run back from MLflow (same job twice: no config difference) and plots the curves
-    import json
-
     from typer.testing import CliRunner
 
     from trainforge.cli import app

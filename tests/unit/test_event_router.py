@@ -39,6 +39,7 @@ from trainforge.contract.events import (
     SegmentEnd,
     SegmentStart,
     Sender,
+    StackDump,
     System,
     UnsupportedEventVersion,
     dump_event,
@@ -60,7 +61,10 @@ SAMPLES = [
     MetricsMeta(step=0, peak_flops=1e12, peak_source="catalog", flops_per_token=6e6, world_size=4,
                 bubble_fraction=0.1),
     System(step=3, source="cpu", cpu_percent=95.0, workers_rss_bytes=6e8),
-    Profile(rank=1, start_step=10, end_step=12, trace="profiles/rank-00001.json", summary={"overlap_fraction": 0.6}),
+    Profile(rank=1, start_step=10, end_step=12, trace="teams/t/jobs/demo-1/profiles/segment-2/rank1.trace.json",
+            summary={"overlap_fraction": 0.6}),
+    StackDump(rank=1, restart=0, text='Thread 0x1 (most recent call first):\n  File "x.py", line 3 in f\n',
+              cmd_seq=7, src=Sender(rank=1, host="node-a")),
     Heartbeat(rank=1, pid=4242, restart=1, host="node-a", phase="training", step=7, step_started=1.0, steps_done=3,
               step_s=0.2, local_s=0.05, started=0.5, resumed_from=4,
               gpu=GpuHealth(available=False, reason="NVML not available on this host")),
@@ -97,7 +101,7 @@ def test_wire_form_is_the_flat_historical_format():
     assert wire["src"] == {"job": "demo-1", "attempt": 2, "rank": 0, "host": "node-a", "node": 0}
     assert "grad_norm" not in dump_event(Metrics(step=1, loss=1.0))  # not measured: absent, as before
     assert dump_event(SegmentStart(step=0, world_size=1))["resumed_from"] is None  # readers index it
-    failure = dump_event(SAMPLES[10])
+    failure = dump_event(next(s for s in SAMPLES if isinstance(s, FailureReport)))
     assert failure["kind"] == "infra" and "failure" not in failure  # the failure files' field name
     nan = parse_event(json.loads(json.dumps(dump_event(Metrics(step=2, loss=float("nan"))))))
     assert nan.loss != nan.loss  # a diverged loss is reported as it is
@@ -244,6 +248,16 @@ ROUTES = [
     (SegmentEnd(step=10, reason="finished"), set(), []),
     (CheckpointSkipped(step=6, reason="superseded"), set(), []),
     (Heartbeat(rank=0, pid=1, phase="training"), set(), []),
+    # A rank's own accounts: information only; the incident (and the one warning) is the supervisor's
+    # FaultDetected of the same fault, so nothing is counted twice.
+    (Divergence(step=11, reason="loss is nan", action="rollback", src=Sender(rank=0)), set(),
+     [Log("info", "divergence reported by rank 0 at step 12: loss is nan (policy: rollback)")]),
+    (Notice(notice="preemption", message="emergency checkpoint", src=Sender(rank=0)), set(),
+     [Log("info", "preemption notice received by rank 0: emergency checkpoint")]),
+    (StackDump(rank=1, restart=0, artifact="artifacts/stacks/segment-0/rank-00001-restart-0.txt"), set(),
+     [Log("info", "stacks of rank 1 (restart 0) dumped: artifacts/stacks/segment-0/rank-00001-restart-0.txt")]),
+    (Profile(rank=1, start_step=5, end_step=6, trace="p/rank1.trace.json"), set(),
+     [Log("info", "profile of steps 5:6 from rank 1: p/rank1.trace.json")]),
 ]
 
 

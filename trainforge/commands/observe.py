@@ -371,6 +371,29 @@ def _print_cost(rows: list[dict[str, Any]], by_team: bool) -> None:
 
 # ---- profile ----------------------------------------------------------------------------------------------------
 
+def running_channel(record: Any) -> tuple[Any, str, int]:
+    """The channel of the job's running segment attempt: (its store, the channel's root, the attempt), as
+    run_segment built it (`{job prefix}/channel/segment-{attempt}` in the job's store, tasks/segment.py). Raises
+    LookupError naming the job and what to do when no segment runs or the job never started."""
+    from trainforge.contract.channel import channel_root
+    from trainforge.infra.storage import open_store
+
+    state = record.data.get("state")
+    running = [s for s in record.data.get("segments", []) if s.get("state") == "running"]
+    if state != "running" or not running:
+        raise LookupError(f"job {record.job_id} has no segment running now (state {state!r}): wait until it "
+                          "trains (trainforge watch) and ask again")
+    config_path = record.folder / "worker-config.json"
+    try:
+        config = json.loads(config_path.read_text())
+        url, prefix = config["storage_url"], config["storage_prefix"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise LookupError(f"job {record.job_id}: cannot read its store location from {config_path} ({exc}); "
+                          "the job was not started by this control plane, or its folder is damaged") from None
+    attempt = int(running[-1]["attempt"])
+    return open_store(url), f"{channel_root(prefix)}/segment-{attempt}", attempt
+
+
 @app.command()
 def profile(
     job: str = typer.Argument(..., help="Job id or name."),
@@ -378,13 +401,16 @@ def profile(
 ) -> None:
     """Ask a running job to run torch.profiler on every rank for a window of steps (traces become run artifacts
     under profiles/ with a merged summary: comm/compute overlap, slowest rank per step, FLOP/s vs peak).
-    For a job not yet started, set TRAINFORGE_PROFILE_STEPS=START:END when submitting instead."""
-    from trainforge.trainer.profiling import REQUEST_FILE, parse_window
+    The request is the channel's `profile_window` command to every node of the running segment; a rank already
+    past START skips it. For a job not yet started, set TRAINFORGE_PROFILE_STEPS=START:END when submitting."""
+    from trainforge.contract.channel import CommandWriter
+    from trainforge.trainer.profiling import parse_window
 
     try:
-        parse_window(steps)
+        window = parse_window(steps)
     except ValueError as exc:
         fail(str(exc))
+    assert window is not None
     record = _record(job)
     summary = record.folder / "profiles" / "summary.json"
     if summary.is_file():
@@ -393,8 +419,16 @@ def profile(
     if record.data.get("state") in FINAL_STATES:
         fail(f"job {record.job_id} is {record.data['state']}; profile a running job, or resubmit with "
              f"TRAINFORGE_PROFILE_STEPS={steps}")
-    (record.folder / REQUEST_FILE).write_text(json.dumps({"steps": steps, "requested_at": time.time()}))
-    console.print(f"profile of steps {steps} requested for {record.job_id}; ranks pick it up within a few steps. "
-                  f"Results: {record.folder / 'profiles'} and the MLflow run's profiles/ artifacts.")
+    try:
+        store, root, attempt = running_channel(record)
+        seq = CommandWriter(store, root).send("profile_window", start_step=window[0], end_step=window[1])
+    except LookupError as exc:
+        fail(str(exc))
+    except Exception as exc:  # the store's own errors (a local folder's OSError, S3's client errors)
+        fail(f"job {record.job_id}: could not write the profile request into its channel ({exc}); "
+             "check the object store is reachable and try again")
+    console.print(f"profile of steps {steps} requested for {record.job_id} (segment {attempt}, command {seq}); "
+                  f"ranks start it at step {window[0]}. Results: {record.folder / 'profiles'} and the MLflow "
+                  "run's profiles/ artifacts.")
 
 

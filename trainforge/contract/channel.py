@@ -473,6 +473,16 @@ class NodePublisher:
         for addr in list(self._ranks.values()):
             self._send_rank(addr, {"t": "cmd", "cmd": cmd.to_dict()})
 
+    def deliver_to(self, rank: int | str, cmd: Command) -> bool:
+        """One command to one rank of the node, outside the delivery of commands as they arrive: for a rank that
+        registered after a command every rank must see (the sidecar replays a profile window to a rank that
+        started, or restarted, later). False when the rank has not reached the publisher yet."""
+        addr = self._ranks.get(str(rank))
+        if addr is None:
+            return False
+        self._send_rank(addr, {"t": "cmd", "cmd": cmd.to_dict()})
+        return True
+
     def _send_rank(self, addr: Any, msg: dict[str, Any]) -> None:
         if self._sock is None:
             return

@@ -145,8 +145,28 @@ class Profile(_Event):
     start_step: int
     end_step: int
     trace: str | None = None
-    """Where the rank's trace file is (relative to the run's artifacts)."""
+    """The object-store key of the rank's Chrome trace in the job's store (its per-rank summary JSON sits beside
+    it, `.trace.json` -> `.summary.json`): the worker uploads both, so the control side needs no shared disk."""
     summary: dict[str, MetricValue] = Field(default_factory=dict)
+
+
+class StackDump(_Event):
+    """One rank's Python stacks (faulthandler, every thread), answering a `dump_stacks` command: the node's sidecar
+    reads the rank's faulthandler file on its own node after the signal and sends the text up the channel. The
+    control side keeps the text in the job's artifacts/stacks/ and journals the event without it (`artifact`)."""
+
+    type: Literal["stack_dump"] = "stack_dump"
+    rank: int
+    restart: int = 0
+    """torchrun's restart generation of the rank that dumped."""
+    text: str = ""
+    """faulthandler's output for this dump (empty in the journal's copy, where `artifact` says where it is)."""
+    truncated: bool = False
+    """The dump was longer than the sidecar sends (its head is kept: the innermost frames of each thread)."""
+    cmd_seq: int | None = None
+    """The `dump_stacks` command answered."""
+    artifact: str | None = None
+    """Where the control side keeps the text, relative to the job's folder."""
 
 
 # ---- liveness -----------------------------------------------------------------------------------------------------
@@ -350,15 +370,15 @@ class SegmentEnd(_Event):
 # ---- the union ----------------------------------------------------------------------------------------------------
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
-    Metrics, RankMetrics, MetricsMeta, System, Profile, Heartbeat, CheckpointStaged, CheckpointCommitted,
+    Metrics, RankMetrics, MetricsMeta, System, Profile, StackDump, Heartbeat, CheckpointStaged, CheckpointCommitted,
     CheckpointCorrupt, CheckpointSkipped, FailureReport, Divergence, Notice, FaultDetected, Recovered, Resize,
     SegmentStart, SegmentEnd,
 )
 
 SegmentEvent = Annotated[
-    Metrics | RankMetrics | MetricsMeta | System | Profile | Heartbeat | CheckpointStaged | CheckpointCommitted
-    | CheckpointCorrupt | CheckpointSkipped | FailureReport | Divergence | Notice | FaultDetected | Recovered
-    | Resize | SegmentStart | SegmentEnd,
+    Metrics | RankMetrics | MetricsMeta | System | Profile | StackDump | Heartbeat | CheckpointStaged
+    | CheckpointCommitted | CheckpointCorrupt | CheckpointSkipped | FailureReport | Divergence | Notice
+    | FaultDetected | Recovered | Resize | SegmentStart | SegmentEnd,
     Field(discriminator="type"),
 ]
 

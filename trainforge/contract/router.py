@@ -9,6 +9,12 @@ table test (tests/unit/test_event_router.py) covers every routing rule without a
     CheckpointCorrupt                                  -> Log (warning)
     Resize                                             -> TrackMetrics (world_size at the step it resumes from)
     SegmentStart resumed from a checkpoint             -> Log (info) + RecordResume (lineage)
+    Divergence (a rank's own account)                  -> Log (info); the incident itself is the supervisor's
+                                                          FaultDetected(divergence), counted once, from the report
+    Notice (a rank got a preemption / resize / termination notice) -> Log (info); the supervisor's
+                                                          FaultDetected(preemption | resize) is the incident
+    StackDump (a rank's stacks, text in artifacts/)    -> Log (info)
+    Profile (a rank's profiler window is uploaded)     -> Log (info)
 """
 
 from __future__ import annotations
@@ -20,11 +26,15 @@ from typing import Literal
 from trainforge.contract.events import (
     CheckpointCommitted,
     CheckpointCorrupt,
+    Divergence,
     FaultDetected,
+    Notice,
+    Profile,
     Recovered,
     Resize,
     SegmentEvent,
     SegmentStart,
+    StackDump,
 )
 
 MetricRow = tuple[int, dict[str, float]]
@@ -96,6 +106,19 @@ class EventRouter:
             case SegmentStart(resumed_from=int(resumed)):
                 actions.append(Log("info", f"segment resumed from committed checkpoint step {resumed}"))
                 actions.append(RecordResume(resumed))
+            case Divergence():  # informational: FaultDetected(divergence) is the one warning and the one incident
+                rank = event.src.rank if event.src is not None else None
+                actions.append(Log("info", f"divergence reported by rank {rank} at step {event.step + 1}: "
+                                           f"{event.reason} (policy: {event.action})"))
+            case Notice():
+                rank = event.src.rank if event.src is not None else None
+                actions.append(Log("info", f"{event.notice} notice received by rank {rank}: {event.message}"))
+            case StackDump():
+                actions.append(Log("info", f"stacks of rank {event.rank} (restart {event.restart}) dumped"
+                                           + (f": {event.artifact}" if event.artifact else "")))
+            case Profile():
+                actions.append(Log("info", f"profile of steps {event.start_step}:{event.end_step} from rank "
+                                           f"{event.rank}: {event.trace}"))
         return actions
 
     def route_all(self, events: list[SegmentEvent], committed: set[int] | None = None) -> list[RoutedAction]:

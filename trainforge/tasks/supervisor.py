@@ -43,18 +43,24 @@ from trainforge.contract.events import (
     FaultDetected,
     Heartbeat,
     Metrics,
+    Profile,
     Recovered,
     Sender,
+    StackDump,
     dump_event,
     parse_event,
 )
 from trainforge.events import EventWriter, append_records, read_typed_events
 from trainforge.registry.jobs import JobRecord
-from trainforge.trainer.health import HealthPolicy, heartbeat_path, stacks_dir
+from trainforge.trainer.health import HealthPolicy, heartbeat_path, stacks_dir, stacks_file_name
+from trainforge.trainer.profiling import summary_key
 
 logger = logging.getLogger(__name__)
 
 PREEMPTION_CHECK_S = 2.0
+STACKS_WAIT_S = 6.0
+"""How long a hang's stack dump waits for every rank's answer: the sidecar's own wait for a dump (3 s), a flush of
+its publisher and a read of the channel."""
 FATAL = ("rank_lost", "hang", "straggler_evicted")
 NODE_SIDE = ("age_s", "alive", "dead_at")
 """What a node's side adds to a rank's beat in the batch envelope (the publisher: the beat's age; the sidecar: its
@@ -128,6 +134,7 @@ class SegmentSupervisor:
         self.channel, self.commands = channel, commands
         self._beats: dict[int, RankBeat] = {}
         self._lost_nodes: set[str] = set()
+        self._stack_dumps: list[StackDump] = []  # received, not yet taken by dump_stacks
         self._lease_renewed = 0.0
         self.world, self.sizes = world, sorted(sizes or [], reverse=True)  # elastic: the sizes it can run at
         self.resize_to: int | None = None
@@ -184,7 +191,9 @@ class SegmentSupervisor:
 
     def _journal(self, batches: list[Batch]) -> None:
         """What came up the channel, kept in the job's folder: events appended to the job's events.jsonl (the
-        control plane is its only writer), failure reports into failures/ (read by tasks/segment.py)."""
+        control plane is its only writer), failure reports into failures/ (read by tasks/segment.py), stack
+        dumps into artifacts/stacks/ (the journal keeps the event without the text) and a profile's uploaded
+        trace into profiles/."""
         events = []
         for _node, _seq, _i, rec in self.channel.records(batches):
             try:
@@ -194,9 +203,39 @@ class SegmentSupervisor:
             if isinstance(report, FailureReport):
                 folder = self.record.folder / "failures"
                 write_json(folder / f"segment-{self.attempt}-rank-{report.rank:05d}.json", rec)
+            elif isinstance(report, StackDump):
+                events.append(self._keep_stacks(report))
             else:
+                if isinstance(report, Profile):
+                    self._keep_profile(report)
                 events.append(rec)
         append_records(self.record.events_path, events)
+
+    def _keep_stacks(self, dump: StackDump) -> dict[str, Any]:
+        """A rank's stack dump: its text appended to the job's artifacts/stacks/segment-N/ file of that rank (what
+        users and the hang report read), kept for the culprit naming; the journal gets the event without it."""
+        path = stacks_dir(self.run_dir, self.attempt) / stacks_file_name(dump.rank, dump.restart)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(dump.text)
+        self._stack_dumps.append(dump)
+        del self._stack_dumps[:-4096]  # dumps nobody waits for (a `dump_stacks` sent by hand) do not pile up
+        return dump_event(dump.model_copy(update={"text": "",
+                                                   "artifact": str(path.relative_to(self.record.folder))}))
+
+    def _keep_profile(self, profile: Profile) -> None:
+        """A rank's profiler window, uploaded by the rank into the job's store: its trace and summary are copied
+        into the job's profiles/ folder, which the flow merges and logs as run artifacts (flows/train_job.py)."""
+        if not profile.trace:
+            return
+        folder = self.record.folder / "profiles"
+        folder.mkdir(parents=True, exist_ok=True)
+        for key in (profile.trace, summary_key(profile.trace)):
+            try:
+                self.channel.store.get_file(key, folder / key.rsplit("/", 1)[-1])
+            except Exception as e:  # the store is busy or the object gone: the profile is lost, the job is not
+                logger.warning("could not fetch rank %d's profile %s from the job's store: %s: %s",
+                               profile.rank, key, type(e).__name__, e)
 
     def _renew_lease(self) -> None:
         if time.monotonic() - self._lease_renewed < LEASE_TTL_S / 3:
@@ -310,7 +349,7 @@ class SegmentSupervisor:
         folder = stacks_dir(self.run_dir, self.attempt)
         folder.mkdir(parents=True, exist_ok=True)  # the workers' own disk may be elsewhere: the report goes here
         plain = {r: dump_event(b.beat) for r, b in beats.items()}  # the stack tools read beats as JSON objects
-        stacks = dump_stacks(plain, folder, request=lambda rank: self._to_rank("dump_stacks", rank, beats[rank]))
+        stacks = self.dump_stacks(beats)
         rank, where = name_culprit(stacks, plain)
         what = "start-up / final commit" if startup else "step progress"
         message = (f"hang: no {what} on any rank for {stalled_s:.1f}s; rank {rank} is stuck at {where} "
@@ -323,6 +362,31 @@ class SegmentSupervisor:
             f"rank {r}: " + " <- ".join(s[:6]) for r, s in sorted(stacks.items())) + "\n")
         if rank in beats:
             self._to_rank("kill_rank", rank, beats[rank])
+
+    def dump_stacks(self, beats: dict[int, RankBeat], wait_s: float = STACKS_WAIT_S) -> dict[int, list[str]]:
+        """Every rank's stacks, through the channel: one `dump_stacks` command to the ranks' nodes (each sidecar
+        signals its ranks and sends each rank's faulthandler text back as a `StackDump`), then the channel is
+        read (and journaled) until every rank answered or `wait_s` passed. The main thread's frames per rank,
+        innermost first, as 'path:line in func'; a rank that did not answer has none."""
+        nodes = sorted({b.node for b in beats.values()})
+        try:
+            seq = self.commands.send("dump_stacks", nodes=nodes or None)
+        except Exception as e:
+            logger.warning("asking the workers for their stacks failed: %s: %s", type(e).__name__, e)
+            return {}
+        expected = {r for r, b in beats.items() if b.alive and b.beat.phase not in ("done", "failed", "terminated")}
+        deadline = time.monotonic() + wait_s
+        texts: dict[int, str] = {}
+        while time.monotonic() < deadline:
+            self._journal(self.channel.poll())
+            for dump in self._stack_dumps:
+                if dump.cmd_seq == seq:
+                    texts[dump.rank] = texts.get(dump.rank, "") + dump.text
+            self._stack_dumps = [d for d in self._stack_dumps if d.cmd_seq != seq]
+            if expected <= set(texts):
+                break
+            time.sleep(0.1)
+        return {rank: main_thread_frames(text) for rank, text in texts.items()}
 
     def _check_stragglers(self, beats: dict[int, RankBeat], now: float) -> None:
         local = {r: b.beat.local_s for r, b in beats.items() if b.beat.phase == "training" and b.beat.local_s}
@@ -494,30 +558,6 @@ def _warming_up(b: RankBeat) -> bool:
 
 
 # ---------------------------------------------------------------------- stacks
-
-
-def dump_stacks(beats: dict[int, dict[str, Any]], folder: Path, wait_s: float = 3.0, *,
-                request: Callable[[int], None]) -> dict[int, list[str]]:
-    """A stack dump asked of every rank (`request(rank)`: the supervisor's `dump_stacks` command, which the rank's
-    node sidecar turns into SIGUSR1; faulthandler writes all its threads' Python stacks into its file under
-    `folder`), then the main thread's frames per rank, innermost first, as 'path:line in func'."""
-    sizes = {}
-    for rank, beat in beats.items():
-        path = folder / f"rank-{rank:05d}-restart-{beat.get('restart', 0)}.txt"
-        sizes[rank] = (path, path.stat().st_size if path.is_file() else 0)
-    for rank in beats:
-        request(rank)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if all(p.is_file() and p.stat().st_size > s for p, s in sizes.values()):
-            break
-        time.sleep(0.05)
-    time.sleep(0.2)  # let the dump finish writing
-    out = {}
-    for rank, (path, size) in sizes.items():
-        text = path.read_text(errors="replace")[size:] if path.is_file() else ""
-        out[rank] = main_thread_frames(text)
-    return out
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')

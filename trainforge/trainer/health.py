@@ -29,8 +29,10 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import statistics
+import tempfile
 import threading
 import time
 from collections import deque
@@ -115,6 +117,24 @@ def health_dir(run_dir: str | Path, attempt: int | str) -> Path:
 
 def stacks_dir(run_dir: str | Path, attempt: int | str) -> Path:
     return Path(run_dir) / "artifacts" / "stacks" / f"segment-{attempt}"
+
+
+SOCKET_ENV = "TRAINFORGE_CHANNEL_SOCKET"
+"""The worker's environment variable naming its node's publisher socket (a leading '@': abstract namespace; read
+by trainforge/events.py `rank_client`); it names the node's stack-dump folder too."""
+
+
+def node_stacks_dir(socket_path: str) -> Path:
+    """Where the ranks of a node write their faulthandler dumps when they have a node publisher: a folder on the
+    node itself (its temporary directory), named after the publisher's socket, which is unique per node and
+    segment attempt. The node's sidecar (trainforge/infra/backends/sidecar.py) creates it, reads each rank's file
+    there after a `dump_stacks` and removes the folder at the end; the files are `stacks_file_name(rank, restart)`."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", socket_path.lstrip("@"))
+    return Path(tempfile.gettempdir()) / f"trainforge-stacks-{name}"
+
+
+def stacks_file_name(rank: int, restart: int) -> str:
+    return f"rank-{rank:05d}-restart-{restart}.txt"
 
 
 def heartbeat_path(run_dir: str | Path, attempt: int | str, rank: int) -> Path:
@@ -209,9 +229,12 @@ class HealthMonitor:
         self._thread = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
 
     def start(self) -> HealthMonitor:
-        stacks = stacks_dir(self.run_dir, self.attempt)
+        # With a node publisher the dump goes to a file on this node, which the node's sidecar reads after
+        # SIGUSR1 and sends up the channel (the control plane writes artifacts/stacks/ from the text it receives).
+        stacks = node_stacks_dir(os.environ[SOCKET_ENV]) if self._client is not None else \
+            stacks_dir(self.run_dir, self.attempt)
         stacks.mkdir(parents=True, exist_ok=True)
-        self._stack_file = open(stacks / f"rank-{self.rank:05d}-restart-{self.restart}.txt", "w")  # noqa: SIM115
+        self._stack_file = open(stacks / stacks_file_name(self.rank, self.restart), "w")  # noqa: SIM115
         faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True)
         if self.handle_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)

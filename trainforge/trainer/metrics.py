@@ -265,7 +265,8 @@ class StepMeter:
 
         window = parse_window(cfg.profile_steps or os.environ.get("TRAINFORGE_PROFILE_STEPS"))
         self.profiler = StepProfiler(cfg.run_dir, ctx.rank, window, start_step, self.peak_flops,
-                                     self.flops_per_token * self.tokens_per_step / ctx.world_size, self.bubble_frac)
+                                     self.flops_per_token * self.tokens_per_step / ctx.world_size, self.bubble_frac,
+                                     config=cfg)
         self.telemetry = telemetry.maybe_start(self.emit, lambda: self.last_step, job_id=cfg.job_id,
                                                local_rank=ctx.local_rank, node=int(os.environ.get("GROUP_RANK", "0")))
 

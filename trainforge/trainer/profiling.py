@@ -1,10 +1,17 @@
 """On-demand `torch.profiler` for a window of steps on every rank, and the merged summary across ranks.
 
-The window `a:b` (1-based steps, inclusive) comes from $TRAINFORGE_PROFILE_STEPS at launch, or from
-`run_dir/profile-request.json` written by `trainforge profile JOB --steps a:b` while the job runs (each rank
-checks the file every few steps; a rank that sees it after step a skips the window). Each rank writes
-`run_dir/profiles/rank{r}.trace.json` (Chrome trace, open in Perfetto) and `rank{r}.summary.json`; the flow merges
-the summaries and logs everything as run artifacts under `profiles/`.
+The window `a:b` (1-based steps, inclusive) comes from $TRAINFORGE_PROFILE_STEPS (or the config's
+`profile_steps`) at launch, or from the channel's `profile_window` command, which `trainforge profile JOB --steps
+a:b` sends while the job runs: the node's sidecar hands it to its ranks (and to a rank that starts later), each
+rank reads it from its `CommandInbox` after every step (trainer/inbox.py); a rank that gets it after step a
+skips the window, saying so in its log.
+
+Each rank writes its Chrome trace (open it in Perfetto) and its summary. With a node publisher (a worker launched
+by a backend) it writes them in a temporary folder of its own node, uploads both into the job's prefix in the
+object store (`profiles/segment-{attempt}/rank{r}.trace.json` and `.summary.json`) and publishes a `Profile`
+event with the trace's key; the control side copies them into the job's `profiles/` folder, where the flow
+merges the summaries and logs everything as run artifacts. Without one (the trainer driven directly) it writes
+`run_dir/profiles/rank{r}.trace.json` and `rank{r}.summary.json` itself.
 
 Per-rank summary: the union of communication intervals (gloo/NCCL/c10d ops, on whatever thread runs them) and of
 compute intervals (other aten ops), their overlap (the share of communication hidden under compute), and the
@@ -17,17 +24,25 @@ import json
 import logging
 import os
 import re
+import shutil
 import statistics
+import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainforge.contract.config import SegmentConfig
+from trainforge.contract.events import Profile, Sender, dump_event
+from trainforge.events import rank_client
+from trainforge.trainer.inbox import rank_inbox
+
 logger = logging.getLogger(__name__)
 
+FINISH_TIMEOUT_S = 120.0
+"""How long the end of a segment waits for a window's files to be written and uploaded."""
 COMM_PATTERN = re.compile(r"gloo|nccl|c10d|all_?reduce|all_?gather|reduce_?scatter|broadcast|alltoall|all_to_all|"
                           r"send|recv|record_param_comms", re.IGNORECASE)
-REQUEST_FILE = "profile-request.json"
-CHECK_EVERY = 5
 
 
 def parse_window(text: str | None) -> tuple[int, int] | None:
@@ -128,17 +143,41 @@ def merge_folder(folder: Path) -> dict[str, Any] | None:
     return merged
 
 
+def profile_key(storage_prefix: str, attempt: int | str, rank: int) -> str:
+    """The object-store key of a rank's trace in the job's prefix (its summary: `.trace.json` -> `.summary.json`)."""
+    return f"{storage_prefix.rstrip('/')}/profiles/segment-{attempt}/rank{rank}.trace.json"
+
+
+def summary_key(trace_key: str) -> str:
+    return trace_key.removesuffix(".trace.json") + ".summary.json"
+
+
+def window_of(cmd: dict[str, Any]) -> tuple[int, int]:
+    """A `profile_window` command's (start, end) steps. Raises ValueError naming the bad argument."""
+    args = cmd.get("args") or {}
+    a, b = args.get("start_step"), args.get("end_step")
+    if not (isinstance(a, int) and isinstance(b, int)) or isinstance(a, bool) or isinstance(b, bool):
+        raise ValueError(f"profile_window command {cmd.get('seq')}: start_step and end_step must be integers, "
+                         f"got {a!r} and {b!r}")
+    return parse_window(f"{a}:{b}")  # type: ignore[return-value]  # a window: never None for two integers
+
+
 class StepProfiler:
-    """Runs torch.profiler over the window's steps on this rank (the StepMeter calls `after_step`)."""
+    """Runs torch.profiler over the window's steps on this rank (the StepMeter calls `after_step`). `config`:
+    the segment's config, for where to upload the trace when the worker has a node publisher."""
 
     def __init__(self, run_dir: str | Path, rank: int, window: tuple[int, int] | None, start_step: int,
-                 peak_flops: float, flops_per_step_per_rank: float, bubble_fraction: float = 0.0):
+                 peak_flops: float, flops_per_step_per_rank: float, bubble_fraction: float = 0.0, *,
+                 config: SegmentConfig | None = None):
         self.run_dir, self.rank, self.window = Path(run_dir), rank, window
         self.peak, self.flops = peak_flops, flops_per_step_per_rank
         self.bubble_fraction = bubble_fraction
+        self.config = config
         self.prof: Any = None
         self.step_times: dict[str, float] = {}
         self.done = False
+        self.published: Profile | None = None
+        self._writer: threading.Thread | None = None
         if window and window[0] <= start_step + 1 <= window[1]:
             self._start()
 
@@ -154,18 +193,24 @@ class StepProfiler:
         self.prof.__enter__()
 
     def _poll_request(self, step: int) -> None:
-        if self.window is not None or step % CHECK_EVERY:
+        """A `profile_window` command from the control plane (one non-blocking read of the node socket)."""
+        if self.window is not None:
             return
-        path = self.run_dir / REQUEST_FILE
-        if path.is_file():
+        inbox = rank_inbox()
+        if inbox is None:
+            return
+        for cmd in inbox.take("profile_window"):
             try:
-                window = parse_window(json.loads(path.read_text()).get("steps"))
+                window = window_of(cmd)
             except ValueError as exc:
-                logger.warning("ignoring %s: %s", path, exc)
-                self.done = True
-                return
-            if window and window[0] > step:
+                logger.warning("ignoring %s", exc)
+                continue
+            if window[0] > step:
                 self.window = window
+                logger.info("profile window %s:%s requested: starting at step %s", *window, window[0])
+            else:
+                logger.warning("profile window %s:%s requested, but this rank is past step %s already: skipped; "
+                               "ask for a window that starts later", window[0], window[1], step)
 
     def after_step(self, step: int, step_time_s: float) -> None:
         """Called after step `step` (1-based) finished."""
@@ -183,11 +228,39 @@ class StepProfiler:
             self._finish()
 
     def _finish(self) -> None:
+        """Stop the profiler, then export, summarise and upload on a thread of its own: reading a window's events
+        takes seconds (measured: 19 s for two steps on a loaded 2-core host), and a rank that spent them in its
+        step loop would stall the gang's next collective long enough to be taken for a hang and killed."""
         prof, self.prof, self.done = self.prof, None, True
         prof.__exit__(None, None, None)
-        out = self.run_dir / "profiles"
+        self._writer = threading.Thread(target=self._write_out, args=(prof,), name="profile-writer", daemon=True)
+        self._writer.start()
+
+    def wait(self, timeout_s: float = FINISH_TIMEOUT_S) -> bool:
+        """Wait for the window's files (and the upload and event); True when they are out."""
+        if self._writer is None:
+            return True
+        self._writer.join(timeout_s)
+        if self._writer.is_alive():
+            logger.warning("the profile of steps %s is not written after %.0f s: the segment ends without it",
+                           self.window, timeout_s)
+            return False
+        return True
+
+    def _write_out(self, prof: Any) -> None:
+        try:
+            self._export(prof)
+        except Exception:  # a profile must never fail the training
+            logger.exception("writing the profile of steps %s failed", self.window)
+
+    def _export(self, prof: Any) -> None:
+        client = rank_client(self.rank) if self.config is not None else None
+        # With a node publisher the files go to the job's store, not to a folder the control plane would share.
+        out = Path(tempfile.mkdtemp(prefix=f"trainforge-profile-rank{self.rank}-")) if client is not None \
+            else self.run_dir / "profiles"
         out.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(out / f"rank{self.rank}.trace.json"))
+        trace = out / f"rank{self.rank}.trace.json"
+        prof.export_chrome_trace(str(trace))
         comm, compute = [], []
         for ev in prof.events():
             span = (ev.time_range.start / 1e6, ev.time_range.end / 1e6)
@@ -205,8 +278,34 @@ class StepProfiler:
         tmp = out / f".rank{self.rank}.summary.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(summary, indent=1))
         os.replace(tmp, out / f"rank{self.rank}.summary.json")
-        logger.info("profile of steps %s written to %s", self.window, out)
+        if client is None:
+            logger.info("profile of steps %s written to %s", self.window, out)
+            return
+        try:
+            self._upload(client, trace, out / f"rank{self.rank}.summary.json", summary)
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+
+    def _upload(self, client: Any, trace: Path, summary_path: Path, summary: dict[str, Any]) -> None:
+        """The trace and summary into the job's store, then the `Profile` event that says where they are."""
+        from trainforge.infra.storage import open_store
+
+        assert self.config is not None
+        attempt = os.environ.get("TRAINFORGE_SEGMENT_ATTEMPT", "0")
+        key = profile_key(self.config.storage_prefix, attempt, self.rank)
+        store = open_store(self.config.storage_url)
+        store.put_file(key, trace)
+        store.put_file(summary_key(key), summary_path)
+        a, b = self.window or (0, 0)
+        numbers = {k: float(v) for k, v in summary.items()
+                   if isinstance(v, int | float) and not isinstance(v, bool) and k != "rank"}
+        self.published = Profile(rank=self.rank, start_step=a, end_step=b, trace=key, summary=numbers,
+                                 src=Sender(job=self.config.job_id, attempt=int(attempt) if attempt.isdigit()
+                                            else None, rank=self.rank))
+        client.publish(dump_event(self.published))
+        logger.info("profile of steps %s:%s uploaded to %s", a, b, key)
 
     def close(self) -> None:
         if self.prof is not None:  # the segment ended inside the window
             self._finish()
+        self.wait()

@@ -7,6 +7,7 @@ exiting non-zero. Rank and world size come from torchrun's environment; the mode
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,9 +18,11 @@ import traceback
 from pathlib import Path
 
 from trainforge.contract.config import ENV_VAR, SegmentConfig
+from trainforge.contract.events import Divergence
 from trainforge.contract.script_env import script_environment
-from trainforge.events import rank_client
+from trainforge.events import event_sink, rank_client, worker_sender
 from trainforge.trainer.health import HealthPolicy, current_monitor, start_monitor
+from trainforge.trainer.inbox import NoticeWatch, rank_inbox
 
 USER_ERRORS = ("UserCodeError", "OutOfMemoryError", "MemoryError", "FloatingPointError", "InjectedFault")
 INFRA_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError", "ConnectionError", "TimeoutError")
@@ -72,6 +75,27 @@ def write_failure(cfg: SegmentConfig, rank: int, exc: BaseException) -> None:
     (folder / f"segment-{attempt}-rank-{rank:05d}.json").write_text(json.dumps(report, indent=1))
 
 
+def report_divergence(cfg: SegmentConfig, rank: int, exc: BaseException) -> None:
+    """Rank 0's account of a divergence (every rank raises it: they agree on it in one all-reduce), sent before
+    the failure report: the typed `Divergence` the control side journals. The rollback itself is decided from the
+    failure report (kind `divergence`), which also names the offending samples (tasks/segment.py)."""
+    if rank != 0 or type(exc).__name__ != "DivergenceError":
+        return
+    action = getattr(exc, "action", "stop")
+    sink = event_sink(cfg.run_dir, True, worker_sender(cfg.job_id, rank))
+    sink.publish(Divergence(step=int(getattr(exc, "step", 0)), reason=str(getattr(exc, "reason", exc)),
+                            action=action if action in ("rollback", "stop") else "stop"))
+
+
+def watch_notices(cfg: SegmentConfig, rank: int) -> NoticeWatch | None:
+    """Report the preemption / resize / termination notices this rank gets (trainer/inbox.py); only with a node
+    publisher (nobody would read them otherwise)."""
+    inbox = rank_inbox()
+    if inbox is None:
+        return None
+    return NoticeWatch(inbox, current_monitor(), rank=rank, src=worker_sender(cfg.job_id, rank)).start()
+
+
 def run_script(cfg: SegmentConfig) -> None:
     """Script mode: run the user's own script in this process with the framework's distributed environment.
     The script initialises its own process group (torch env://, jax.distributed, TF_CONFIG)."""
@@ -111,6 +135,7 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     policy = start_health(cfg, rank)
+    watch_notices(cfg, rank)
     # Imported here so a broken torch install is reported like any other failure.
     try:
         if cfg.script_mode:
@@ -129,6 +154,8 @@ def main() -> int:
         current_monitor().close()
     except BaseException as exc:  # report everything, then fail the worker
         current_monitor().close("failed")
+        with contextlib.suppress(Exception):  # the failure report below is what the control plane needs
+            report_divergence(cfg, rank, exc)
         write_failure(cfg, rank, exc)
         traceback.print_exc()
         sys.stderr.flush()

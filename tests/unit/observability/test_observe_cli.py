@@ -79,11 +79,22 @@ def test_cost_table_json_csv_and_team_rollup(tmp_path):
     assert runner.invoke(app, ["cost", "--market", "reserved"]).exit_code != 0
 
 
-def test_profile_request_on_a_running_job():
+def test_profile_request_goes_down_the_running_segments_channel(tmp_path):
+    from trainforge.contract.channel import CommandReader, channel_root
+    from trainforge.infra.storage import open_store
+
     record = make_job(state="running")
+    # No segment running yet (being prepared): the user is told what to do, nothing is sent.
+    out = runner.invoke(app, ["profile", record.job_id, "--steps", "5:6"])
+    assert out.exit_code != 0 and record.job_id in out.output and "no segment running" in out.output
+    url, prefix = (tmp_path / "store").as_uri(), f"teams/research/jobs/{record.job_id}"
+    (record.folder / "worker-config.json").write_text(json.dumps({"storage_url": url, "storage_prefix": prefix}))
+    record.update(segments=[{"attempt": 0, "state": "failed"}, {"attempt": 1, "state": "running"}])
     result = runner.invoke(app, ["profile", record.job_id, "--steps", "5:6"])
     assert result.exit_code == 0, result.output
-    assert json.loads((record.folder / "profile-request.json").read_text())["steps"] == "5:6"
+    [cmd] = CommandReader(open_store(url), f"{channel_root(prefix)}/segment-1", "node-0").poll()
+    assert (cmd.kind, cmd.args) == ("profile_window", {"start_step": 5, "end_step": 6})
+    assert not (record.folder / "profile-request.json").exists()  # nothing through the flow host's disk
     assert runner.invoke(app, ["profile", record.job_id, "--steps", "6:5"]).exit_code != 0
     done = make_job(team="x", state="completed")
     assert runner.invoke(app, ["profile", done.job_id, "--steps", "1:2"]).exit_code != 0
