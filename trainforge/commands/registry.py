@@ -145,6 +145,8 @@ def _emit_rows(result: dict[str, Any], as_json: bool) -> None:
     _table("affected", result["affected"], _AFFECTED_COLUMNS)
     for line in result.get("tagged", []):
         console.print(f"  tagged {line} (trainforge.dataset_withdrawn)")
+    for node in result.get("not_in_mlflow", []):
+        console.print(f"  not in MLflow any more (nothing to tag): {node}")
 
 
 @lineage_app.command("license")

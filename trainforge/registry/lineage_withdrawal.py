@@ -67,7 +67,9 @@ def tag_tracking(store: LineageStore, nodes: list[Node], tracker: Any) -> dict[s
     """Tag the MLflow run of every job and every registered model version in `nodes` with the withdrawn
     versions each was trained on. Returns {"tagged": [...], "errors": [...]}: one failure (a version deleted
     in MLflow) does not stop the others, and re-running the withdrawal retries it (tags are idempotent)."""
-    tagged, errors = [], []
+    tagged: list[str] = []
+    errors: list[str] = []
+    missing: list[str] = []
     for n in nodes:
         if n.kind not in ("job", "model"):
             continue
@@ -82,14 +84,18 @@ def tag_tracking(store: LineageStore, nodes: list[Node], tracker: Any) -> dict[s
                 tracker.set_tags(n.attrs["mlflow_run_id"], tags)
                 tagged.append(f"runs:/{n.attrs['mlflow_run_id']} (job {n.name})")
         except Exception as exc:  # MLflow's errors are many kinds; each is reported, none hides the rest
-            errors.append(f"{n.id}: {type(exc).__name__}: {str(exc)[:200]}")
-    return {"tagged": tagged, "errors": errors}
+            if getattr(exc, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                missing.append(n.id)  # deleted from MLflow (or never registered there): nothing left to tag
+            else:
+                errors.append(f"{n.id}: {type(exc).__name__}: {str(exc)[:200]}")
+    return {"tagged": tagged, "errors": errors, "missing": missing}
 
 
 def withdraw(name: str, version: str, *, why: str, who: str | None = None, quarantine: bool = False,
              store: LineageStore | None = None, tracker: Any = None) -> dict[str, Any]:
     """Withdraw dataset version `name@version` (a version id or a unique prefix of it): lineage, then the MLflow
-    tags. Returns the trained-on report ({"datasets", "affected"}) plus "tagged" and "tag_errors"."""
+    tags. Returns the trained-on report ({"datasets", "affected"}) plus "tagged", "tag_errors" and
+    "not_in_mlflow" (lineage nodes MLflow no longer has)."""
     store = store or LineageStore()
     _ensure_recorded(store, name, version)
     result = store.withdraw_dataset(name, version, who=who, why=why, quarantine=quarantine)
@@ -99,9 +105,10 @@ def withdraw(name: str, version: str, *, why: str, who: str | None = None, quara
         from trainforge.registry.tracking import Tracker
 
         tracker = Tracker()
-    marks = tag_tracking(store, downstream, tracker) if tracker is not None else {"tagged": [], "errors": []}
+    marks = tag_tracking(store, downstream, tracker) if tracker is not None else {}
     report: dict[str, Any] = store.trained_on_report(ds.name, ds.version)
-    return report | {"tagged": marks["tagged"], "tag_errors": marks["errors"]}
+    return report | {"tagged": marks.get("tagged", []), "tag_errors": marks.get("errors", []),
+                     "not_in_mlflow": marks.get("missing", [])}
 
 
 def tag_if_withdrawn(store: LineageStore, target: str, tracker: Any) -> dict[str, str]:
