@@ -49,34 +49,3 @@ def test_allocator_environment_preloads_jemalloc_only_when_asked_and_installed()
         allocator_environment(want, lambda path: False)
     with pytest.raises(ValueError, match="TRAINFORGE_ALLOCATOR='tcmalloc'"):
         allocator_environment({"TRAINFORGE_ALLOCATOR": "tcmalloc"}, installed.__contains__)
-
-
-def test_agent_log_masks_what_the_agent_prints(tmp_path, monkeypatch):
-    """The torchrun agent's output reaches agent.log through mask_stream: a secret it prints (or its base64 /
-    URL-encoded form) is masked, and the whole log is there once poll() reports the exit. A stand-in process
-    prints instead of torchrun (the capture is what is tested, not torchrun)."""
-    import base64
-    import sys
-    import time
-    from urllib.parse import quote
-
-    from trainforge.infra.backends import local
-    from trainforge.registry.secrets import register_secret
-
-    secret = "agent-secret/" + "x1y2z3"
-    register_secret("nlp/agent-token", secret)
-    code = ("import base64, sys, urllib.parse; s = sys.argv[1]; print('token', s, flush=True); "
-            "print('b64', base64.b64encode(s.encode()).decode()); print('url', urllib.parse.quote(s, safe=''), "
-            "file=sys.stderr); print('last line')")
-    monkeypatch.setattr(local, "torchrun_command", lambda launch: [sys.executable, "-c", code, secret])
-    gang = local.LocalGang(LaunchSpec(nproc_per_node=1, master_port=1, log_dir=str(tmp_path)), env={},
-                           agent_log=tmp_path / "agent.log")
-    gang.start()
-    deadline = time.monotonic() + 60
-    while gang.poll() is None:
-        assert time.monotonic() < deadline, "the stand-in agent did not exit"
-        time.sleep(0.05)
-    text = (tmp_path / "agent.log").read_text()
-    assert text.endswith("last line\n") and text.count("***nlp/agent-token***") == 3, text
-    for form in (secret, base64.b64encode(secret.encode()).decode(), quote(secret, safe="")):
-        assert form not in text

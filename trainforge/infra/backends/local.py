@@ -11,16 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from trainforge.infra.launch import LaunchSpec, torchrun_command
-from trainforge.registry.secrets import mask_stream
-
-PUMP_JOIN_S = 5.0  # after the agent exits: time for its last output to reach agent.log (workers may hold the pipe)
 
 
 def free_port() -> int:
@@ -53,7 +48,6 @@ class LocalGang:
     sidecar: SidecarSpec | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     sidecar_proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
-    pump: threading.Thread | None = field(default=None, init=False)
 
     def start(self) -> None:
         self.agent_log.parent.mkdir(parents=True, exist_ok=True)
@@ -65,18 +59,12 @@ class LocalGang:
             with open(self.agent_log.with_name(self.agent_log.stem + ".sidecar.log"), "ab") as slog:
                 self.sidecar_proc = subprocess.Popen(self.sidecar.command(), env=env, stdout=slog,
                                                      stderr=subprocess.STDOUT, start_new_session=True)
-        # The agent's output (user code's tracebacks and prints included) reaches agent.log through a pipe and
-        # mask_stream: the job's secrets, and their base64 / URL-encoded forms, never reach the file.
-        log = open(self.agent_log, "ab")  # noqa: SIM115 - owned by the pump thread
+        log = open(self.agent_log, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         try:
-            self.proc = subprocess.Popen(torchrun_command(self.launch), env=env, stdout=subprocess.PIPE,
+            self.proc = subprocess.Popen(torchrun_command(self.launch), env=env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-        except BaseException:
+        finally:
             log.close()
-            raise
-        self.pump = threading.Thread(target=_pump, args=(self.proc.stdout, log), daemon=True,
-                                     name=f"agent-log-{self.agent_log.name}")
-        self.pump.start()
 
     def stop_sidecar(self, timeout_s: float = 15.0) -> None:
         """Let the node's publisher write its last (closing) batch and exit; SIGKILL it past `timeout_s`."""
@@ -92,10 +80,7 @@ class LocalGang:
 
     def poll(self) -> int | None:
         assert self.proc is not None
-        code = self.proc.poll()
-        if code is not None and self.pump is not None:  # the log is complete before anyone reads its tail
-            self.pump.join(timeout=PUMP_JOIN_S)
-        return code
+        return self.proc.poll()
 
     @property
     def pid(self) -> int:
@@ -126,16 +111,6 @@ class LocalGang:
                     return
                 time.sleep(0.1)
         self.proc.wait(timeout=5)
-
-
-def _pump(source: Any, log: Any) -> None:
-    try:
-        mask_stream(source, log)
-    except (OSError, ValueError):  # the pipe or the file closed under us (process teardown): nothing left to copy
-        pass
-    finally:
-        log.close()
-        source.close()
 
 
 def _group_alive(pgid: int) -> bool:
