@@ -123,15 +123,30 @@ def trained_on(dataset: str = typer.Argument("", help="NAME or NAME@VERSION (a v
                file: str | None = typer.Option(None, help="Any version containing this file, PREFIX/ or glob."),
                as_json: bool = typer.Option(False, "--json")) -> None:
     """Checkpoints and model versions trained on a dataset (by name, version or contained file), directly or
-    through fine-tuning ancestry."""
+    through fine-tuning ancestry: each model with the checkpoint it was promoted from, marked when the dataset
+    version is withdrawn."""
     from trainforge.registry.lineage import LineageStore
 
     name, version = _split(dataset)
     if not name and not file:
         fail("give a dataset (NAME[@VERSION]) or --file PATH")
-    result = LineageStore().trained_on(name, version, file)
-    _emit(result, as_json, {"datasets": ("name", "version", "license", "status"),
-                            "affected": ("kind", "name", "version", "team", "status")})
+    _emit_rows(LineageStore().trained_on_report(name, version, file), as_json)
+
+
+_DATASET_COLUMNS = ("name", "version", "license", "status", "withdrawn_by", "withdrawn_at", "withdrawn_why")
+_AFFECTED_COLUMNS = ("kind", "name", "version", "team", "status", "checkpoint", "prefix", "withdrawn")
+
+
+def _emit_rows(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(result)
+        return
+    _table("datasets", result["datasets"], _DATASET_COLUMNS)
+    _table("affected", result["affected"], _AFFECTED_COLUMNS)
+    for line in result.get("tagged", []):
+        console.print(f"  tagged {line} (trainforge.dataset_withdrawn)")
+    for node in result.get("not_in_mlflow", []):
+        console.print(f"  not in MLflow any more (nothing to tag): {node}")
 
 
 @lineage_app.command("license")
@@ -147,19 +162,22 @@ def by_license(license: str, as_json: bool = typer.Option(False, "--json")) -> N
 @lineage_app.command("withdraw")
 def withdraw(dataset: str = typer.Argument(..., help="NAME@VERSION"),
              why: str = typer.Option(..., help="Why (recorded for the audit)."),
-             quarantine: bool = typer.Option(False, "--quarantine", help="Block promotion and loading of every "
-                                             "affected checkpoint and model version."),
+             quarantine: bool = typer.Option(False, "--quarantine", help="Also mark every affected checkpoint and "
+                                             "model version quarantined (they are refused for promotion either way)."),
              who: str | None = typer.Option(None, help="Who (default: $TRAINFORGE_USER or the login)."),
              as_json: bool = typer.Option(False, "--json")) -> None:
-    """Mark a dataset version withdrawn and list (optionally quarantine) everything trained on it."""
-    from trainforge.registry.lineage import LineageStore
+    """Withdraw a dataset version: no job may resolve it from now on, what was trained on it is tagged
+    trainforge.dataset_withdrawn in MLflow and refused for promotion; lists everything trained on it."""
+    from trainforge.registry.lineage_withdrawal import withdraw as do_withdraw
 
     name, version = _split(dataset)
     if not name or not version:
         fail("give the dataset version as NAME@VERSION")
     try:
-        result = LineageStore().withdraw_dataset(name, version, who=who, why=why, quarantine=quarantine)
+        result = do_withdraw(name, version, who=who, why=why, quarantine=quarantine)
     except (LookupError, ValueError) as exc:
         fail(str(exc))
-    _emit(result, as_json, {"datasets": ("name", "version", "license", "status"),
-                            "affected": ("kind", "name", "version", "team", "status")})
+    _emit_rows(result, as_json)
+    if result["tag_errors"]:
+        fail("the withdrawal is recorded (no job can resolve the version), but some MLflow tags could not be set: "
+             + "; ".join(result["tag_errors"]) + ". Run the same `trainforge lineage withdraw` again to retry them")

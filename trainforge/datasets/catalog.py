@@ -56,6 +56,20 @@ class CatalogError(LookupError):
     pass
 
 
+class DatasetWithdrawn(CatalogError):
+    """The version a reference resolves to was withdrawn (`trainforge lineage withdraw`): no job may train on it.
+    `reason` says which version, who withdrew it, when and why; `fix` what to do instead."""
+
+    def __init__(self, ref: str, name: str, version: str, who: str, why: str, when: str):
+        self.ref, self.name, self.version, self.who, self.why, self.when = ref, name, version, who, why, when
+        self.reason = (f"dataset version {name}@{version} (what {ref} resolves to) was withdrawn by {who} at {when}: "
+                       f"{why}; no new job may train on it")
+        self.fix = (f"pick another version of {name!r} (`trainforge datasets show {name}` lists its versions and "
+                    f"branches) and set dataset.ref to it; `trainforge lineage trained-on {name}@{version[:12]}` "
+                    "lists what was already trained on the withdrawn one")
+        super().__init__(f"{self.reason}. Fix: {self.fix}")
+
+
 def _check_ref_name(ref: str) -> str:
     if not ref or set(ref) - NAME_OK - set("ABCDEFGHIJKLMNOPQRSTUVWXYZ") or ref.startswith("."):
         raise CatalogError(f"ref name {ref!r} may only use letters, digits, '-', '_' and '.'")

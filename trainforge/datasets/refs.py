@@ -5,12 +5,42 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainforge.datasets.catalog import CatalogError, EmbeddedCatalog, ResolvedDataset, load_version_dir
+from trainforge.datasets.catalog import (
+    CatalogError,
+    DatasetWithdrawn,
+    EmbeddedCatalog,
+    ResolvedDataset,
+    load_version_dir,
+)
 from trainforge.spec import Problem
 
 
 def resolve_reference(ref: str, base_dir: Path | None = None) -> ResolvedDataset:
-    """Resolve a reference to a committed version. Raises CatalogError with a readable reason."""
+    """Resolve a reference to a committed version. Raises CatalogError with a readable reason, DatasetWithdrawn
+    (a CatalogError) if that version was withdrawn, whichever way it was named (branch, tag, version, file)."""
+    ds = _resolve(ref, base_dir)
+    refuse_withdrawn(ds, ref)
+    return ds
+
+
+def refuse_withdrawn(ds: ResolvedDataset, ref: str) -> None:
+    """Raise DatasetWithdrawn if lineage records `ds`'s version as withdrawn. Fails closed: a lineage store that
+    cannot be read is an error, not a pass (a withdrawal must bite even while its database is down)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from trainforge.registry.lineage import LineageStore, lineage_url
+
+    try:
+        found = LineageStore().withdrawal(ds.name, ds.version)
+    except SQLAlchemyError as exc:
+        raise CatalogError(f"cannot check whether dataset version {ds.name}@{ds.version[:12]} was withdrawn: the "
+                           f"lineage store ({lineage_url().split('@')[-1]}) is unreachable ({type(exc).__name__}); "
+                           "retry when it is up, or fix TRAINFORGE_LINEAGE_URL") from None
+    if found is not None:
+        raise DatasetWithdrawn(ref, ds.name, ds.version, found.who, found.why, found.when())
+
+
+def _resolve(ref: str, base_dir: Path | None) -> ResolvedDataset:
     scheme, _, rest = ref.partition("://")
     if scheme == "catalog":
         name, _, version = rest.partition("@")
@@ -39,6 +69,8 @@ def check_reference(ref: str, base_dir: Path) -> Problem | None:
     if scheme in ("catalog", "file"):
         try:
             resolve_reference(ref, base_dir)
+        except DatasetWithdrawn as exc:
+            return Problem("dataset.ref", exc.reason, ref, exc.fix)
         except CatalogError as exc:
             fix = ("check the name; `trainforge demo` builds the demo dataset (catalog://demo-text)"
                    if scheme == "catalog" else "point file:// at a dataset version folder holding manifest.json")
@@ -56,6 +88,8 @@ def check_reference(ref: str, base_dir: Path) -> Problem | None:
                            "set LAKEFS_ENDPOINT (and credentials) or drop --strict", "not-checked")
         try:
             resolve_reference(ref, base_dir)
+        except DatasetWithdrawn as exc:
+            return Problem("dataset.ref", exc.reason, ref, exc.fix)
         except CatalogError as exc:
             return Problem("dataset.ref", str(exc), ref, "check the repository, ref and path in lakeFS")
         return None

@@ -30,8 +30,14 @@ def query_lineage(query: Query, target: str, dataset: str, file: str | None, lic
         result = store.trained_on(name or None, version or None, file)
     elif query == "license":
         result = store.runs_by_license(license)
-    elif query == "withdraw":
-        result = store.withdraw_dataset(name, version, who=who, why=why, quarantine=quarantine)
+    elif query == "withdraw":  # the rows of the trained-on report, the MLflow tags set (lineage_withdrawal.py)
+        from trainforge.registry.lineage_withdrawal import withdraw
+
+        done = withdraw(name, version, who=who, why=why, quarantine=quarantine, store=store)
+        if done["tag_errors"]:
+            raise RuntimeError("the withdrawal is recorded, but some MLflow tags could not be set (run the query "
+                               "again to retry): " + "; ".join(done["tag_errors"]))
+        return {"datasets": done["datasets"], "affected": done["affected"]}
     else:
         raise ValueError(f"unknown query {query!r}")
     return {k: node_table(v) for k, v in result.items()}

@@ -19,7 +19,10 @@ So "everything upstream of X" is the transitive closure along edges, and "everyt
 or through fine-tuning" is the closure in the other direction. Both are one recursive CTE (SQLite and PostgreSQL).
 
 Removal: `withdraw_dataset` marks a dataset version withdrawn; `quarantine` marks every affected checkpoint and
-model version, with who and why; `check_usable` refuses quarantined nodes (promotion and loading call it).
+model version, with who and why; `check_usable` refuses quarantined nodes and anything trained on withdrawn data
+(promotion and loading call it); `withdrawal` says who withdrew a version, when and why (dataset resolution calls
+it: a withdrawn version resolves for no job); `trained_on_report` lists what was trained on a version with each
+model's checkpoint, marked withdrawn. lineage_withdrawal.py adds the MLflow tags.
 """
 
 from __future__ import annotations
@@ -189,6 +192,21 @@ class Node:
         return {"id": self.id, "kind": self.kind, "name": self.name, "version": self.version, "team": self.team,
                 "license": self.license, "license_class": self.license_class, "status": self.status,
                 "attrs": self.attrs}
+
+
+@dataclass(frozen=True, slots=True)
+class Withdrawal:
+    """Who withdrew a dataset version, when (epoch seconds) and why: the last `withdrawn` entry of its audit."""
+
+    dataset: str  # the node id, dataset:{name}@{version}
+    name: str
+    version: str
+    who: str
+    why: str
+    at: float
+
+    def when(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.at))
 
 
 class QuarantinedError(PermissionError):
@@ -394,6 +412,55 @@ class LineageStore:
         datasets = self.find_datasets(license=license)
         jobs = [n for n in self.downstream([d.id for d in datasets]) if n.kind == "job"]
         return {"datasets": datasets, "jobs": jobs}
+
+    def withdrawal(self, name: str, version: str) -> Withdrawal | None:
+        """The withdrawal of dataset version `name@version` (the full version id), or None if it is not withdrawn
+        (or lineage has never seen it)."""
+        node_id = dataset_id(name, version)
+        with self.engine.connect() as conn:
+            row = conn.execute(select(nodes.c.status).where(nodes.c.id == node_id)).first()
+            if row is None or row.status != "withdrawn":
+                return None
+            last = conn.execute(select(audit).where(and_(audit.c.node == node_id, audit.c.action == "withdrawn"))
+                                .order_by(audit.c.at.desc(), audit.c.seq.desc()).limit(1)).first()
+        if last is None:  # marked withdrawn without an audit entry (hand-edited database): still withdrawn
+            return Withdrawal(node_id, name, version, "unknown", "no reason recorded", 0.0)
+        return Withdrawal(node_id, name, version, last.who, last.why, last.at)
+
+    def promoted_from(self, model_ids: list[str]) -> dict[str, str]:
+        """model node id -> the checkpoint node id it was promoted as."""
+        if not model_ids:
+            return {}
+        query = select(edges.c.src, edges.c.dst).where(and_(edges.c.kind == "promoted-as", edges.c.src.in_(model_ids)))
+        with self.engine.connect() as conn:
+            return {r.src: r.dst for r in conn.execute(query)}
+
+    def trained_on_report(self, name: str | None = None, version: str | None = None, file: str | None = None
+                          ) -> dict[str, list[dict[str, Any]]]:
+        """`trained_on` as rows: each dataset with its withdrawal (by, at, why); each affected checkpoint and model
+        version with `checkpoint` (a model's: the checkpoint it was promoted as), that checkpoint's storage
+        `prefix`, and `withdrawn` (the withdrawn dataset versions among those queried it was trained on)."""
+        result = self.trained_on(name, version, file)
+        datasets: list[dict[str, Any]] = []
+        tainted: dict[str, list[str]] = {}
+        for d in result["datasets"]:
+            w = self.withdrawal(d.name, d.version)
+            datasets.append(d.to_dict() | {"withdrawn_by": w.who if w else "", "withdrawn_at": w.when() if w else "",
+                                           "withdrawn_why": w.why if w else ""})
+            if w:
+                for n in self.downstream([d.id]):
+                    tainted.setdefault(n.id, []).append(f"{d.name}@{d.version}")
+        affected = result["affected"]
+        promoted = self.promoted_from([n.id for n in affected if n.kind == "model"])
+        by_id = {n.id: n for n in affected}
+        rows = []
+        for n in affected:
+            ckpt = promoted.get(n.id, "") if n.kind == "model" else n.id
+            ckpt_node = by_id.get(ckpt)
+            rows.append(n.to_dict() | {"checkpoint": ckpt.removeprefix("checkpoint:"),
+                                       "prefix": (ckpt_node.attrs.get("prefix", "") if ckpt_node else ""),
+                                       "withdrawn": ", ".join(sorted(tainted.get(n.id, [])))})
+        return {"datasets": datasets, "affected": rows}
 
     def history(self, node_id: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:

@@ -1,7 +1,7 @@
 """Promotion: any committed checkpoint of a job (final or intermediate) -> an MLflow model version, on user action.
 
 `promote(job, step=N | best=True)` verifies the checkpoint against its manifest, refuses it if lineage has it
-quarantined, exports safetensors + config, and registers `{team}.{name}` with the metadata legal and ML need
+quarantined or trained on a withdrawn dataset version, exports safetensors + config, and registers `{team}.{name}` with the metadata legal and ML need
 (training config hash, metrics, plan, dataset version and license, code commit, parent checkpoint, job, team).
 The step is added to the job's `protected_steps`, which retention never deletes. Aliases (`champion`,
 `candidate`) and MLflow stages are set through `set_alias` / `transition_stage`; both are lineage-checked.
@@ -117,10 +117,17 @@ def promote(job: str, *, step: int | None = None, best: bool = False, alias: str
 
 def after_register(record: JobRecord, step: int, name: str, version: str, run_id: str, *,
                    lineage: LineageStore | None = None) -> None:
-    """What follows every registration (the flow's automatic one too): lineage edge, run artifacts linked."""
-    (lineage or LineageStore()).record_promotion(record.job_id, step, name, version, team=record.data.get("team", ""),
-                                                 attrs={"run_id": run_id})
-    link_run_artifacts(Tracker(), run_id, record)
+    """What follows every registration (the flow's automatic one too): lineage edge, run artifacts linked, and
+    the `trainforge.dataset_withdrawn` tags if the data was withdrawn while the job ran (the version is then
+    refused for aliases and Staging/Production like every other one trained on it)."""
+    from trainforge.registry.lineage_withdrawal import tag_if_withdrawn
+
+    lineage = lineage or LineageStore()
+    node = lineage.record_promotion(record.job_id, step, name, version, team=record.data.get("team", ""),
+                                    attrs={"run_id": run_id})
+    tracker = Tracker()
+    tag_if_withdrawn(lineage, node, tracker)
+    link_run_artifacts(tracker, run_id, record)
 
 
 def set_alias(name: str, version: str, alias: str, *, lineage: LineageStore | None = None) -> None:

@@ -137,8 +137,11 @@ def apply_retention(spec: JobSpec, config: SegmentConfig, protected: list[int]) 
 @task(name="promote", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def promote(spec: JobSpec, record_folder: str, config_path: str, config: SegmentConfig, run_id: str,
             step: int, lineage: dict[str, str], metrics: dict[str, float]) -> dict[str, Any]:
+    from trainforge.registry.lineage import LineageStore, checkpoint_id
     from trainforge.registry.tracking import Tracker
 
+    # The dataset may have been withdrawn while the job ran: such a checkpoint is never registered (QuarantinedError).
+    LineageStore().check_usable(checkpoint_id(config.job_id, step))
     out = Path(record_folder) / "export" / f"step-{step}"
     exported = ckpt.export_safetensors(Path(config_path), config, step, out)
     tracker = Tracker()

@@ -146,3 +146,46 @@ def test_default_url_in_home(monkeypatch, tmp_path):
     monkeypatch.delenv("TRAINFORGE_LINEAGE_URL", raising=False)
     store = LineageStore()
     assert store.url.startswith("sqlite:///") and store.url.endswith("lineage.db")
+
+
+def test_withdrawal_record_and_trained_on_report(store):
+    """Who withdrew a version, when and why; trained-on rows give each model's checkpoint, marked withdrawn."""
+    build_graph(store)
+    store.record_checkpoint("A", 20, team="nlp", attrs={"prefix": "jobs/A/ckpt/step-20"})
+    assert store.withdrawal("web", "v1aaaa") is None
+    before = store.trained_on_report("web", "v1aaaa")
+    assert {r["withdrawn"] for r in before["affected"]} == {""}
+    store.withdraw_dataset("web", "v1aaaa", who="legal-bot", why="takedown #12")
+    w = store.withdrawal("web", "v1aaaa")
+    assert w is not None and (w.who, w.why, w.dataset) == ("legal-bot", "takedown #12", "dataset:web@v1aaaa")
+    assert w.when().endswith("UTC") and w.at > 0
+    assert store.withdrawal("web", "v2bbbb") is None and store.withdrawal("web", "nope") is None
+
+    report = store.trained_on_report("web", "v1aaaa")
+    assert [(d["id"], d["withdrawn_by"], d["withdrawn_why"]) for d in report["datasets"]] == [
+        ("dataset:web@v1aaaa", "legal-bot", "takedown #12")]
+    rows = {r["id"]: r for r in report["affected"]}
+    assert rows["model:nlp.m/1"]["checkpoint"] == "A@20"
+    assert rows["model:nlp.m/1"]["prefix"] == "jobs/A/ckpt/step-20"
+    assert rows["model:nlp.m2/1"]["checkpoint"] == "B@8"  # fine-tuned from m/1: trained on web@v1 too
+    assert rows["checkpoint:A@10"]["checkpoint"] == "A@10"
+    assert {r["withdrawn"] for r in rows.values()} == {"web@v1aaaa"}
+    # not quarantined, yet refused for promotion: check_usable follows the ancestry to the withdrawn version
+    assert {r["status"] for r in rows.values()} == {"active"}
+    with pytest.raises(QuarantinedError, match="takedown #12"):
+        store.check_usable("models:/nlp.m2/1")
+    # web@v2 was not withdrawn: its rows carry no mark
+    assert {r["withdrawn"] for r in store.trained_on_report("web", "v2")["affected"]} == {""}
+
+
+def test_withdrawn_tags():
+    from trainforge.registry.lineage import Withdrawal
+    from trainforge.registry.lineage_withdrawal import WITHDRAWN_TAG, withdrawn_tags
+
+    assert withdrawn_tags([]) == {}
+    old = Withdrawal("dataset:web@v1", "web", "v1", "a", "old reason", 100.0)
+    new = Withdrawal("dataset:code@v3", "code", "v3", "b", "x" * 900, 200.0)
+    tags = withdrawn_tags([old, new])
+    assert tags[WITHDRAWN_TAG] == "code@v3,web@v1"
+    assert tags[f"{WITHDRAWN_TAG}_by"] == "b" and len(tags[f"{WITHDRAWN_TAG}_why"]) == 500
+    assert tags[f"{WITHDRAWN_TAG}_at"] == "1970-01-01 00:03:20 UTC"

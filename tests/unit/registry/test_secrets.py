@@ -102,3 +102,64 @@ def test_redact_objects_and_files(tmp_path):
     src.write_bytes(b"\xff\xfe binary then " + v.encode() + b"\n")
     assert redact_file(src, tmp_path / "out.log")
     assert v.encode() not in (tmp_path / "out.log").read_bytes()
+
+
+def test_secret_forms_and_mask():
+    """The value, its base64 (both alphabets, padded or not) and URL encoding are all masked, longest first."""
+    import base64
+    from urllib.parse import quote, quote_plus
+
+    from trainforge.registry.secrets import mask, secret_forms
+
+    secret = "p@ss w/rd?" + pysecrets.token_hex(3)
+    forms = secret_forms(secret)
+    expected = {secret, quote(secret, safe=""), quote_plus(secret), base64.b64encode(secret.encode()).decode(),
+                base64.urlsafe_b64encode(secret.encode()).decode()}
+    assert expected <= set(forms) and [len(f) for f in forms] == sorted((len(f) for f in forms), reverse=True)
+    values = dict.fromkeys(forms, "nlp/token")
+    text = " | ".join(["Authorization: Basic " + forms[0], *sorted(expected)])
+    masked = mask(text, values)
+    assert not any(f in masked for f in forms) and masked.count("***nlp/token***") >= len(expected)
+    assert secret_forms("abc") == []  # too short to mask (the store refuses such values)
+
+
+def test_stream_masker_masks_a_secret_split_across_chunks():
+    from trainforge.registry.secrets import StreamMasker, secret_forms
+
+    secret = value()
+    values = dict.fromkeys(secret_forms(secret), "nlp/token")
+    text = f"step 1 loss 2.0\ntoken={secret}\nb64={secret_forms(secret)[0]}\nend\n".encode()
+    for cut in range(1, len(text)):  # every split point, including inside the secret
+        masker = StreamMasker(values)
+        out = masker.feed(text[:cut]) + masker.feed(text[cut:]) + masker.flush()
+        assert secret.encode() not in out and b"***nlp/token***" in out and out.endswith(b"end\n"), cut
+    masker = StreamMasker(values)  # byte by byte: nothing is lost or reordered but the masked spans
+    out = b"".join(masker.feed(text[i:i + 1]) for i in range(len(text))) + masker.flush()
+    whole = StreamMasker(values)
+    assert out == whole.feed(text) + whole.flush()
+    assert StreamMasker({}).feed(b"plain") == b"plain"
+
+
+def test_captured_output_of_a_process_that_prints_its_secret_is_masked(tmp_path):
+    """What the platform captures from user code (a pipe pumped into its log file) carries no secret form."""
+    import base64
+    import subprocess
+    import sys
+    from urllib.parse import quote
+
+    from trainforge.registry.secrets import mask_stream, register_secret
+
+    secret = value() + "/+="
+    register_secret("nlp/hf-token", secret)
+    code = ("import base64, sys, urllib.parse; s = sys.argv[1]; print('token', s); "
+            "print('b64', base64.b64encode(s.encode()).decode()); print('url', urllib.parse.quote(s, safe=''), "
+            "file=sys.stderr)")
+    proc = subprocess.Popen([sys.executable, "-c", code, secret], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = tmp_path / "stdout.log"
+    with log.open("wb") as sink:
+        mask_stream(proc.stdout, sink)
+    assert proc.wait(timeout=60) == 0
+    captured = log.read_text()
+    for form in (secret, base64.b64encode(secret.encode()).decode(), quote(secret, safe="")):
+        assert form not in captured
+    assert captured.count("***nlp/hf-token***") == 3, captured
