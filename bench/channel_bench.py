@@ -39,12 +39,14 @@ sys.path.insert(0, str(ROOT))
 
 from trainforge.contract.channel import (  # noqa: E402
     LEASE_TTL_S,
+    Batch,
     ChannelLayout,
     ChannelReader,
     CommandWriter,
     JsonLinesProcess,
     NodePublisher,
     channel_root,
+    encode_batch,
 )
 from trainforge.contract.events import RankMetrics, Sender, parse_event  # noqa: E402
 from trainforge.contract.router import EventRouter  # noqa: E402
@@ -259,6 +261,44 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
     }
 
 
+def run_reader_alone(server: SeaweedFSServer, nodes: int, rounds: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The reader's own cost, free of the publishers' load: `rounds` flushes of `nodes` nodes are written first
+    (not measured), then each poll reads one flush of every node (max_batches_per_node=1), as a reader that keeps
+    up does once per flush interval. CPU is the process's (getrusage), so a busy host does not inflate it."""
+    bucket = server.make_bucket()
+    store = server.store(bucket, max_concurrency=32)
+    root = channel_root("teams/bench/jobs/alone")
+    layout = ChannelLayout(root)
+    names = [f"n{i}" for i in range(nodes)]
+    base_ms = int(time.time() * 1000)
+
+    def write(item: tuple[int, str]) -> None:
+        rnd, node = item
+        records = [_event(r, rnd) for r in range(args.ranks) for _ in range(int(args.steps_per_s * args.flush))]
+        beats = {str(r): {"step": rnd, "age_s": 0.1} for r in range(args.ranks)}
+        data = encode_batch(Batch(node, rnd, time.time(), records, beats))
+        store.put_bytes(layout.batch_key(node, rnd, base_ms + 1000 * rnd + int(node[1:])), data)
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        list(pool.map(write, [(rnd, n) for rnd in range(rounds) for n in names]))
+    reader = ChannelReader(store, root, nodes=names, flush_interval_s=0.0, max_batches_per_node=1)
+    router = EventRouter()
+    polls = []
+    for _ in range(rounds):
+        req0, keys0 = reader.requests, reader.listed_keys
+        cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        batches = reader.poll(discover=False)
+        for rec in reader.records(batches):
+            router.route(parse_event(rec[3]))
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        polls.append({"batches": len(batches), "requests": reader.requests - req0,
+                      "keys": reader.listed_keys - keys0, "wall_ms": 1000 * (time.monotonic() - wall0),
+                      "cpu_ms": 1000 * (cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime)})
+    reader.close()
+    server.delete_bucket(bucket)
+    return {"nodes": nodes, "polls": polls}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0, help="measurement window per scenario")
@@ -272,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--poll", type=float, default=0.25, help="reader poll interval (s)")
     ap.add_argument("--per-proc", type=int, default=32, help="NodePublisher objects per publisher process at most")
     ap.add_argument("--min-procs", type=int, default=8, help="at least this many publisher processes")
+    ap.add_argument("--reader-alone", type=int, default=512, help="then the reader alone on this many nodes (0: no)")
     args = ap.parse_args(argv)
     scenarios = [(f"baseline N={n}", "naive", 1, int(n)) for n in args.baseline_nodes.split(",") if n]
     scenarios += [(f"channel N={n}", "channel", 1, int(n)) for n in args.nodes.split(",") if n]
@@ -302,6 +343,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['p99_ms']:>7.0f} {r['write_rps']:>9.0f} {r['read_rps']:>8.0f} {ratio} {r['cycle_ms']:>7.0f} "
                   f"{r['cpu_ms_per_poll']:>6.0f}ms {r['cpu_per_s']:>6.2f} {r['backlog']:>7} {r['lost']:>4} "
                   f"{r['failures']:>4} {r['startup_s']:>7.1f}", flush=True)
+        if args.reader_alone:
+            alone = run_reader_alone(server, args.reader_alone, 5, args)
+            print(f"# the reader alone, {alone['nodes']} nodes written beforehand, one flush of every node per poll "
+                  "(ChannelReader.poll + parse_event + EventRouter.route):")
+            for i, p in enumerate(alone["polls"]):
+                print(f"#   poll {i}: {p['batches']} batches, {p['requests']} requests ({p['keys']} keys listed), "
+                      f"{p['cpu_ms']:.0f} ms CPU, {p['wall_ms']:.0f} ms wall", flush=True)
     print("# rec/s: records read and routed per second; poll ms: one pass of every reader; cpu/poll and rd cpu: the "
           "reader process's CPU per pass and CPU-seconds per second; backlog: batches written but unread at the end")
     return 0

@@ -508,6 +508,12 @@ def test_the_arithmetic_for_4096_ranks_on_512_nodes():
     assert 1_000 < load["batch_bytes"] < 4_000
     assert load["detection_s"] <= 5.0
     assert load["usd_per_hour"] < load["naive_usd_per_hour"] / 5
+    # the reader: a GET per batch plus a constant, not a LIST per node per poll
+    assert load["reader_list_per_s"] == 4 + 1  # one page per poll (~700 keys) + one discovery LIST per second
+    assert load["reader_per_s"] == 512 + 5 and load["per_node_reader_list_per_s"] == 1024
+    small = estimate_channel_load(nodes=8, ranks_per_node=8)
+    assert small["reader_list_per_s"] == load["reader_list_per_s"]
+    assert load["usd_per_month"] == pytest.approx(730 * load["usd_per_hour"])
 
 
 def test_a_store_outage_blocks_no_caller_and_loses_no_record(store):
