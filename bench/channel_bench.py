@@ -13,7 +13,8 @@ Publishers: `--per-proc` (default 32) NodePublisher objects per OS process, each
 own seq, sharing the process's S3 client (a boto3 client costs 0.22 s of CPU and 13 MB here: 512 of them would
 take 2 minutes of CPU and 7 GB before the first batch). 512 or 800 processes do not fit on a small machine.
 
-    python bench/channel_bench.py                      # N = 8, 64, 512, 200 jobs x 4 nodes, baseline N=8 (~5 min)
+    python bench/channel_bench.py                      # baseline N=8, N = 8, 64, 512, 200 jobs x 4, the reader alone
+                                                       # (a few minutes on a host that keeps up; far longer on 2 busy cores)
     python bench/channel_bench.py --nodes 8,64 --jobs 0 --seconds 15
 """
 
