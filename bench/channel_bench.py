@@ -1,29 +1,32 @@
 """The channel's cost and latency on a real S3 server: node publishers in real processes write to SeaweedFS (started
-here, loopback only, telemetry off), the control side's real ChannelReader reads them.
+here, loopback only, telemetry off), the control side's real ChannelReader reads them and the real EventRouter
+routes every record it read.
 
-Each node has `--ranks` ranks stepping at `--steps-per-s`; every rank sends one record per step (a metrics-sized
-event stamped with its publish time) and beats once per flush. Latency is publish -> read (one host, one clock);
-requests/s counts every S3 request of both sides (PUTs of batches, the publishers' command LISTs, the reader's
-LISTs and GETs). The baseline, measured in the same run on the same server, is the scheme the issue rejects: one
-object per rank per step, read by listing each rank's prefix.
+Each node has `--ranks` ranks stepping at `--steps-per-s`; every rank sends one record per step (a `rank_metrics`
+SegmentEvent stamped with its publish time) and beats once per flush. Latency is publish -> routed (one host, one
+clock); requests/s counts every S3 request of both sides (the publishers' batch PUTs, hello/index PUTs, command
+LISTs and GETs; the reader's listings in pages of 1,000 keys, hello GETs and batch GETs). The baseline, measured in
+the same run on the same server, is the scheme the issue rejects: one object per rank per step, read by listing
+each rank's prefix; the ratio column compares requests per record read with it.
 
-Publishers run as threads in a few processes (`--procs`, default up to 8): 512 or 800 processes do not fit on a
-small machine; each thread is a full NodePublisher with its own flush thread and its own seq.
+Publishers: `--per-proc` (default 32) NodePublisher objects per OS process, each with its own flush thread and its
+own seq, sharing the process's S3 client (a boto3 client costs 0.22 s of CPU and 13 MB here: 512 of them would
+take 2 minutes of CPU and 7 GB before the first batch). 512 or 800 processes do not fit on a small machine.
 
-    python bench/channel_bench.py                      # N = 8 and 64 nodes + the baseline at 8 (~1.5 min)
-    python bench/channel_bench.py --big                # adds N = 512 and 200 jobs x 4 nodes (+ baseline at 64)
-    python bench/channel_bench.py --nodes 512 --seconds 30
+    python bench/channel_bench.py                      # baseline N=8, N = 8, 64, 512, 200 jobs x 4, the reader alone
+                                                       # (a few minutes on a host that keeps up; far longer on 2 busy cores)
+    python bench/channel_bench.py --nodes 8,64 --jobs 0 --seconds 15
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import queue
+import resource
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,15 +40,28 @@ sys.path.insert(0, str(ROOT))
 
 from trainforge.contract.channel import (  # noqa: E402
     LEASE_TTL_S,
+    Batch,
+    ChannelLayout,
     ChannelReader,
     CommandWriter,
+    JsonLinesProcess,
     NodePublisher,
     channel_root,
+    encode_batch,
 )
+from trainforge.contract.events import RankMetrics, Sender, parse_event  # noqa: E402
+from trainforge.contract.router import EventRouter  # noqa: E402
 from trainforge.infra.storage.seaweedfs import SeaweedFSServer, _die_with_parent  # noqa: E402
 
-PAD = "x" * 160  # a metrics event is ~200 bytes of JSON
-BENCH_LEASE_S = 120.0  # long enough to cover starting 100 publishers per process on a loaded host; renewed every 10 s
+BENCH_LEASE_S = 120.0  # long enough to cover starting 32 publishers per process on a loaded host; renewed every 10 s
+
+
+def _event(rank: int, step: int) -> dict[str, Any]:
+    """A rank's step as the trainer sends it: a typed RankMetrics (about 200 bytes of JSON); `time` is its
+    publish time, the latency's start."""
+    return RankMetrics(step=step, src=Sender(job="bench", attempt=0, rank=rank), loss_min=2.1, loss_median=2.2,
+                       loss_max=2.3, step_time_s_min=0.41, step_time_s_median=0.42, step_time_s_max=0.47,
+                       straggler_rank=rank, straggler_ratio=1.12).model_dump(mode="json", exclude_none=True)
 
 
 # ---- the publisher processes --------------------------------------------------------------------------------
@@ -54,6 +70,9 @@ BENCH_LEASE_S = 120.0  # long enough to cover starting 100 publishers per proces
 def _worker(spec: dict[str, Any]) -> None:
     from trainforge.infra.storage import open_store
 
+    # One S3 client per process, shared by its publishers (boto3 clients are thread-safe), with a connection for
+    # each publisher so that none waits for another's.
+    os.environ["TRAINFORGE_S3_CONCURRENCY"] = str(max(8, len([n for _, ns in spec["jobs"] for n in ns])))
     store = open_store(spec["store"])
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -62,7 +81,7 @@ def _worker(spec: dict[str, Any]) -> None:
     if spec["mode"] == "channel":
         pubs = [NodePublisher(store, root, node, flush_interval_s=spec["flush"], lease_ttl_s=BENCH_LEASE_S)
                 for root, nodes in spec["jobs"] for node in nodes]
-        with ThreadPoolExecutor(max_workers=16) as pool:  # each start is a LIST and a PUT: overlap them
+        with ThreadPoolExecutor(max_workers=16) as pool:  # each start is a GET and a PUT: overlap them
             list(pool.map(NodePublisher.start, pubs))
         print(json.dumps({"event": "ready"}), flush=True)
         step, next_t = 0, time.monotonic()
@@ -70,28 +89,26 @@ def _worker(spec: dict[str, Any]) -> None:
             for pub in pubs:
                 for r in range(ranks):
                     pub.heartbeat(r, step=step)
-                    pub.publish({"type": "rank_metrics", "rank": r, "step": step, "t_pub": time.time(), "pad": PAD})
+                    pub.publish(_event(r, step))
             step += 1
             next_t = max(next_t + period, time.monotonic())
             stop.wait(max(0.0, next_t - time.monotonic()))
-        with ThreadPoolExecutor(max_workers=16) as pool:  # each close is a last PUT: overlap them too
+        with ThreadPoolExecutor(max_workers=16) as pool:  # each close is a last PUT and an index PUT
             list(pool.map(lambda p: p.close(timeout=5.0), pubs))
-        s = [p.stats for p in pubs]
-        requests = sum(x["batches"] + x["put_failures"] + x["polls"] + 2 for x in s)  # +2: start LIST, hello PUT
-        failures = sum(x["put_failures"] for x in s)
+        requests = sum(p.stats["requests"] for p in pubs)
+        failures = sum(p.stats["put_failures"] for p in pubs)
+        batches = sum(p.stats["batches"] for p in pubs)
     else:  # the baseline: one object per rank per step
         targets = [(root, node, r) for root, nodes in spec["jobs"] for node in nodes for r in range(ranks)]
         print(json.dumps({"event": "ready"}), flush=True)
-        requests = failures = 0
+        requests = failures = batches = 0
         with ThreadPoolExecutor(max_workers=16) as pool:
             step, next_t = 0, time.monotonic()
             while not stop.is_set():
                 def put(t: tuple[str, str, int], step: int = step) -> bool:
                     root, node, r = t
-                    body = json.dumps({"type": "rank_metrics", "rank": r, "step": step, "t_pub": time.time(),
-                                       "pad": PAD}).encode()
                     try:
-                        store.put_bytes(f"{root}/naive/{node}/{r}/{step:012d}.json", body)
+                        store.put_bytes(f"{root}/naive/{node}/{r}/{step:012d}.json", json.dumps(_event(r, step)).encode())
                         return True
                     except Exception:
                         return False
@@ -102,29 +119,8 @@ def _worker(spec: dict[str, Any]) -> None:
                 step += 1
                 next_t = max(next_t + period, time.monotonic())
                 stop.wait(max(0.0, next_t - time.monotonic()))
-    print(json.dumps({"event": "stats", "requests": requests, "failures": failures,
+    print(json.dumps({"event": "stats", "requests": requests, "failures": failures, "batches": batches,
                       "seconds": time.monotonic() - started}), flush=True)
-
-
-class _Proc:
-    def __init__(self, spec: dict[str, Any], env: dict[str, str]):
-        self.proc = subprocess.Popen([sys.executable, __file__, "_worker", json.dumps(spec)], env=env,
-                                     stdout=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=_die_with_parent)
-        self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.lines.put(json.loads(line))
-
-    def expect(self, event: str, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            msg = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))  # queue.Empty past the deadline
-            if msg.get("event") == event:
-                return msg
 
 
 # ---- the control side ---------------------------------------------------------------------------------------
@@ -133,13 +129,13 @@ class _Proc:
 class _NaiveReader:
     """The baseline's reader: LIST every rank's prefix after its last key, GET each new object."""
 
-    def __init__(self, store: Any, root: str, nodes: list[str], ranks: int):
-        self.store = store
+    def __init__(self, store: Any, root: str, nodes: list[str], ranks: int, pool: ThreadPoolExecutor):
+        self.store, self.pool = store, pool
         self.prefixes = [f"{root}/naive/{n}/{r}/" for n in nodes for r in range(ranks)]
         self.last = dict.fromkeys(self.prefixes, "")
         self.requests = 0
 
-    def poll_records(self, pool: ThreadPoolExecutor) -> list[dict[str, Any]]:
+    def poll_records(self) -> list[dict[str, Any]]:
         def one(prefix: str) -> tuple[int, list[dict[str, Any]]]:
             keys = self.store.list(prefix, start_after=self.last[prefix])
             out = [json.loads(self.store.get_bytes(k)) for k in keys]
@@ -148,48 +144,61 @@ class _NaiveReader:
             return 1 + len(keys), out
 
         recs: list[dict[str, Any]] = []
-        for n, out in pool.map(one, self.prefixes):
+        for n, out in self.pool.map(one, self.prefixes):
             self.requests += n
             recs += out
         return recs
 
 
+def _backlog(store: Any, reader: ChannelReader) -> int:
+    """Batches written but not read yet when the window closed (one uncounted listing)."""
+    seen = reader.checkpoint()
+    cursors = [c["key"] for c in seen.values() if c["key"]]
+    keys = store.list(reader.layout.up_prefix, start_after=min(cursors, default=""))
+    unread = {(p[1], p[2]) for k in keys if (p := ChannelLayout.parse_batch_key(k))
+              and p[2] > seen.get(p[1], {"seq": -1})["seq"]}
+    return len(unread)
+
+
 def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes: int, args: argparse.Namespace,
                  ) -> dict[str, Any]:
     bucket = server.make_bucket()
-    store = server.store(bucket)
+    store = server.store(bucket, max_concurrency=32)
     env = {**os.environ, **server.env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     job_nodes = [(channel_root(f"teams/bench/jobs/j{j}"), [f"n{i}" for i in range(nodes)]) for j in range(jobs)]
     flat = [(root, n) for root, ns in job_nodes for n in ns]
-    procs_n = max(1, min(args.procs, len(flat)))
-    shares: list[list[tuple[str, str]]] = [flat[i::procs_n] for i in range(procs_n)]
+    procs_n = max(min(len(flat), args.min_procs), math.ceil(len(flat) / args.per_proc))
     procs = []
-    for share in shares:
+    for i in range(procs_n):
         by_root: dict[str, list[str]] = {}
-        for root, n in share:
+        for root, n in flat[i::procs_n]:
             by_root.setdefault(root, []).append(n)
         spec = {"mode": mode, "store": f"s3://{bucket}", "jobs": list(by_root.items()), "ranks": args.ranks,
                 "steps_per_s": args.steps_per_s, "flush": args.flush}
-        procs.append(_Proc(spec, env))
+        procs.append(JsonLinesProcess([sys.executable, __file__, "_worker", json.dumps(spec)],
+                                      name=f"{name} publisher process {i}", env=env, cwd=ROOT,
+                                      preexec_fn=_die_with_parent))
+    t_start = time.monotonic()
     for p in procs:
-        p.expect("ready", timeout=120)
+        p.expect("ready", timeout=300)
+    startup_s = time.monotonic() - t_start
+    pool = ThreadPoolExecutor(max_workers=16)
     if mode == "channel":
         # One job: the reader's own 16 threads; many jobs: 2 each, with 8 readers polled at once (16 in flight).
-        readers = [ChannelReader(store, root, nodes=ns, flush_interval_s=args.flush,
-                                 max_concurrency=16 if jobs == 1 else 2, max_batches_per_node=4)
-                   for root, ns in job_nodes]
+        readers: list[Any] = [ChannelReader(store, root, nodes=ns, flush_interval_s=args.flush,
+                                            max_concurrency=16 if jobs == 1 else 2, max_batches_per_node=4)
+                              for root, ns in job_nodes]
     else:
-        readers = [_NaiveReader(store, root, ns, args.ranks) for root, ns in job_nodes]
-    pool = ThreadPoolExecutor(max_workers=16)
+        readers = [_NaiveReader(store, root, ns, args.ranks, pool) for root, ns in job_nodes]
+    router = EventRouter()
     latencies: list[float] = []
-    lost_seen = 0
-    t0 = time.monotonic()
-    wall0 = time.time() + 1.0  # records published in the first second (start-up backlog) are not counted
+    lost_seen = routed = polls = 0
+    wall0 = time.time() + 2.0  # records published in the first two seconds (start-up backlog) are not counted
 
     def poll(reader: Any) -> list[dict[str, Any]]:
         if mode == "channel":
             return [r for b in reader.poll(discover=False) for r in b.records]
-        return reader.poll_records(pool)
+        return reader.poll_records()
 
     outer = ThreadPoolExecutor(max_workers=8 if mode == "channel" else 1)
     cycles: list[float] = []
@@ -205,24 +214,35 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
 
     renewer = threading.Thread(target=renew, daemon=True)
     renewer.start()
+    t0 = time.monotonic()
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     while time.monotonic() - t0 < args.seconds:
         tick = time.monotonic()
         for recs in outer.map(poll, readers):
             now = time.time()
-            latencies += [now - r["t_pub"] for r in recs if r.get("t_pub", 0) >= wall0]
+            for rec in recs:
+                event = parse_event(rec)
+                router.route(event)
+                routed += 1
+                if event.time >= wall0:
+                    latencies.append(now - event.time)
+        polls += 1
         if mode == "channel":
             lost_seen = max(lost_seen, sum(len(r.lost_nodes()) for r in readers))
         cycles.append(time.monotonic() - tick)
         time.sleep(max(0.0, args.poll - (time.monotonic() - tick)))
     window = time.monotonic() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    reader_cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    read_requests = sum(r.requests for r in readers)
+    backlog = sum(_backlog(store, r) for r in readers) if mode == "channel" else 0
     done.set()
     renewer.join(timeout=30)
-    read_requests = sum(r.requests for r in readers)
     for p in procs:
         p.proc.send_signal(signal.SIGTERM)
-    stats = [p.expect("stats", timeout=60) for p in procs]
+    stats = [p.expect("stats", timeout=120) for p in procs]
     for p in procs:
-        p.proc.wait(timeout=30)
+        p.proc.wait(timeout=60)
     outer.shutdown()
     pool.shutdown()
     for r in readers:
@@ -233,47 +253,106 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
     lat = sorted(latencies)
     return {
         "name": name, "nodes": jobs * nodes, "ranks": jobs * nodes * args.ranks, "procs": procs_n,
-        "records": len(lat), "p50_ms": 1000 * statistics.median(lat) if lat else float("nan"),
+        "records": routed, "records_per_s": routed / window, "startup_s": startup_s,
+        "p50_ms": 1000 * statistics.median(lat) if lat else float("nan"),
         "p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))] if lat else float("nan"),
         "write_rps": write_rps, "read_rps": read_requests / window, "failures": sum(s["failures"] for s in stats),
-        "lost": lost_seen, "cycle_ms": 1000 * statistics.mean(cycles),
+        "lost": lost_seen, "cycle_ms": 1000 * statistics.mean(cycles), "backlog": backlog,
+        "cpu_per_s": reader_cpu / window, "cpu_ms_per_poll": 1000 * reader_cpu / max(1, polls),
     }
+
+
+def run_reader_alone(server: SeaweedFSServer, nodes: int, rounds: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The reader's own cost, free of the publishers' load: `rounds` flushes of `nodes` nodes are written first
+    (not measured), then each poll reads one flush of every node (max_batches_per_node=1), as a reader that keeps
+    up does once per flush interval. CPU is the process's (getrusage), so a busy host does not inflate it."""
+    bucket = server.make_bucket()
+    store = server.store(bucket, max_concurrency=32)
+    root = channel_root("teams/bench/jobs/alone")
+    layout = ChannelLayout(root)
+    names = [f"n{i}" for i in range(nodes)]
+    base_ms = int(time.time() * 1000)
+
+    def write(item: tuple[int, str]) -> None:
+        rnd, node = item
+        records = [_event(r, rnd) for r in range(args.ranks) for _ in range(int(args.steps_per_s * args.flush))]
+        beats = {str(r): {"step": rnd, "age_s": 0.1} for r in range(args.ranks)}
+        data = encode_batch(Batch(node, rnd, time.time(), records, beats))
+        store.put_bytes(layout.batch_key(node, rnd, base_ms + 1000 * rnd + int(node[1:])), data)
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        list(pool.map(write, [(rnd, n) for rnd in range(rounds) for n in names]))
+    reader = ChannelReader(store, root, nodes=names, flush_interval_s=0.0, max_batches_per_node=1)
+    router = EventRouter()
+    polls = []
+    for _ in range(rounds):
+        req0, keys0 = reader.requests, reader.listed_keys
+        cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        batches = reader.poll(discover=False)
+        for rec in reader.records(batches):
+            router.route(parse_event(rec[3]))
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        polls.append({"batches": len(batches), "requests": reader.requests - req0,
+                      "keys": reader.listed_keys - keys0, "wall_ms": 1000 * (time.monotonic() - wall0),
+                      "cpu_ms": 1000 * (cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime)})
+    reader.close()
+    server.delete_bucket(bucket)
+    return {"nodes": nodes, "polls": polls}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=15.0, help="measurement window per scenario")
-    ap.add_argument("--nodes", type=str, default="8,64", help="node counts of one job (comma-separated)")
-    ap.add_argument("--jobs", type=int, default=0, help="also: this many concurrent jobs of --job-nodes nodes")
+    ap.add_argument("--seconds", type=float, default=20.0, help="measurement window per scenario")
+    ap.add_argument("--nodes", type=str, default="8,64,512", help="node counts of one job (comma-separated)")
+    ap.add_argument("--jobs", type=int, default=200, help="also: this many concurrent jobs of --job-nodes nodes")
     ap.add_argument("--job-nodes", type=int, default=4)
     ap.add_argument("--baseline-nodes", type=str, default="8", help="node counts for the per-rank-object baseline")
-    ap.add_argument("--big", action="store_true", help="= --nodes 8,64,512 --jobs 200 --baseline-nodes 8,64")
     ap.add_argument("--ranks", type=int, default=8, help="ranks per node")
     ap.add_argument("--steps-per-s", type=float, default=2.0, help="training steps per second of every rank")
     ap.add_argument("--flush", type=float, default=1.0, help="publisher flush interval (s)")
     ap.add_argument("--poll", type=float, default=0.25, help="reader poll interval (s)")
-    ap.add_argument("--procs", type=int, default=8, help="publisher processes (threads inside)")
+    ap.add_argument("--per-proc", type=int, default=32, help="NodePublisher objects per publisher process at most")
+    ap.add_argument("--min-procs", type=int, default=8, help="at least this many publisher processes")
+    ap.add_argument("--reader-alone", type=int, default=512, help="then the reader alone on this many nodes (0: no)")
     args = ap.parse_args(argv)
-    if args.big:
-        args.nodes, args.jobs, args.baseline_nodes = "8,64,512", 200, "8,64"
-    scenarios = [(f"channel N={n}", "channel", 1, int(n)) for n in args.nodes.split(",") if n]
+    scenarios = [(f"baseline N={n}", "naive", 1, int(n)) for n in args.baseline_nodes.split(",") if n]
+    scenarios += [(f"channel N={n}", "channel", 1, int(n)) for n in args.nodes.split(",") if n]
     if args.jobs:
         scenarios.append((f"channel {args.jobs} jobs x {args.job_nodes}", "channel", args.jobs, args.job_nodes))
-    scenarios += [(f"baseline N={n}", "naive", 1, int(n)) for n in args.baseline_nodes.split(",") if n]
-    print(f"# {args.ranks} ranks/node, {args.steps_per_s:g} steps/s, one record per rank per step; flush "
+    print(f"# {args.ranks} ranks/node, {args.steps_per_s:g} steps/s, one RankMetrics event per rank per step; flush "
           f"{args.flush:g} s, reader poll {args.poll:g} s, {args.seconds:g} s per scenario; SeaweedFS on loopback")
-    print(f"# publishers: threads in up to {args.procs} processes. baseline = one S3 object per rank per step")
+    print(f"# publishers: up to {args.per_proc} NodePublisher objects (each its own thread and seq) per OS process, "
+          f"at least {args.min_procs} processes; one S3 client per process. Reader: ChannelReader -> parse_event -> "
+          "EventRouter.route")
+    print("# baseline = one S3 object per rank per step, one LIST per rank prefix per poll; 'x base' = the "
+          "baseline's requests per record produced / this row's")
     print(f"# this host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
-    header = (f"{'scenario':<24} {'nodes':>5} {'ranks':>5} {'procs':>5} {'records':>8} {'p50 ms':>8} {'p99 ms':>8} "
-              f"{'write req/s':>11} {'read req/s':>10} {'poll ms':>7} {'fail':>4} {'lost':>4}")
-    print(header)
+    header = (f"{'scenario':<22} {'nodes':>5} {'procs':>5} {'rec/s':>6} {'p50 ms':>7} {'p99 ms':>7} "
+              f"{'write r/s':>9} {'read r/s':>8} {'x base':>6} {'poll ms':>7} {'cpu/poll':>8} {'rd cpu':>6} "
+              f"{'backlog':>7} {'lost':>4} {'fail':>4} {'start s':>7}")
+    print(header, flush=True)
+    base_per_record: float | None = None
     with tempfile.TemporaryDirectory(prefix="tf-channel-bench-") as tmp, SeaweedFSServer(tmp) as server:
         for name, mode, jobs, nodes in scenarios:
             r = run_scenario(server, name, mode, jobs, nodes, args)
-            print(f"{r['name']:<24} {r['nodes']:>5} {r['ranks']:>5} {r['procs']:>5} {r['records']:>8} "
-                  f"{r['p50_ms']:>8.0f} {r['p99_ms']:>8.0f} {r['write_rps']:>11.0f} {r['read_rps']:>10.0f} "
-                  f"{r['cycle_ms']:>7.0f} "
-                  f"{r['failures']:>4} {r['lost']:>4}", flush=True)
+            # requests per record produced (nodes x ranks x steps/s: not flattered by a reader that falls behind)
+            per_record = (r["write_rps"] + r["read_rps"]) / (r["ranks"] * args.steps_per_s)
+            if mode == "naive" and base_per_record is None:
+                base_per_record = per_record
+            ratio = f"{base_per_record / per_record:6.1f}" if base_per_record and mode == "channel" else f"{'-':>6}"
+            print(f"{r['name']:<22} {r['nodes']:>5} {r['procs']:>5} {r['records_per_s']:>6.0f} {r['p50_ms']:>7.0f} "
+                  f"{r['p99_ms']:>7.0f} {r['write_rps']:>9.0f} {r['read_rps']:>8.0f} {ratio} {r['cycle_ms']:>7.0f} "
+                  f"{r['cpu_ms_per_poll']:>6.0f}ms {r['cpu_per_s']:>6.2f} {r['backlog']:>7} {r['lost']:>4} "
+                  f"{r['failures']:>4} {r['startup_s']:>7.1f}", flush=True)
+        if args.reader_alone:
+            alone = run_reader_alone(server, args.reader_alone, 5, args)
+            print(f"# the reader alone, {alone['nodes']} nodes written beforehand, one flush of every node per poll "
+                  "(ChannelReader.poll + parse_event + EventRouter.route):")
+            for i, p in enumerate(alone["polls"]):
+                print(f"#   poll {i}: {p['batches']} batches, {p['requests']} requests ({p['keys']} keys listed), "
+                      f"{p['cpu_ms']:.0f} ms CPU, {p['wall_ms']:.0f} ms wall", flush=True)
+    print("# rec/s: records read and routed per second; poll ms: one pass of every reader; cpu/poll and rd cpu: the "
+          "reader process's CPU per pass and CPU-seconds per second; backlog: batches written but unread at the end")
     return 0
 
 

@@ -8,20 +8,16 @@ Run: PYTHONPATH=$PWD .venv/bin/python -m pytest tests/integration/test_channel.p
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from trainforge.contract.channel import ChannelReader, CommandWriter, channel_root
+from trainforge.contract.channel import ChannelReader, CommandWriter, JsonLinesProcess, channel_root
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -29,36 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 CHANNEL = channel_root("teams/t/jobs/channel-it")
 
 
-class Publisher:
-    """A publisher process and its stdout lines (JSON), read on a thread so that every wait is bounded."""
-
-    def __init__(self, node: str, bucket: str, env: dict[str, str]):
-        self.node = node
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainforge.contract.channel", "publish", "--store", f"s3://{bucket}",
-             "--root", CHANNEL, "--node", node, "--ranks", "2", "--flush-interval", "1.0"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        self.lines: queue.Queue[dict] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.lines.put(json.loads(line))
-
-    def expect(self, event: str, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                msg = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                err = self.proc.stderr.read() if self.proc.poll() is not None and self.proc.stderr else ""
-                raise AssertionError(f"{self.node}: no {event!r} line within {timeout} s (exit "
-                                     f"{self.proc.poll()}) {err[-2000:]}") from None
-            if msg.get("event") == event:
-                return msg
+def _publisher(node: str, bucket: str, env: dict[str, str]) -> JsonLinesProcess:
+    return JsonLinesProcess(
+        [sys.executable, "-m", "trainforge.contract.channel", "publish", "--store", f"s3://{bucket}",
+         "--root", CHANNEL, "--node", node, "--ranks", "2", "--flush-interval", "1.0"],
+        name=node, cwd=ROOT, env=env)
 
 
 def _until(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> float:
@@ -84,7 +55,7 @@ def test_real_publishers_on_s3_a_killed_node_is_lost_within_5s_and_commands_are_
     store = s3_server.store(bucket)
     reader = ChannelReader(store, CHANNEL, nodes=nodes)  # defaults: lost after 3 s
     writer = CommandWriter(store, CHANNEL)
-    pubs = {n: Publisher(n, bucket, env) for n in nodes}
+    pubs = {n: _publisher(n, bucket, env) for n in nodes}
     try:
         for p in pubs.values():
             p.expect("ready", timeout=60)
@@ -133,7 +104,5 @@ def test_real_publishers_on_s3_a_killed_node_is_lost_within_5s_and_commands_are_
                                                                      "node2": "lost"}
     finally:
         for p in pubs.values():
-            if p.proc.poll() is None:
-                p.proc.kill()
-            p.proc.wait(timeout=10)
+            p.kill()
         reader.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from trainforge.contract.channel import ChannelLayout
 from trainforge.events import read_events
 from trainforge.infra.storage import open_store
 from trainforge.trainer.health import read_heartbeats
@@ -62,9 +63,11 @@ def test_a_segment_whose_workers_do_not_share_the_flow_folder(tmp_path: Path) ->
     # one publisher for the node, batching both ranks, closed cleanly, in the job's store
     store = open_store(config.storage_url)
     root = f"{config.storage_prefix}/channel/segment-0"
-    batches = [k for k in store.list(f"{root}/up/node-0/") if k.endswith(".jsonl")]
+    layout = ChannelLayout(root)
+    batches = sorted((p[2], k) for k in store.list(layout.up_prefix)
+                     if (p := ChannelLayout.parse_batch_key(k)) and p[1] == "node-0")  # (seq, key)
     assert batches and store.list(f"{root}/nodes/") == [f"{root}/nodes/node-0.json"]
-    last = store.get_bytes(sorted(batches)[-1]).decode().splitlines()[0]
+    last = store.get_bytes(batches[-1][1]).decode().splitlines()[0]
     assert json.loads(last)["closing"] is True
 
 

@@ -57,24 +57,49 @@ def store(tmp_path: Path) -> LocalObjectStore:
     return LocalObjectStore(tmp_path / "objects")
 
 
-def _put(store: LocalObjectStore, node: str, seq: int, records: list[dict], **kw) -> bytes:
+def _put(store: LocalObjectStore, node: str, seq: int, records: list[dict], *, stamp: int | None = None,
+         **kw) -> bytes:
+    """A batch as a publisher writes it; `stamp` (ms): the key's sort position, by default now."""
     data = encode_batch(Batch(node, seq, time.time(), records, **kw))
-    store.put_bytes(ChannelLayout(ROOT).batch_key(node, seq), data)
+    store.put_bytes(ChannelLayout(ROOT).batch_key(node, seq, int(time.time() * 1000) if stamp is None else stamp),
+                    data)
     return data
+
+
+class CountingStore(LocalObjectStore):
+    """Records each listing's (prefix, start_after) and counts GETs."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.listings: list[tuple[str, str]] = []
+        self.gets = 0
+
+    def list(self, prefix="", *, start_after=""):
+        self.listings.append((prefix, start_after))
+        return super().list(prefix, start_after=start_after)
+
+    def get_bytes(self, key, byte_range=None):
+        self.gets += 1
+        return super().get_bytes(key, byte_range)
 
 
 # ---- envelope --------------------------------------------------------------------------------------------------
 
 
-def test_a_batch_round_trips_and_its_key_is_sorted_by_seq():
+def test_a_batch_round_trips_and_its_key_sorts_by_stamp_then_node_then_seq():
     b = Batch("n1", 7, 123.5, [{"type": "metrics", "loss": 1.5}], {"0": {"step": 3, "age_s": 0.1}},
               [{"seq": 2, "kind": "stop", "at": 1.0}], cmd_seq=2, closing=True)
     assert decode_batch(encode_batch(b), node="n1", seq=7) == b
     layout = ChannelLayout(ROOT)
-    assert layout.batch_key("n1", 7) == f"{ROOT}/up/n1/000000000007.jsonl"
-    assert sorted([layout.batch_key("n1", 10), layout.batch_key("n1", 9)])[0].endswith("9.jsonl")
+    assert layout.batch_key("n1", 7, 1_700_000_000_123) == f"{ROOT}/up/1700000000123-n1-000000000007.jsonl"
+    keys = [layout.batch_key("n1", 10, 2000), layout.batch_key("n1", 9, 2000), layout.batch_key("a-b.c", 3, 1999)]
+    assert [ChannelLayout.parse_batch_key(k) for k in sorted(keys)] == [(1999, "a-b.c", 3), (2000, "n1", 9),
+                                                                        (2000, "n1", 10)]
+    assert ChannelLayout.parse_batch_key(layout.batch_key("x-000000000001", 5, 1)) == (1, "x-000000000001", 5)
+    assert layout.stamp_key(2000) < layout.batch_key("a", 0, 2000) and layout.stamp_key(2001) > keys[0]
+    assert ChannelLayout.parse_batch_key(f"{ROOT}/up/notes.txt") is None
     with pytest.raises(ValueError, match="invalid node name"):
-        layout.batch_key("a/b", 0)
+        layout.batch_key("a/b", 0, 0)
 
 
 @pytest.mark.parametrize(("data", "reason"), [
@@ -111,13 +136,119 @@ def test_the_reader_yields_each_node_in_seq_order_and_only_what_is_new(store):
 
 def test_a_re_sent_batch_is_delivered_once_and_a_resumed_reader_re_delivers_nothing(store):
     reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.0)
-    data = _put(store, "n1", 0, [{"i": 0}])
+    data = _put(store, "n1", 0, [{"i": 0}], stamp=5000)
     assert len(reader.poll()) == 1
-    store.put_bytes(ChannelLayout(ROOT).batch_key("n1", 0), data)  # the publisher's retry of a PUT that landed
+    layout = ChannelLayout(ROOT)
+    store.put_bytes(layout.batch_key("n1", 0, 5000), data)  # the publisher's retry of a PUT that landed
+    store.put_bytes(layout.batch_key("n1", 0, 5400), data)  # and a retry under a fresh stamp
     assert reader.poll() == []
-    _put(store, "n1", 1, [{"i": 1}])
-    resumed = ChannelReader(store, ROOT, last_seen=reader.checkpoint(), flush_interval_s=0.0)
+    _put(store, "n1", 1, [{"i": 1}], stamp=5500)
+    resumed = ChannelReader(store, ROOT, last_seen=json.loads(json.dumps(reader.checkpoint())), flush_interval_s=0.0)
     assert [b.seq for b in resumed.poll()] == [1]
+
+
+def test_two_copies_of_a_batch_in_one_listing_are_read_once_without_a_get_for_the_second(tmp_path):
+    store = CountingStore(tmp_path / "objects")
+    data = _put(store, "n1", 0, [{"i": 0}], stamp=5000)
+    store.put_bytes(ChannelLayout(ROOT).batch_key("n1", 0, 5300), data)  # a timed-out PUT that had landed
+    _put(store, "n1", 1, [{"i": 1}], stamp=6000)
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.0)
+    batches = reader.poll(discover=False)
+    assert [(b.seq, [r["i"] for r in b.records]) for b in batches] == [(0, [0]), (1, [1])]
+    assert store.gets == 2 and reader.requests == 3  # one LIST, two GETs
+
+
+def test_one_listing_per_poll_whatever_the_number_of_nodes(tmp_path):
+    store = CountingStore(tmp_path / "objects")
+    nodes = [f"n{i:02d}" for i in range(40)]
+    reader = ChannelReader(store, ROOT, nodes=nodes, flush_interval_s=0.0)
+    for rnd in range(3):
+        for i, n in enumerate(nodes):
+            _put(store, n, rnd, [{"i": rnd}], stamp=10_000 + 1000 * rnd + i)
+        store.listings.clear()
+        before = reader.requests
+        batches = reader.poll(discover=False)
+        assert len(batches) == 40 and {b.seq for b in batches} == {rnd}
+        assert store.listings == [(f"{ROOT}/up/", store.listings[0][1])]  # ONE listing of up/ for 40 nodes
+        assert reader.requests - before == 1 + 40  # and one GET per new batch
+    # the next listing starts after the oldest live cursor: the previous round's keys are not listed again
+    assert reader._start_after(reader._clock()) == ChannelLayout(ROOT).batch_key("n00", 2, 12_000)
+
+
+def test_a_batch_that_lands_late_inside_the_window_is_delivered(tmp_path):
+    """PUTs complete out of order: n1's batch stamped before n2's lands after the reader read n2's. It sorts
+    before n2's key, yet after n1's own cursor, where the listing starts: it is read, once."""
+    store = CountingStore(tmp_path / "objects")
+    reader = ChannelReader(store, ROOT, nodes=["n1", "n2"], flush_interval_s=0.0)
+    _put(store, "n1", 0, [{"i": "a0"}], stamp=1000)
+    _put(store, "n2", 0, [{"i": "b0"}], stamp=1010)
+    assert {(b.node, b.seq) for b in reader.poll(discover=False)} == {("n1", 0), ("n2", 0)}
+    _put(store, "n2", 1, [{"i": "b1"}], stamp=2010)
+    assert [(b.node, b.seq) for b in reader.poll(discover=False)] == [("n2", 1)]
+    _put(store, "n1", 1, [{"i": "a1"}], stamp=2000)  # stamped before n2's seq 1, visible only now
+    _put(store, "n2", 2, [{"i": "b2"}], stamp=3010)
+    got = reader.poll(discover=False)
+    assert [(b.node, b.seq) for b in got] == [("n1", 1), ("n2", 2)]
+    assert store.listings[-1][1] == ChannelLayout(ROOT).batch_key("n1", 0, 1000)  # from n1's cursor
+    assert reader.poll(discover=False) == []
+
+
+def test_a_slow_put_of_a_node_whose_clock_lags_is_still_found(store):
+    """A live node is held at its own cursor, not at a window on anyone's clock: 60 s of skew loses nothing."""
+    reader = ChannelReader(store, ROOT, nodes=["fast", "slow"], flush_interval_s=0.0, lookback_s=10.0)
+    now = 1_800_000_000_000
+    _put(store, "fast", 0, [], stamp=now)
+    _put(store, "slow", 0, [], stamp=now - 60_000)  # its clock is a minute behind
+    reader.poll(discover=False)
+    for i in range(1, 4):
+        _put(store, "fast", i, [], stamp=now + 1000 * i)
+    _put(store, "slow", 1, [{"late": True}], stamp=now - 59_000)
+    got = {(b.node, b.seq) for b in reader.poll(discover=False)}
+    assert ("slow", 1) in got and ("fast", 3) in got
+
+
+def test_a_lost_node_holds_the_listing_back_at_most_lookback_s(tmp_path):
+    store = CountingStore(tmp_path / "objects")
+    clock = FakeClock()
+    layout = ChannelLayout(ROOT)
+    reader = ChannelReader(store, ROOT, nodes=["n1", "n2"], flush_interval_s=1.0, lost_after_s=3.0, lookback_s=10.0,
+                           clock=clock)
+    _put(store, "n1", 0, [], stamp=100_000)
+    _put(store, "n2", 0, [], stamp=100_000)
+    reader.poll(discover=False)
+    for i in range(1, 31):  # n2 died; n1 goes on for 30 s
+        clock.t += 1.0
+        _put(store, "n1", i, [], stamp=100_000 + 1000 * i)
+        reader.poll(discover=False)
+        if 2 <= i <= 3:  # not lost yet: held exactly at its cursor (n1's moved past it)
+            assert store.listings[-1][1] == layout.batch_key("n2", 0, 100_000)
+    assert reader.lost_nodes() == ["n2"]
+    assert store.listings[-1][1] == layout.stamp_key(100_000 + 29_000 - 10_000)  # newest seen minus lookback
+    _put(store, "n2", 1, [{"back": True}], stamp=100_000 + 30_500)  # it was slow, not dead: found again
+    clock.t += 1.0
+    assert [(b.node, b.seq) for b in reader.poll(discover=False)] == [("n2", 1)]
+    assert reader.lost_nodes() == []
+
+
+def test_a_resumed_reader_lists_from_its_checkpoint_not_from_the_beginning(tmp_path):
+    store = CountingStore(tmp_path / "objects")
+    for i in range(5):
+        _put(store, "n1", i, [{"i": i}], stamp=1000 + i)
+        _put(store, "n2", i, [{"i": i}], stamp=1000 + i)
+    first = ChannelReader(store, ROOT, flush_interval_s=0.0, max_batches_per_node=3)
+    assert [(b.node, b.seq) for b in first.poll(discover=False)] == [(n, s) for n in ("n1", "n2") for s in range(3)]
+    saved = json.loads(json.dumps(first.checkpoint()))  # a restarted control plane keeps it as JSON
+    assert saved == {"n1": {"seq": 2, "key": ChannelLayout(ROOT).batch_key("n1", 2, 1002)},
+                     "n2": {"seq": 2, "key": ChannelLayout(ROOT).batch_key("n2", 2, 1002)}}
+    store.listings.clear()
+    gets = store.gets
+    resumed = ChannelReader(store, ROOT, last_seen=saved, flush_interval_s=0.0)
+    got = resumed.poll(discover=False)
+    assert [(b.node, b.seq) for b in got] == [(n, s) for n in ("n1", "n2") for s in (3, 4)]
+    assert store.listings == [(f"{ROOT}/up/", saved["n1"]["key"])]
+    assert store.gets - gets == 4  # only the new batches are read
+    legacy = ChannelReader(store, ROOT, last_seen={"n1": 3, "n2": 4}, flush_interval_s=0.0)  # bare seqs
+    assert [(b.node, b.seq) for b in legacy.poll(discover=False)] == [("n1", 4)]
 
 
 def test_a_publisher_retrying_a_put_that_landed_delivers_every_record_exactly_once(store):
@@ -146,13 +277,14 @@ def test_a_publisher_retrying_a_put_that_landed_delivers_every_record_exactly_on
 
 def test_a_malformed_batch_is_skipped_with_a_warning_and_the_next_one_read(store, caplog):
     reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.0)
-    store.put_bytes(ChannelLayout(ROOT).batch_key("n1", 0), b'{"v": 1, "node": "n1"}\n')
-    _put(store, "n1", 1, [{"i": 1}])
+    store.put_bytes(ChannelLayout(ROOT).batch_key("n1", 0, 7000), b'{"v": 1, "node": "n1"}\n')
+    _put(store, "n1", 1, [{"i": 1}], stamp=7001)
     with caplog.at_level(logging.WARNING, logger="trainforge.contract.channel"):
         batches = reader.poll()
     assert [b.seq for b in batches] == [1]
-    assert reader.skipped == [ChannelLayout(ROOT).batch_key("n1", 0)]
-    assert any("skipping malformed batch" in r.message and "000000000000.jsonl" in r.message for r in caplog.records)
+    assert reader.skipped == [ChannelLayout(ROOT).batch_key("n1", 0, 7000)]
+    assert any("skipping malformed batch" in r.message and "n1-000000000000.jsonl" in r.message
+               for r in caplog.records)
 
 
 def test_a_node_is_lost_when_no_batch_arrived_for_lost_after_s(store):
@@ -233,8 +365,29 @@ def test_a_restarted_publisher_continues_its_seqs_and_does_not_replay_handled_co
     _wait(lambda: len(again) == 1)
     pub2.close()
     assert [c.kind for c in again] == ["stop"]
-    keys = store.list(ChannelLayout(ROOT).up_prefix("n1"))
-    assert len(keys) == len(set(keys)) == pub2.seq and pub2.seq > last
+    seqs = [p[2] for k in store.list(ChannelLayout(ROOT).up_prefix) if (p := ChannelLayout.parse_batch_key(k))]
+    assert sorted(seqs) == list(range(pub2.seq)) and pub2.seq > last
+
+
+def test_a_publisher_restarted_after_a_crash_finds_its_last_seq_from_its_index(tmp_path):
+    """No clean close (kill -9): the hello's index is older than the last batches; the restarted publisher lists
+    only the stretch of up/ after the index and continues after the last seq it finds."""
+    store = CountingStore(tmp_path / "objects")
+    pub = NodePublisher(store, ROOT, "n1", flush_interval_s=0.02).start()
+    _wait(lambda: pub.seq >= 5)
+    pub._stop.set()  # a crash: its thread stops, no closing batch, no index after the start
+    for t in pub._threads:
+        t.join(5)
+    hello = json.loads(store.get_bytes(ChannelLayout(ROOT).node_key("n1")))
+    assert hello["next_seq"] == 0 and hello["first_seq"] == 0
+    store.listings.clear()
+    pub2 = NodePublisher(store, ROOT, "n1", flush_interval_s=0.02).start()
+    pub2.close()
+    assert store.listings[0] == (f"{ROOT}/up/", ChannelLayout(ROOT).stamp_key(hello["first_stamp_ms"]))
+    seqs = [p[2] for k in store.list(ChannelLayout(ROOT).up_prefix) if (p := ChannelLayout.parse_batch_key(k))]
+    assert sorted(seqs) == list(range(pub2.seq)) and pub2.seq > pub.seq
+    hello2 = json.loads(store.get_bytes(ChannelLayout(ROOT).node_key("n1")))
+    assert (hello2["first_stamp_ms"], hello2["next_seq"]) == (hello["first_stamp_ms"], pub2.seq)
 
 
 # ---- commands and the lease ------------------------------------------------------------------------------------
@@ -355,6 +508,12 @@ def test_the_arithmetic_for_4096_ranks_on_512_nodes():
     assert 1_000 < load["batch_bytes"] < 4_000
     assert load["detection_s"] <= 5.0
     assert load["usd_per_hour"] < load["naive_usd_per_hour"] / 5
+    # the reader: a GET per batch plus a constant, not a LIST per node per poll
+    assert load["reader_list_per_s"] == 4 + 1  # one page per poll (~700 keys) + one discovery LIST per second
+    assert load["reader_per_s"] == 512 + 5 and load["per_node_reader_list_per_s"] == 1024
+    small = estimate_channel_load(nodes=8, ranks_per_node=8)
+    assert small["reader_list_per_s"] == load["reader_list_per_s"]
+    assert load["usd_per_month"] == pytest.approx(730 * load["usd_per_hour"])
 
 
 def test_a_store_outage_blocks_no_caller_and_loses_no_record(store):

@@ -6,24 +6,33 @@ the object store (a local folder embedded, S3 in production); only the `ObjectSt
 
 Layout under the channel's root (e.g. `teams/{team}/jobs/{job}/channel`, see `channel_root`)::
 
-    nodes/{node}.json                 written once when a publisher starts (discovery: host, ranks, first seq)
-    up/{node}/{seq:012d}.jsonl        one batch per flush of one node (all of its ranks), seq 0, 1, 2, ... per node
-    down/{seq:012d}.json              commands, one sequence for the job; each names its nodes (absent: all)
+    nodes/{node}.json                               a publisher's hello (discovery: host, ranks, first seq and the
+                                                    stamp its batches start after), rewritten as its restart index
+    up/{stamp_ms:013d}-{node}-{seq:012d}.jsonl      one batch per flush of one node (all of its ranks)
+    down/{seq:012d}.json                            commands, one sequence for the job; each names its nodes
 
 A batch is JSON lines: the envelope first (`v`, `node`, `seq`, `sent_at`, `n_records`, `heartbeats` {rank: last
 beat + its age}, `acks` [command seqs handled since the last batch], `cmd_seq` (the last command handled),
 `closing`), then one line per record. Records are JSON objects the channel does not interpret (the typed
 `SegmentEvent`s live in `trainforge.contract.events`); only the envelope is validated, and a malformed batch is
-skipped with a warning naming its key. Zero-padded seqs make a plain listing sorted, so the reader lists each node
-with `start_after` its last key and reads only what is new.
+skipped with a warning naming its key.
+
+Batch keys sort by their stamp (the publisher's wall clock in ms when it wrote that copy, never decreasing per
+node), so the reader makes ONE listing of `up/` per poll for the whole job, whatever its number of nodes, starting
+after the oldest cursor it must keep: each live node's cursor is the key of the last batch read from it, and a
+node's next batch sorts after its own last key (its stamps never go back), however late the PUT lands and however
+skewed its clock. A listing repeats about one flush of keys already read (skipped by their (node, seq), no GET);
+lost and closed nodes hold it back at most `lookback_s`. Reader requests per second are then the batches per
+second (one GET each) plus a constant (about one LIST page per poll and one discovery LIST per second).
 
 Delivery is at-least-once with de-duplication: a PUT that failed (or timed out after landing) is re-sent with the
-same seq and the same bytes; the reader keeps the last seq per node and drops anything at or below it (its
-`checkpoint()` lets a restarted control plane resume without re-delivery). A batch is written every
-`flush_interval_s` even when empty: its arrival is the node's liveness, and it carries one heartbeat per rank.
-A node is lost when no new batch arrived for `lost_after_s` (arrival is measured on the reader's own clock, so
-no clock skew enters): with the defaults (flush 1 s, lost after 3 s, poll 0.25 s) a dead node is reported within
-lost_after_s + 2 * poll_interval_s + one listing, about 3.6 s.
+same seq and the same bytes under a fresh stamp (so that a copy lands inside any reader's window); the reader
+keeps the last seq per node and drops anything at or below it without reading it (its `checkpoint()`: seqs and
+cursors, lets a restarted control plane resume without re-delivery and without listing from the beginning). A
+batch is written every `flush_interval_s` even when empty: its arrival is the node's liveness, and it carries one
+heartbeat per rank. A node is lost when no new batch arrived for `lost_after_s` (arrival is measured on the
+reader's own clock, so no clock skew enters): with the defaults (flush 1 s, lost after 3 s, poll 0.25 s) a dead
+node is reported within lost_after_s + 2 * poll_interval_s + one listing, about 3.6 s.
 
 Commands down (stop, dump_stacks, preemption_notice, resize_notice, profile_window, lease, kill_rank) are written by the
 control side's `CommandWriter` with a conditional create (two writers cannot take one seq); each node's publisher
@@ -48,10 +57,12 @@ import json
 import logging
 import math
 import os
+import queue
 import random
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -64,7 +75,7 @@ from trainforge.infra.storage.base import ObjectExistsError, ObjectNotFoundError
 
 __all__ = [
     "COMMAND_KINDS", "Batch", "ChannelLayout", "ChannelReader", "Command", "CommandReader", "CommandWriter",
-    "MalformedBatchError", "NodePublisher", "NodeStatus", "RankClient", "channel_root", "decode_batch",
+    "JsonLinesProcess", "MalformedBatchError", "NodePublisher", "NodeStatus", "RankClient", "channel_root", "decode_batch",
     "encode_batch", "estimate_channel_load", "format_channel_load",
 ]
 
@@ -72,10 +83,19 @@ log = logging.getLogger(__name__)
 
 ENVELOPE_VERSION = 1
 SEQ_WIDTH = 12
+STAMP_WIDTH = 13  # milliseconds since the epoch: 13 digits until the year 2286
 FLUSH_INTERVAL_S = 1.0
 LOST_AFTER_S = 3.0
 POLL_INTERVAL_S = 0.25
 LEASE_TTL_S = 30.0
+LOOKBACK_S = 10.0
+"""How far the reader's listing reaches back for a node it has no exact cursor for (lost, closed, or known by name
+only): it bounds the clock skew tolerated for such a node, and what a lost node costs the listing."""
+INDEX_INTERVAL_S = 30.0
+"""A publisher rewrites its hello (`nodes/{node}.json`) with its next seq this often (and at close), so that a
+restarted publisher finds its last seq by listing at most this long a stretch of `up/`."""
+DISCOVER_INTERVAL_S = 1.0
+LIST_PAGE = 1000  # keys per S3 ListObjectsV2 page: a listing of K keys is ceil(K / 1000) requests
 MAX_DATAGRAM = 128 * 1024
 """The largest record a rank hands its publisher over the socket (Linux's default socket buffer is ~208 KiB)."""
 
@@ -91,7 +111,7 @@ COMMAND_KINDS: dict[str, tuple[str, ...]] = {
 """Every command kind and the arguments it requires (more are allowed, passed through)."""
 
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_BATCH = re.compile(r"/(\d{12})\.jsonl$")
+_BATCH = re.compile(r"/up/(\d{13})-([A-Za-z0-9][A-Za-z0-9._-]{0,127})-(\d{12})\.jsonl$")
 _COMMAND = re.compile(r"/(\d{12})\.json$")
 
 
@@ -119,11 +139,22 @@ class ChannelLayout:
     def nodes_prefix(self) -> str:
         return f"{self.root}/nodes/"
 
-    def up_prefix(self, node: str) -> str:
-        return f"{self.root}/up/{_check_node(node)}/"
+    @property
+    def up_prefix(self) -> str:
+        return f"{self.root}/up/"
 
-    def batch_key(self, node: str, seq: int) -> str:
-        return f"{self.up_prefix(node)}{seq:0{SEQ_WIDTH}d}.jsonl"
+    def batch_key(self, node: str, seq: int, stamp_ms: int) -> str:
+        return f"{self.root}/up/{stamp_ms:0{STAMP_WIDTH}d}-{_check_node(node)}-{seq:0{SEQ_WIDTH}d}.jsonl"
+
+    def stamp_key(self, stamp_ms: int) -> str:
+        """A `start_after` bound: sorts before every batch key stamped `stamp_ms` or later."""
+        return f"{self.root}/up/{max(0, stamp_ms):0{STAMP_WIDTH}d}"
+
+    @staticmethod
+    def parse_batch_key(key: str) -> tuple[int, str, int] | None:
+        """(stamp_ms, node, seq) of a batch key, None for anything else."""
+        m = _BATCH.search(key)
+        return (int(m.group(1)), m.group(2), int(m.group(3))) if m else None
 
     @property
     def down_prefix(self) -> str:
@@ -331,7 +362,14 @@ class NodePublisher:
         self._lease_notified = False
         self._commands: CommandReader | None = None
         self.seq = 0
-        self.stats = {"batches": 0, "records": 0, "put_failures": 0, "dropped": 0, "commands": 0, "polls": 0}
+        self._stamp = 0  # the last stamp used (ms): never decreases, so this node's keys sort in seq order
+        self._hello: dict[str, Any] = {}
+        self._last_key = ""
+        self._index_at = 0.0
+        self._hello_written = False
+        # requests: every store request of this publisher (the bench counts them)
+        self.stats = {"batches": 0, "records": 0, "put_failures": 0, "dropped": 0, "commands": 0, "polls": 0,
+                      "requests": 0}
 
     # -- the rank-facing API (any thread) --
 
@@ -372,18 +410,16 @@ class NodePublisher:
     def start(self) -> NodePublisher:
         # Continue after the last seq this node wrote (a restarted publisher must not reuse one: the reader
         # would drop it as a duplicate) and after the last command it handled.
-        keys = self.store.list(self.layout.up_prefix(self.node))
-        seqs = sorted(int(m.group(1)) for k in keys if (m := _BATCH.search(k)))
-        cmd_seq = -1
-        if seqs:
-            self.seq = seqs[-1] + 1
-            with contextlib.suppress(MalformedBatchError, ObjectNotFoundError):
-                cmd_seq = decode_batch(self.store.get_bytes(self.layout.batch_key(self.node, seqs[-1]))).cmd_seq
+        cmd_seq, first = self._resume()
         self._commands = CommandReader(self.store, self.layout.root, self.node, after_seq=cmd_seq)
         self._lease_deadline = self._clock() + self.lease_ttl_s  # the initial grant runs from the start
-        hello = {"node": self.node, "host": socket.gethostname(), "first_seq": self.seq,
-                 "started_at": self._wall(), "flush_interval_s": self.flush_interval_s, **self.info}
-        self.store.put_bytes(self.layout.node_key(self.node), json.dumps(hello).encode())
+        self._stamp = max(self._stamp, self._wall_ms())
+        # first_stamp_ms: every batch of this node (all its restarts) sorts after it, so a reader that knows the
+        # node by its hello alone lists from there; kept across restarts so no earlier batch falls before it.
+        self._hello = {"node": self.node, "host": socket.gethostname(), "first_seq": self.seq,
+                       "first_stamp_ms": self._stamp, **first, "started_at": self._wall(),
+                       "flush_interval_s": self.flush_interval_s, **self.info}
+        self._write_index(cmd_seq)
         if self.socket_path:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             if not self.socket_path.startswith("@") and os.path.exists(self.socket_path):
@@ -416,6 +452,58 @@ class NodePublisher:
     def __enter__(self) -> NodePublisher:
         return self.start()
 
+    def _wall_ms(self) -> int:
+        return int(self._wall() * 1000)
+
+    def _resume(self) -> tuple[int, dict[str, Any]]:
+        """From this node's hello (its restart index) and the stretch of `up/` written since it: the next seq,
+        the last command handled, and the first seq and stamp to keep (a fresh node: none of them)."""
+        self.stats["requests"] += 1
+        try:
+            hello = json.loads(self.store.get_bytes(self.layout.node_key(self.node)))
+        except ObjectNotFoundError:
+            return -1, {}
+        except ValueError:
+            log.warning("channel %s: its hello %s is not JSON: starting at seq 0", self.node,
+                        self.layout.node_key(self.node))
+            return -1, {}
+        if not isinstance(hello, dict):
+            return -1, {}
+        first = {k: hello[k] for k in ("first_seq", "first_stamp_ms") if isinstance(hello.get(k), int)}
+        next_seq, cmd_seq = int(hello.get("next_seq", 0)), int(hello.get("cmd_seq", -1))
+        after = str(hello.get("last_key") or self.layout.stamp_key(int(hello.get("first_stamp_ms", 0))))
+        self.stats["requests"] += 1
+        last: tuple[int, int, str] | None = None  # (seq, stamp, key) of this node's newest batch since the index
+        for key in list_after(self.store, self.layout.up_prefix, after):
+            parsed = ChannelLayout.parse_batch_key(key)
+            if parsed and parsed[1] == self.node and (last is None or parsed[2] > last[0]):
+                last = (parsed[2], parsed[0], key)
+        if last is not None and last[0] >= next_seq:
+            next_seq = last[0] + 1
+            self._stamp = max(self._stamp, last[1])
+            self._last_key = last[2]
+            self.stats["requests"] += 1
+            with contextlib.suppress(MalformedBatchError, ObjectNotFoundError):
+                cmd_seq = max(cmd_seq, decode_batch(self.store.get_bytes(last[2])).cmd_seq)
+        self.seq = next_seq
+        self._stamp = max(self._stamp, int(hello.get("stamp_ms", 0)))
+        return cmd_seq, first
+
+    def _write_index(self, cmd_seq: int) -> None:
+        """The hello with where this node stands (next seq, last key and stamp, last command handled): written at
+        start, every `INDEX_INTERVAL_S` and after the closing batch. A failure only costs a restart a longer list."""
+        body = {**self._hello, "next_seq": self.seq, "last_key": self._last_key, "stamp_ms": self._stamp,
+                "cmd_seq": cmd_seq}
+        self.stats["requests"] += 1
+        self._index_at = self._clock()
+        try:
+            self.store.put_bytes(self.layout.node_key(self.node), json.dumps(body).encode())
+        except Exception as e:
+            if not self._hello_written:
+                raise  # the first hello: a store that refuses it refuses everything, say so at start
+            log.warning("channel %s: rewriting its hello failed: %s: %s", self.node, type(e).__name__, e)
+        self._hello_written = True
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -438,11 +526,14 @@ class NodePublisher:
     def _poll_commands(self, first_poll: bool) -> None:
         assert self._commands is not None
         self.stats["polls"] += 1
+        before = self._commands.last_seq
         try:
             commands = self._commands.poll()
         except Exception as e:  # the store is down: the lease runs out if it stays down
             log.warning("channel %s: polling commands failed: %s: %s", self.node, type(e).__name__, e)
             return
+        finally:
+            self.stats["requests"] += 1 + self._commands.last_seq - before  # one LIST, one GET per command
         for cmd in commands:
             self.stats["commands"] += 1
             if cmd.kind == "lease":
@@ -506,9 +597,13 @@ class NodePublisher:
         """Write one batch, retrying the same bytes (same seq) with backoff until it lands or we stop."""
         batch = self._take_batch(closing)
         data = encode_batch(batch)
-        key = self.layout.batch_key(self.node, batch.seq)
         delay = 0.1
         while True:
+            # Each try under a fresh stamp (same seq, same bytes): a copy that lands late still sorts inside the
+            # window of a reader that gave this node up as lost; the reader reads one copy per seq.
+            self._stamp = max(self._stamp, self._wall_ms())
+            key = self.layout.batch_key(self.node, batch.seq, self._stamp)
+            self.stats["requests"] += 1
             try:
                 self.store.put_bytes(key, data)
                 break
@@ -524,8 +619,11 @@ class NodePublisher:
                     deadline = self._clock() + 5.0  # stopping: a few more tries, then close() takes over
                 delay = min(self.max_backoff_s, delay * 2) * (0.5 + random.random() / 2)
         self.seq += 1
+        self._last_key = key
         self.stats["batches"] += 1
         self.stats["records"] += len(batch.records)
+        if closing or self._clock() - self._index_at >= INDEX_INTERVAL_S:
+            self._write_index(batch.cmd_seq)
 
     def _drain_socket(self) -> None:
         if self._sock is None:
@@ -669,38 +767,53 @@ class NodeStatus:
 
 
 class ChannelReader:
-    """Reads a job's channel: new batches per node since the last seen seq, de-duplicated, in per-node order.
+    """Reads a job's channel: new batches since the last seen seq per node, de-duplicated, in per-node order.
 
-    `poll()` returns the new batches (each node's in seq order); `status()` / `lost_nodes()` say which nodes are
-    live; `heartbeats` holds each node's latest beat per rank; `acks` maps a command seq to {node: ack time}.
-    `nodes` are the nodes the control plane launched (a node that never publishes is lost too); others are
-    discovered from `nodes/`."""
+    One listing of `up/` per poll for the whole job (see the module's docstring), starting after the oldest
+    cursor it must keep, then one GET per new batch. `poll()` returns the new batches (each node's in seq order);
+    `status()` / `lost_nodes()` say which nodes are live; `heartbeats` holds each node's latest beat per rank;
+    `acks` maps a command seq to {node: ack time}. `nodes` are the nodes the control plane launched (a node that
+    never publishes is lost too); others are discovered from `nodes/` (every `discover_interval_s`) and from the
+    keys of `up/`. `requests` counts every store request (a listing of K keys counts ceil(K / 1000) pages)."""
 
     def __init__(self, store: ObjectStore, root: str, *, nodes: Iterable[str] = (), lost_after_s: float = LOST_AFTER_S,
-                 flush_interval_s: float = FLUSH_INTERVAL_S, last_seen: dict[str, int] | None = None,
-                 max_concurrency: int = 16, max_batches_per_node: int = 16,
-                 clock: Callable[[], float] = time.monotonic):
+                 flush_interval_s: float = FLUSH_INTERVAL_S, last_seen: dict[str, Any] | None = None,
+                 max_concurrency: int = 16, max_batches_per_node: int = 16, lookback_s: float = LOOKBACK_S,
+                 discover_interval_s: float = DISCOVER_INTERVAL_S, clock: Callable[[], float] = time.monotonic):
         self.store, self.layout, self.lost_after_s, self._clock = store, ChannelLayout(root), lost_after_s, clock
-        # A node that just delivered is not listed again until its next flush is nearly due: about 1.5 LISTs
-        # per node per flush instead of one per poll (4 at the defaults); late nodes are listed on every poll.
+        # No listing at all while every node delivered less than three quarters of a flush ago (none is due):
+        # a small job lists about twice per flush instead of on every poll; late nodes keep it listing each poll.
         self._quiet_s = 0.75 * flush_interval_s
         # A reader that fell behind reads at most this many batches of a node per poll, so that one poll stays
         # short and every node is visited (a backlog proves its node alive; the rest comes with the next polls).
         self.max_batches_per_node = max_batches_per_node
+        self.lookback_ms = int(lookback_s * 1000)
+        self.discover_interval_s = discover_interval_s
         now = clock()
         self._last_seq: dict[str, int] = {}
+        self._cursor: dict[str, str] = {}  # node -> key of the last batch read (its next one sorts after it)
+        self._floor: dict[str, str] = {}  # node -> from its hello: every batch of it sorts after this
         self._arrived: dict[str, float] = {}
         self._sent_at: dict[str, float] = {}
         self._closed: set[str] = set()
+        self._newest_ms: int | None = None  # the newest stamp listed: "now" on the publishers' clocks
+        self._next_discover = now
         for n in nodes:
             self._know(n, now)
-        for n, s in (last_seen or {}).items():
+        for n, v in (last_seen or {}).items():
             self._know(n, now)
-            self._last_seq[n] = s
+            if isinstance(v, dict):  # checkpoint(): {"seq": s, "key": k}
+                self._last_seq[n] = int(v["seq"])
+                if v.get("key"):
+                    self._cursor[n] = str(v["key"])
+                    self._saw(str(v["key"]))
+            else:  # a bare seq: no cursor, this node is found by the lookback (or a full listing)
+                self._last_seq[n] = int(v)
         self.heartbeats: dict[str, dict[str, dict[str, Any]]] = {}
         self.acks: dict[int, dict[str, float]] = {}
         self.skipped: list[str] = []
         self.requests = 0
+        self.listed_keys = 0  # keys returned by the listings (the reader's parsing work)
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="channel-read")
 
     def _know(self, node: str, now: float) -> None:
@@ -708,12 +821,18 @@ class ChannelReader:
             self._last_seq[_check_node(node)] = -1
             self._arrived[node] = now
 
+    def _saw(self, key: str) -> None:
+        parsed = ChannelLayout.parse_batch_key(key)
+        if parsed and (self._newest_ms is None or parsed[0] > self._newest_ms):
+            self._newest_ms = parsed[0]
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
-    def checkpoint(self) -> dict[str, int]:
-        """The last seq read per node: hand it back as `last_seen` to resume without re-delivery."""
-        return dict(self._last_seq)
+    def checkpoint(self) -> dict[str, dict[str, Any]]:
+        """Per node the last seq read and its key (JSON values): hand it back as `last_seen` to resume without
+        re-delivery, listing from the oldest cursor rather than from the beginning."""
+        return {n: {"seq": s, "key": self._cursor.get(n)} for n, s in self._last_seq.items()}
 
     def _discover(self) -> None:
         self.requests += 1
@@ -723,65 +842,123 @@ class ChannelReader:
         except Exception as e:
             log.warning("channel: listing %s failed: %s: %s", self.layout.nodes_prefix, type(e).__name__, e)
             return
+        self.requests += max(0, math.ceil(len(keys) / LIST_PAGE) - 1)
+        fresh = []
         for key in keys:
             name = key[len(self.layout.nodes_prefix):].removesuffix(".json")
             if _NODE.match(name):
                 self._know(name, now)
+                if name not in self._cursor and name not in self._floor:
+                    fresh.append(name)
+        # Each hello is read once: its first stamp gives a node known by name an exact place in the listing.
+        for name, floor in zip(fresh, self._pool.map(self._read_hello, fresh), strict=True):
+            self.requests += 1
+            if floor is not None:
+                self._floor[name] = floor
 
-    def _read_node(self, node: str) -> list[tuple[str, int, bytes | None]]:
-        last = self._last_seq[node]
-        start = self.layout.batch_key(node, last) if last >= 0 else ""
-        out: list[tuple[str, int, bytes | None]] = []
+    def _read_hello(self, node: str) -> str | None:
         try:
-            for key in list_after(self.store, self.layout.up_prefix(node), start):
-                m = _BATCH.search(key)
-                if not m:
-                    continue
-                if len(out) >= self.max_batches_per_node:
-                    break
-                try:
-                    data: bytes | None = self.store.get_bytes(key)
-                except ObjectNotFoundError:
-                    data = None
-                out.append((key, int(m.group(1)), data))
-        except Exception as e:  # the store is slow or down: keep what was read, the next poll goes on from there
-            log.warning("channel: reading node %s failed: %s: %s", node, type(e).__name__, e)
-        return out
+            hello = json.loads(self.store.get_bytes(self.layout.node_key(node)))
+            return self.layout.stamp_key(int(hello["first_stamp_ms"]))
+        except Exception:  # absent, older or malformed: the node is found by the lookback instead
+            return None
+
+    def _start_after(self, now: float) -> str:
+        """The oldest key this poll must list after. A live node (or one waiting with a known hello) holds the
+        window at its exact cursor; a lost or closed one, or one known by name only, at most `lookback_s` behind
+        the newest stamp seen (none seen yet: from the beginning)."""
+        bound = "" if self._newest_ms is None else self.layout.stamp_key(self._newest_ms - self.lookback_ms)
+        starts = []
+        for node in self._last_seq:
+            exact = self._cursor.get(node) or self._floor.get(node)
+            if exact is None:
+                starts.append(bound)
+            elif self._state(node, now) in ("live", "waiting"):
+                starts.append(exact)
+            else:
+                starts.append(max(exact, bound))
+        return min(starts, default="")
+
+    def _get(self, key: str) -> bytes | None | Exception:
+        try:
+            return self.store.get_bytes(key)
+        except ObjectNotFoundError:
+            return None
+        except Exception as e:  # the store is slow or down: this node stops here, the next poll goes on
+            return e
 
     def poll(self, *, discover: bool = True) -> list[Batch]:
-        if discover:
-            self._discover()
         start = self._clock()
-        nodes = sorted(n for n, s in self._last_seq.items()
-                       if s < 0 or start - self._arrived[n] >= self._quiet_s)
-        found = list(self._pool.map(self._read_node, nodes))
+        if discover and start >= self._next_discover:
+            self._next_discover = start + self.discover_interval_s
+            self._discover()
+        due = not self._last_seq or any(n not in self._cursor or start - self._arrived[n] >= self._quiet_s
+                                        for n in self._last_seq)
+        if not due:
+            return []
+        after = self._start_after(start)
+        self.requests += 1
+        try:
+            keys = list_after(self.store, self.layout.up_prefix, after)
+        except Exception as e:
+            log.warning("channel: listing %s failed: %s: %s", self.layout.up_prefix, type(e).__name__, e)
+            return []
+        self.requests += max(0, math.ceil(len(keys) / LIST_PAGE) - 1)
+        self.listed_keys += len(keys)
+        new: dict[str, list[tuple[int, str]]] = {}
+        for key in keys:
+            parsed = ChannelLayout.parse_batch_key(key)
+            if parsed is None:
+                continue
+            stamp, node, seq = parsed
+            if self._newest_ms is None or stamp > self._newest_ms:
+                self._newest_ms = stamp
+            self._know(node, start)
+            if seq > self._last_seq[node]:  # at or below: read already (a re-sent copy), no GET
+                new.setdefault(node, []).append((seq, key))
+        todo: list[tuple[str, int, str]] = []
+        for node in sorted(new):
+            seen: set[int] = set()
+            for seq, key in sorted(new[node]):
+                if seq in seen:
+                    continue  # two copies of one batch in one listing: read the first
+                seen.add(seq)
+                if len(seen) > self.max_batches_per_node:
+                    break
+                todo.append((node, seq, key))
+        found = list(self._pool.map(self._get, [key for _, _, key in todo]))
+        self.requests += len(todo)
         now = self._clock()
-        self.requests += len(nodes) + sum(len(items) for items in found)  # one LIST per node, one GET per batch
         batches: list[Batch] = []
-        for node, items in zip(nodes, found, strict=True):
-            for key, seq, data in items:
-                if seq <= self._last_seq[node]:
-                    continue  # a re-sent batch already read: at-least-once, de-duplicated here
-                self._last_seq[node] = seq
-                self._arrived[node] = now
-                if data is None:
-                    continue
-                try:
-                    batch = decode_batch(data, key=key, node=node, seq=seq)
-                except MalformedBatchError as e:
-                    log.warning("channel: skipping malformed batch %s", e)
-                    self.skipped.append(key)
-                    continue
-                self._sent_at[node] = batch.sent_at
-                self.heartbeats[node] = batch.heartbeats
-                for ack in batch.acks:
-                    if isinstance(ack, dict) and isinstance(ack.get("seq"), int):
-                        self.acks.setdefault(ack["seq"], {})[node] = float(ack.get("at", batch.sent_at))
-                if batch.closing:
-                    self._closed.add(node)
-                else:
-                    self._closed.discard(node)
-                batches.append(batch)
+        failed: set[str] = set()
+        for (node, seq, key), data in zip(todo, found, strict=True):
+            if node in failed:
+                continue
+            if isinstance(data, Exception):
+                log.warning("channel: reading %s failed: %s: %s", key, type(data).__name__, data)
+                failed.add(node)  # its later batches wait for the next poll: per-node order is kept
+                continue
+            self._last_seq[node] = seq
+            self._cursor[node] = key
+            self._arrived[node] = now
+            if data is None:
+                continue  # listed but gone (a cleanup)
+            try:
+                batch = decode_batch(data, key=key, node=node, seq=seq)
+            except MalformedBatchError as e:
+                log.warning("channel: skipping malformed batch %s", e)
+                self.skipped.append(key)
+                continue
+            self._sent_at[node] = batch.sent_at
+            self.heartbeats[node] = batch.heartbeats
+            for ack in batch.acks:
+                if isinstance(ack, dict) and isinstance(ack.get("seq"), int):
+                    self.acks.setdefault(ack["seq"], {})[node] = float(ack.get("at", batch.sent_at))
+            if batch.closing:
+                self._closed.add(node)
+            else:
+                self._closed.discard(node)
+            batches.append(batch)
         return batches
 
     def records(self, batches: Iterable[Batch]) -> Iterator[tuple[str, int, int, dict[str, Any]]]:
@@ -790,19 +967,18 @@ class ChannelReader:
             for i, r in enumerate(b.records):
                 yield b.node, b.seq, i, r
 
+    def _state(self, node: str, now: float) -> str:
+        if node in self._closed:
+            return "closed"
+        if now - self._arrived[node] > self.lost_after_s:
+            return "lost"
+        return "live" if self._last_seq[node] >= 0 else "waiting"
+
     def status(self) -> dict[str, NodeStatus]:
         now = self._clock()
-        out = {}
-        for node, seq in self._last_seq.items():
-            age = now - self._arrived[node]
-            if node in self._closed:
-                state = "closed"
-            elif age > self.lost_after_s:
-                state = "lost"
-            else:
-                state = "live" if seq >= 0 else "waiting"
-            out[node] = NodeStatus(node, state, seq, age, self._sent_at.get(node))
-        return out
+        return {node: NodeStatus(node, self._state(node, now), seq, now - self._arrived[node],
+                                 self._sent_at.get(node))
+                for node, seq in self._last_seq.items()}
 
     def lost_nodes(self) -> list[str]:
         return sorted(n for n, s in self.status().items() if s.state == "lost")
@@ -822,7 +998,9 @@ this offline build: check the page before quoting a bill)."""
 def estimate_channel_load(*, nodes: int, ranks_per_node: int, records_per_rank_per_s: float = 1.0,
                           record_bytes: int = 200, flush_interval_s: float = FLUSH_INTERVAL_S,
                           poll_interval_s: float = POLL_INTERVAL_S, lost_after_s: float = LOST_AFTER_S,
-                          lease_renew_s: float = LEASE_TTL_S / 3, listing_s: float = 0.1) -> dict[str, float]:
+                          lease_renew_s: float = LEASE_TTL_S / 3, listing_s: float = 0.1,
+                          discover_interval_s: float = DISCOVER_INTERVAL_S,
+                          index_interval_s: float = INDEX_INTERVAL_S) -> dict[str, float]:
     """Requests, bytes and S3 cost of one job's channel at the defaults, and the same job's traffic in the scheme
     the channel replaces (one object per rank per step plus a heartbeat object per rank every 0.5 s).
     The batch size is measured by encoding a representative batch, not assumed."""
@@ -834,18 +1012,27 @@ def estimate_channel_load(*, nodes: int, ranks_per_node: int, records_per_rank_p
                    {str(r): {"step": 100000, "phase": "step", "age_s": 0.25} for r in range(ranks_per_node)},
                    [], 41, False)
     batch_bytes = len(encode_batch(sample))
-    puts = nodes / flush_interval_s + 1 / lease_renew_s
-    # publishers poll commands once per flush; the reader lists a node at most twice per flush (quiet rule)
-    lists = nodes / flush_interval_s + nodes * (1 + math.ceil(0.25 * flush_interval_s / poll_interval_s)) / flush_interval_s
-    gets = nodes / flush_interval_s + nodes / lease_renew_s
-    cost = 3600 * (puts * S3_PRICES_USD_PER_1000["PUT"] + lists * S3_PRICES_USD_PER_1000["LIST"]
+    batches = nodes / flush_interval_s
+    puts = batches + nodes / index_interval_s + 1 / lease_renew_s
+    # The reader lists once per poll from the oldest live cursor: about one flush of every node's keys plus what
+    # arrived during a poll and a listing, in pages of 1,000; and the nodes/ folder once per discovery interval.
+    window_keys = nodes * (flush_interval_s + poll_interval_s + listing_s) / flush_interval_s
+    reader_lists = math.ceil(window_keys / LIST_PAGE) / poll_interval_s + math.ceil(nodes / LIST_PAGE) / discover_interval_s
+    publisher_lists = nodes / flush_interval_s  # each publisher polls the commands once per flush
+    gets = batches + nodes / lease_renew_s  # a GET per batch; every node reads each lease renewal
+    cost = 3600 * (puts * S3_PRICES_USD_PER_1000["PUT"] + (reader_lists + publisher_lists) * S3_PRICES_USD_PER_1000["LIST"]
                    + gets * S3_PRICES_USD_PER_1000["GET"]) / 1000
+    # the read path this one replaced: one LIST per node at most twice per flush
+    per_node_lists = nodes * (1 + math.ceil(0.25 * flush_interval_s / poll_interval_s)) / flush_interval_s
     ranks = nodes * ranks_per_node
     naive_puts = ranks * records_per_rank_per_s + ranks / 0.5
     naive_cost = 3600 * naive_puts * (S3_PRICES_USD_PER_1000["PUT"] + S3_PRICES_USD_PER_1000["GET"]) / 1000
-    return {"nodes": nodes, "ranks": ranks, "batch_bytes": batch_bytes, "objects_per_s": nodes / flush_interval_s,
-            "bytes_per_s": batch_bytes * nodes / flush_interval_s, "put_per_s": puts, "list_per_s": lists,
-            "get_per_s": gets, "usd_per_hour": cost, "detection_s": lost_after_s + 2 * poll_interval_s + listing_s,
+    return {"nodes": nodes, "ranks": ranks, "batch_bytes": batch_bytes, "objects_per_s": batches,
+            "bytes_per_s": batch_bytes * batches, "put_per_s": puts, "list_per_s": reader_lists + publisher_lists,
+            "reader_list_per_s": reader_lists, "publisher_list_per_s": publisher_lists, "get_per_s": gets,
+            "reader_per_s": reader_lists + batches, "per_node_reader_list_per_s": per_node_lists,
+            "usd_per_hour": cost, "usd_per_month": cost * 730,
+            "detection_s": lost_after_s + 2 * poll_interval_s + listing_s,
             "naive_objects_per_s": naive_puts, "naive_usd_per_hour": naive_cost}
 
 
@@ -854,8 +1041,12 @@ def format_channel_load(load: dict[str, float]) -> str:
         f"{load['ranks']:,.0f} ranks on {load['nodes']:,.0f} nodes, one batch per node per flush",
         f"batch: {load['batch_bytes']:,.0f} bytes; objects/s: {load['objects_per_s']:,.0f}; "
         f"bytes/s: {load['bytes_per_s']:,.0f}",
-        f"requests/s: PUT {load['put_per_s']:,.1f}, LIST {load['list_per_s']:,.0f}, GET {load['get_per_s']:,.1f}",
-        f"S3 cost: ${load['usd_per_hour']:,.2f} per hour",
+        f"requests/s: PUT {load['put_per_s']:,.1f}, LIST {load['list_per_s']:,.1f} (reader "
+        f"{load['reader_list_per_s']:,.1f}, command polls {load['publisher_list_per_s']:,.0f}), "
+        f"GET {load['get_per_s']:,.1f}",
+        f"the reader: {load['reader_per_s']:,.0f} requests/s (one LIST per node per poll before: "
+        f"{load['per_node_reader_list_per_s']:,.0f} LISTs/s)",
+        f"S3 cost: ${load['usd_per_hour']:,.2f} per hour, ${load['usd_per_month']:,.0f} per month (730 h)",
         f"lost-node detection: at most {load['detection_s']:.1f} s",
         f"per-rank objects instead: {load['naive_objects_per_s']:,.0f} objects/s, "
         f"${load['naive_usd_per_hour']:,.2f} per hour (PUT + one GET each, before any LIST)",
@@ -863,6 +1054,53 @@ def format_channel_load(load: dict[str, float]) -> str:
 
 
 # ---- command line: real publisher processes for the tests and the bench -------------------------------------
+
+
+class JsonLinesProcess:
+    """A child process that reports on stdout as JSON lines (`{"event": ...}`): the publisher processes of the
+    integration test and of the bench. Both streams are read on threads, so every wait is bounded and a chatty
+    stderr never blocks the child; `expect()` names the process, its exit code and its last stderr lines when the
+    line does not come."""
+
+    def __init__(self, argv: list[str], *, name: str, **popen: Any):
+        self.name = name
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+        self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._stderr: collections.deque[str] = collections.deque(maxlen=40)
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                with contextlib.suppress(json.JSONDecodeError):
+                    self.lines.put(json.loads(line))
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._stderr.append(line)
+
+    def stderr_tail(self) -> str:
+        return "".join(self._stderr)
+
+    def expect(self, event: str, timeout: float) -> dict[str, Any]:
+        """The next line whose "event" is `event` (earlier other lines are dropped); TimeoutError past `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"{self.name}: no {event!r} line within {timeout:g} s (exit code "
+                                   f"{self.proc.poll()}); its stderr ends with:\n{self.stderr_tail()[-2000:]}") from None
+            if msg.get("event") == event:
+                return msg
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
 
 
 def _publish_main(args: argparse.Namespace) -> int:
