@@ -479,8 +479,8 @@ class Job:
 
     def cancel(self, timeout: float = 60.0) -> str:
         """Stop the job: every worker is stopped, the last committed checkpoint kept (resume it with
-        `submit(None, resume=job.id)`). A detached job's controller gets SIGINT (SIGKILL for its whole process
-        group if it has not stopped after `timeout` s); another job is cancelled through its Prefect flow run.
+        `submit(None, resume=job.id)`). A detached job's controller gets SIGINT (SIGKILL for it and every process
+        it started if it has not stopped after `timeout` s); another job is cancelled through its Prefect flow run.
         Returns the state it ended in (a job already ended keeps its state)."""
         state = self.status
         if state in FINAL_STATES:
@@ -491,8 +491,7 @@ class Job:
             try:
                 return self.wait(timeout)
             except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(info["pid"], signal.SIGKILL)
+                _kill_tree(info["pid"])
                 record = self.record()
                 if record is not None:
                     record.update(state="cancelled", error=f"cancelled: the controller did not stop in "
@@ -512,6 +511,22 @@ class Job:
             return self.wait(timeout)
         except TimeoutError:
             return self.status
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a controller and every process under it (torchrun agents and sidecars run in sessions of their own,
+    so its process group alone would leave them behind)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.Error:
+        return
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=10)
 
 
 def _format_line(rank: int, line: str, only: int | None) -> str:
