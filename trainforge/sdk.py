@@ -158,11 +158,12 @@ def prepare(spec_or_path: str | Path | Mapping[str, Any] | JobSpec | None, *,
         resume = record.job_id
         source = record.data.get("source", "<spec>")
         stored = Path(source)
-        if stored.is_file():
-            doc, base_dir = read_document(stored), stored.resolve().parent
-        elif record.data.get("spec") is not None:
+        if stored.parent.is_dir() and source != "<spec>":
+            base_dir = stored.resolve().parent
+        if record.data.get("spec") is not None:  # the very document it ran (overrides included)
             doc = record.data["spec"]
-            base_dir = stored.resolve().parent if stored.parent.is_dir() else base_dir
+        elif stored.is_file():
+            doc = read_document(stored)
         else:
             raise ValueError(f"the spec file of job {resume} ({source}) is gone; pass it: "
                              f"submit(SPEC, resume={resume!r})")
@@ -178,11 +179,11 @@ def prepare(spec_or_path: str | Path | Mapping[str, Any] | JobSpec | None, *,
                         f"{type(spec_or_path).__name__}")
     pairs = parse_overrides(overrides)
     doc = _apply(doc, pairs)
-    if pairs:
-        source = f"{source} (with {', '.join(k + '=' + json.dumps(v, default=str) for k, v in pairs)})"
-    report = validate_document(doc, source, base_dir)
+    # Problems are reported against the file and its overrides; the job records the file itself.
+    label = source + (f" (with {', '.join(k + '=' + json.dumps(v, default=str) for k, v in pairs)})" if pairs else "")
+    report = validate_document(doc, label, base_dir)
     if not report.ok():
-        raise SpecError(report.errors(), source, report.unreadable)
+        raise SpecError(report.errors(), label, report.unreadable)
     if resume:
         JobStore().get(resume)  # a resume names a job that exists (LookupError otherwise)
     return Submission(doc, source, str(base_dir), resume or job_id or new_job_id(report.spec.name), bool(resume),

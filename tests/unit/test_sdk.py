@@ -72,7 +72,8 @@ def test_overridden_spec_is_validated_like_the_file():
 
     build_demo_dataset()
     sub = prepare(EXAMPLES / "tiny-cpu.yaml", overrides=["training.max_steps=7"], job_id="j-1")
-    assert sub.spec.training.max_steps == 7 and sub.job_id == "j-1" and "training.max_steps=7" in sub.source
+    assert sub.spec.training.max_steps == 7 and sub.job_id == "j-1" and sub.source == str(EXAMPLES / "tiny-cpu.yaml")
+    assert sub.doc["training"]["max_steps"] == 7
     with pytest.raises(SpecError) as info:
         prepare(EXAMPLES / "tiny-cpu.yaml", overrides={"training.max_steps": "abc", "training.max_stepz": 3})
     assert {p.path for p in info.value.problems} == {"training.max_steps", "training.max_stepz"}
@@ -165,3 +166,17 @@ def test_submit_refuses_an_unknown_backend_and_a_bad_spec(tmp_path):
     bad.write_text(yaml.safe_dump({"name": "x"}))
     with pytest.raises(SpecError):
         submit(bad)
+
+
+def test_resume_runs_the_stored_document_overrides_included():
+    from trainforge.registry.jobs import JobStore
+    from trainforge.sdk import prepare
+
+    build_demo_dataset()
+    doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    doc["training"]["max_steps"] = 7  # as `--set training.max_steps=7` left it
+    JobStore().create("tiny-cpu-20260101-000000-beef", name="tiny-cpu", team="demo", spec=doc,
+                      source=str(EXAMPLES / "tiny-cpu.yaml"))
+    sub = prepare(None, resume="tiny-cpu-20260101-000000-beef")
+    assert sub.resume and sub.job_id == "tiny-cpu-20260101-000000-beef" and sub.spec.training.max_steps == 7
+    assert sub.base_dir == str(EXAMPLES)
