@@ -13,6 +13,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help text is plain text: with rich markup, `[rank N]` or `[@BRANCH]` in a help string would be eaten.
+    rich_markup_mode=None,
 )
 
 def _print_version(value: bool) -> None:

@@ -85,3 +85,12 @@ def test_submit_set_is_validated_like_the_file():
     assert [p["path"] for p in report["problems"]] == ["name.x"]
     result, _ = run("submit", EXAMPLES / "missing.yaml", "--json")
     assert result.exit_code == EXIT_UNREADABLE and json.loads(result.stdout)["problems"][0]["path"] == "<file>"
+
+
+def test_help_keeps_brackets_and_lists_choices():
+    _, out = run("datasets", "build", "--help", columns=200)
+    assert "catalog://NAME[@BRANCH]" in out  # rich markup once read [@BRANCH] as a tag and dropped it
+    _, out = run("logs", "--help", columns=200)
+    assert "prefixed [rank N]" in out
+    _, out = run("status", "--help", columns=200)
+    assert "pending|running|completed|failed|cancelled" in out
