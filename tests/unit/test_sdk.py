@@ -74,6 +74,8 @@ def test_overridden_spec_is_validated_like_the_file():
     sub = prepare(EXAMPLES / "tiny-cpu.yaml", overrides=["training.max_steps=7"], job_id="j-1")
     assert sub.spec.training.max_steps == 7 and sub.job_id == "j-1" and sub.source == str(EXAMPLES / "tiny-cpu.yaml")
     assert sub.doc["training"]["max_steps"] == 7
+    from_model = prepare(sub.spec, overrides={"training.max_steps": 5})  # a JobSpec is submitted as its document
+    assert from_model.spec.training.max_steps == 5 and from_model.spec.name == "tiny-cpu"
     with pytest.raises(SpecError) as info:
         prepare(EXAMPLES / "tiny-cpu.yaml", overrides={"training.max_steps": "abc", "training.max_stepz": 3})
     assert {p.path for p in info.value.problems} == {"training.max_steps", "training.max_stepz"}
