@@ -1,37 +1,36 @@
 """Hyper-parameter search with Optuna, each trial a separate trainforge job.
 
-Optuna proposes a learning rate and a warm-up length. Each trial writes a job spec (the tiny CPU demo, shortened),
-submits it with `trainforge submit SPEC --json` (its own process and its own job: validated, planned, scheduled,
-checkpointed and tracked in MLflow like any other), then reads the trial's objective back through the metrics API,
-`trainforge.registry.tracking.job_metric`: by default the best (min) `eval_loss` of that job's MLflow run. A job
-that fails is a failed trial, and the search goes on. Each trial's job id and MLflow run id are kept as the trial's
-user attributes, so `trainforge compare JOB JOB...` and `trainforge report JOB` work on the trials afterwards.
+Optuna proposes a learning rate and a warm-up length. Each trial submits the base job spec (the tiny CPU demo)
+with the SDK, the trial's values as overrides (`trainforge.submit(SPEC, overrides={...})`, what `trainforge submit
+SPEC --set KEY=VALUE` does): its own job, validated, planned, scheduled, checkpointed and tracked in MLflow like any
+other. It then reads the trial's objective back through the metrics API, `trainforge.registry.tracking.job_metric`:
+by default the best (min) `eval_loss` of that job's MLflow run. A job that fails is a failed trial, and the search
+goes on. Each trial's job id and MLflow run id are kept as the trial's user attributes, so `trainforge compare JOB
+JOB...` and `trainforge report JOB` work on the trials afterwards.
 
 Run it from the repository root (the demo dataset is built on first use):
 
     .venv/bin/python examples/hpo/optuna_trials.py --trials 4 --steps 20
 
 Each tiny trial takes about a minute on a 2-core machine. Optuna's study lives in memory unless you give
-`--storage sqlite:///hpo.db` (then `--study-name` resumes it). Point PREFECT_API_URL at a running Prefect server
-(`trainforge servers up`) so that the trials do not each start Prefect's temporary one. An orchestrator on another
-host reads the same numbers with MLFLOW_TRACKING_URI set and `trainforge metric JOB eval_loss --mode min --json`.
+`--storage sqlite:///hpo.db` (then `--study-name` resumes it). Each trial's job runs in a background process
+(`detach=True`), so a trial past `--trial-timeout` is cancelled (`job.cancel()`) and the search goes on. Point
+PREFECT_API_URL at a running Prefect server (`trainforge up`) so that the trials do not each start Prefect's
+temporary one. An orchestrator on another host reads the same numbers with MLFLOW_TRACKING_URI set and
+`trainforge metric JOB eval_loss --mode min --json`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 
+from trainforge import submit
 from trainforge.datasets.demo import ensure_demo_dataset
 from trainforge.registry.tracking import job_metric
 
@@ -42,32 +41,30 @@ class TrialJobFailed(RuntimeError):
     """The trial's trainforge job failed: Optuna records the trial as failed and goes on."""
 
 
-def trainforge_cli() -> list[str]:
-    exe = shutil.which("trainforge", path=str(Path(sys.executable).parent)) or shutil.which("trainforge")
-    return [exe] if exe else [sys.executable, "-m", "trainforge.cli"]
+def trial_overrides(trial: optuna.Trial, study: str, steps: int) -> dict[str, Any]:
+    """The trial's changes to the base spec, by dotted key (validated with the spec, like `--set`)."""
+    return {
+        "name": f"{study}-t{trial.number}"[:63].strip("-"),
+        "labels.hpo-study": study,
+        "labels.hpo-trial": str(trial.number),
+        "training.max_steps": steps,
+        "training.optimizer.lr": trial.suggest_float("lr", 3e-4, 1e-2, log=True),
+        "training.lr_schedule.warmup_steps": trial.suggest_int("warmup_steps", 0, max(1, steps // 4)),
+        "checkpoint.interval_steps": max(1, steps // 2),  # eval_loss at half-way and at the end
+    }
 
 
-def trial_spec(base: dict[str, Any], trial: optuna.Trial, study: str, steps: int) -> dict[str, Any]:
-    doc = json.loads(json.dumps(base))  # a deep copy
-    doc["name"] = f"{study}-t{trial.number}"[:63].strip("-")
-    doc["labels"] = {**doc.get("labels", {}), "hpo-study": study, "hpo-trial": str(trial.number)}
-    training = doc["training"]
-    training["max_steps"] = steps
-    training["optimizer"]["lr"] = trial.suggest_float("lr", 3e-4, 1e-2, log=True)
-    training["lr_schedule"]["warmup_steps"] = trial.suggest_int("warmup_steps", 0, max(1, steps // 4))
-    doc["checkpoint"]["interval_steps"] = max(1, steps // 2)  # eval_loss at half-way and at the end
-    return doc
-
-
-def run_trial(doc: dict[str, Any], workdir: Path, timeout_s: float) -> dict[str, Any]:
-    """Submit one job with the CLI and wait for it; its result (job id, state, MLflow run) as JSON."""
-    spec = workdir / f"{doc['name']}.yaml"
-    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
-    proc = subprocess.run([*trainforge_cli(), "submit", str(spec), "--json"], capture_output=True, text=True,
-                          timeout=timeout_s, cwd=REPO)
-    if proc.returncode != 0:
-        raise TrialJobFailed(f"job {doc['name']} failed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}")
-    return json.loads(proc.stdout)
+def run_trial(spec: Path, overrides: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Submit one job with the SDK and wait for it; its result (job id, state, MLflow run)."""
+    job = submit(spec, overrides=overrides, detach=True)
+    try:
+        state = job.wait(timeout=timeout_s)
+    except TimeoutError:
+        job.cancel()
+        raise TrialJobFailed(f"job {job.id} did not finish in {timeout_s:.0f} s: cancelled") from None
+    if state != "completed":
+        raise TrialJobFailed(f"job {job.id} {state}: {(job.error or '')[-800:]}")
+    return job.result
 
 
 def main(argv: list[str] | None = None) -> optuna.Study:
@@ -85,13 +82,10 @@ def main(argv: list[str] | None = None) -> optuna.Study:
     ap.add_argument("--trial-timeout", type=float, default=1800.0, help="Seconds before a trial's job is abandoned.")
     args = ap.parse_args(argv)
 
-    base = yaml.safe_load(args.spec.read_text())
     ensure_demo_dataset()  # the catalog://demo-text dataset of the tiny spec; built once, shared by the trials
-    workdir = Path(tempfile.mkdtemp(prefix="trainforge-hpo-"))
 
     def objective(trial: optuna.Trial) -> float:
-        doc = trial_spec(base, trial, args.study_name, args.steps)
-        result = run_trial(doc, workdir, args.trial_timeout)
+        result = run_trial(args.spec, trial_overrides(trial, args.study_name, args.steps), args.trial_timeout)
         trial.set_user_attr("job_id", result["job_id"])
         trial.set_user_attr("mlflow_run_id", result["mlflow_run_id"])
         value = job_metric(result["job_id"], args.metric, args.mode)  # read back from MLflow
@@ -114,7 +108,6 @@ def main(argv: list[str] | None = None) -> optuna.Study:
     print(f"best trial {best.number}: {args.metric}={best.value:.4f} with {best.params} "
           f"(job {best.user_attrs['job_id']}); {len(done)} completed, {failed} failed")
     print(f"compare them: trainforge compare {' '.join(t.user_attrs['job_id'] for t in done)}")
-    shutil.rmtree(workdir, ignore_errors=True)
     return study
 
 

@@ -1,6 +1,7 @@
 """prefect.yaml's deployments work against a real Prefect server with a process work pool and worker:
-`prefect deploy --all` registers them, and `run_deployment` (what `prefect deployment run`, schedules and
-`trainforge submit --deployment` use) trains a job to completion through the worker.
+`prefect deploy --all` registers them, and `run_deployment` (what `prefect deployment run`, schedules,
+`trainforge submit --deployment` and the SDK's `submit(..., backend="deployment")` use) trains a job to completion
+through the worker.
 
 Run: .venv/bin/python -m pytest tests/integration/test_deployment.py   (about 1.5 minutes on 2 cores)
 """
@@ -73,24 +74,25 @@ def test_train_job_deployment_runs_through_a_process_worker(tmp_path, _isolated_
         worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "trainforge"], env=env,
                                   cwd=tmp_path, stdout=worker_log, stderr=subprocess.STDOUT)
         ensure_demo_dataset()
-        doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
-        doc["training"].update({"max_steps": 8, "global_batch_size": 8, "seq_len": 64})
-        doc["checkpoint"]["interval_steps"] = 4
         for key, value in env.items():
             monkeypatch.setenv(key, value)
-        from prefect.deployments import run_deployment
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
+        from trainforge import submit
+
         # Another test's session-wide Prefect harness may hold the API URL in a settings context: override it.
+        # The SDK's deployment backend: `run_deployment` with the job id chosen here, then the job is followed.
         with temporary_settings(updates={PREFECT_API_URL: api}):
-            run = run_deployment("train-job/train-job", timeout=420, parameters={
-                "spec": doc, "source": "tiny-cpu.yaml", "base_dir": str(REPO / "examples")})
-        assert run.state is not None and run.state.is_completed(), (
-            f"{run.state}\n{(tmp_path / 'worker.log').read_text()[-3000:]}")
+            job = submit(REPO / "examples" / "tiny-cpu.yaml", backend="deployment", detach=True, overrides={
+                "training.max_steps": 8, "training.global_batch_size": 8, "training.seq_len": 64,
+                "checkpoint.interval_steps": 4})
+            state = job.wait(timeout=420)
+        assert state == "completed", f"{job.error}\n{(tmp_path / 'worker.log').read_text()[-3000:]}"
         jobs = list((_isolated_home / "jobs").glob("tiny-cpu-*/job.json"))
         assert len(jobs) == 1
         record = yaml.safe_load(jobs[0].read_text())
-        assert record["state"] == "completed" and record["flow_run_id"] == str(run.id)
+        assert record["job_id"] == job.id and record["state"] == "completed"
+        assert record["flow_run_id"] == job.flow_run_id and record["spec"]["training"]["max_steps"] == 8
     finally:
         if worker is not None:
             _stop(worker, signal.SIGINT)  # a worker ignores SIGTERM once its server is gone: stop it first

@@ -1,5 +1,5 @@
 """The metrics API of HPO drivers on a real finished run: examples/hpo/optuna_trials.py runs one Optuna trial as
-a trainforge job (submitted with `trainforge submit --json` in its own process) and reads the objective through
+a trainforge job (submitted with the SDK, detached: its own process) and reads the objective through
 `job_metric`; the API's latest/min/max values equal what the job's workers reported, it finds the run from the
 MLflow tag alone (a driver on another host), and `trainforge metric` prints the same. One trial, not two: each
 tiny trial costs about a minute here.
@@ -36,7 +36,7 @@ def test_optuna_trial_reads_its_objective_through_the_metrics_api(prefect_api, m
     from trainforge.cli import app
     from trainforge.events import read_events
 
-    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())  # the trial's CLI process uses this test's server
+    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())  # the trial's process uses this test's server
     study = load_example().main(["--trials", "1", "--steps", "4", "--study-name", "hpo-test"])
     trial = study.best_trial
     job_id = trial.user_attrs["job_id"]

@@ -7,7 +7,7 @@ kept alive by one is still two modules that each need the other.
 
 Rules:
   (a) no import cycle anywhere in trainforge/;
-  (b) nothing below tasks/, flows/, commands/, cli.py and __main__.py imports them;
+  (b) nothing below tasks/, flows/, sdk.py, commands/, cli.py and __main__.py imports them;
   (c) the trainer (trainer/, runtime.py) reaches no control-plane module, directly or through another module;
       storage and the checkpoint format (infra.storage, registry.manifest / dedup) sit below both;
   (d) contract/ imports only spec, plan, infra.storage and itself (no torch, no trainer, nothing of the
@@ -28,8 +28,10 @@ import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "trainforge"
 
-# The top: only these may import each other's modules (the CLI calls flows, flows call tasks, ...).
-TOP = ("trainforge.tasks", "trainforge.flows", "trainforge.commands", "trainforge.cli", "trainforge.__main__")
+# The top: only these may import each other's modules (the CLI calls the SDK and flows, the SDK runs the flow, flows
+# call tasks, ...).
+TOP = ("trainforge.tasks", "trainforge.flows", "trainforge.sdk", "trainforge.commands", "trainforge.cli",
+       "trainforge.__main__")
 
 # The control plane the trainer must never load (it runs on every rank, next to the user's code): all of infra/
 # and registry/ (scheduler, backends, launch, k8s, servers, simulator, cost; job records, tracking, promotion,

@@ -201,7 +201,7 @@ def test_a_submit_validates_parses_and_resolves_the_layout_once(prefect_api, mon
     for module in (validate, prepare):
         monkeypatch.setattr(module, "validate_document", validate_document)
     read_document = counting("parse", spec_module.read_document)
-    for module in (spec_module, validate, jobs):
+    for module in (spec_module, validate):  # the CLI reads the file through the SDK (sdk.prepare)
         monkeypatch.setattr(module, "read_document", read_document)
     resolve_layout = counting("resolve", resolve.resolve_layout)
     for module in (resolve, plan_job):  # validate imports it from plan.resolve; make_plan from plan/job.py

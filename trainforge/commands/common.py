@@ -23,13 +23,21 @@ if TYPE_CHECKING:
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
-EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
+# The exit statuses of every command, in one place (docs/cli.md lists them): 1 an invalid spec or another user
+# error, 2 an unreadable file (or a usage error, click's own), 3 the job ran and failed, 130 the job was cancelled
+# (128 + SIGINT, what a shell reports for Ctrl-C).
+EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE, EXIT_JOB_FAILED, EXIT_CANCELLED = 0, 1, 2, 3, 130
 
 ICONS = {"error": "[red]✗[/]", "not-checked": "[yellow]?[/]", "warning": "[yellow]![/]"}
 
 
-def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {escape(message)}")
+def fail(message: str, code: int = EXIT_INVALID, as_json: bool = False) -> NoReturn:
+    """Stop the command with `message`: rich text on stderr, or under --json `{"error": ...}` on stdout (a script
+    parses stdout; the exit status says it failed)."""
+    if as_json:
+        print_json({"error": message, "exit_code": code})
+    else:
+        err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
 
 
@@ -42,11 +50,16 @@ def render_problem(problem: Problem, strict: bool = False) -> str:
     return f"  {icon} {escape(problem.render())}{tag}"
 
 
-def print_spec_error(exc: SpecError) -> NoReturn:
+def print_spec_error(exc: SpecError, as_json: bool = False) -> NoReturn:
+    code = EXIT_UNREADABLE if exc.unreadable else EXIT_INVALID
+    if as_json:
+        print_json({"error": f"{exc.source}: {len(exc.problems)} problem(s)", "exit_code": code,
+                    "problems": [p.to_dict() for p in exc.problems]})
+        raise typer.Exit(code)
     err_console.print(f"[bold red]{escape(exc.source)}[/]: {len(exc.problems)} problem(s)")
     for p in exc.problems:
         err_console.print(render_problem(p))
-    raise typer.Exit(EXIT_UNREADABLE if exc.unreadable else EXIT_INVALID)
+    raise typer.Exit(code)
 
 
 def load_cluster_option(path: Path | None) -> ClusterSpec:
