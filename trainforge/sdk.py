@@ -42,6 +42,8 @@ BACKENDS: tuple[str, ...] = ("local", "deployment")
 DEPLOYMENT = "train-job/train-job"
 FINAL_STATES = ("completed", "failed", "cancelled")
 POLL_S = 0.5
+EPHEMERAL_STARTUP_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+EPHEMERAL_STARTUP_S = 120
 
 # Prefect's state names -> the job's states (a deployment run whose job record is on another host).
 _PREFECT_STATES = {"SCHEDULED": "pending", "PENDING": "pending", "RUNNING": "running", "COMPLETED": "completed",
@@ -217,6 +219,9 @@ def launch(sub: Submission, *, backend: Backend = "local", detach: bool = False)
 
 def run_flow(sub: Submission) -> dict[str, Any]:
     """The train-job flow in this process, reusing the submission's validation; its result, or what it raised."""
+    # Without a Prefect server the flow starts a temporary one, which Prefect gives 20 s to come up: a fresh
+    # PREFECT_HOME's database migrations alone took 20.6 s on a 2-core host, and the job failed before it began.
+    os.environ.setdefault(EPHEMERAL_STARTUP_ENV, str(EPHEMERAL_STARTUP_S))
     from trainforge.flows.train_job import train_job
 
     return train_job(sub.doc, sub.source, sub.base_dir, sub.job_id, sub.resume, validated=sub.report)

@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest tests/integration/test_cancel_resume.py   (about
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -88,13 +89,15 @@ def test_ctrl_c_stops_every_worker_and_resume_continues(tmp_path, _isolated_home
         assert ended is None, f"training ended (step {ended and ended['step']}) before Ctrl-C could be sent"
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=60)
         stopped_s = time.monotonic() - t0
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err[-3000:]
-    assert "cancelled" in err
+    # Under --json the error is the JSON document on stdout (docs/cli.md): a script parses stdout
+    error = json.loads(out[out.rindex('{\n  "error"'):])
+    assert "cancelled" in error["error"] and error["exit_code"] == 130, out[-3000:]
     assert stopped_s < 30, f"took {stopped_s:.1f}s to stop"
     wait_for(lambda: not job_processes(job_id), 10, "no orphan worker processes")
     record = JobStore().get(job_id)

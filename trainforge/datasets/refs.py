@@ -30,6 +30,11 @@ def refuse_withdrawn(ds: ResolvedDataset, ref: str) -> None:
 
     from trainforge.registry.lineage import LineageStore, lineage_url
 
+    url = lineage_url()
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        # No lineage database yet: nothing was ever recorded, so nothing withdrawn; opening it would create it, and
+        # a spec that is rejected must leave nothing behind.
+        return
     try:
         found = LineageStore().withdrawal(ds.name, ds.version)
     except SQLAlchemyError as exc:
