@@ -106,13 +106,13 @@ def test_a_failure_mid_build_leaves_no_version(tmp_path, monkeypatch):
     calls = {"n": 0}
     real = build_mod.write_shard
 
-    def flaky(*a, **kw):
+    def failing_write_shard(*a, **kw):  # the third shard write fails: a disk filling mid-build
         calls["n"] += 1
         if calls["n"] == 3:
             raise OSError("disk full")
         return real(*a, **kw)
 
-    monkeypatch.setattr(build_mod, "write_shard", flaky)
+    monkeypatch.setattr(build_mod, "write_shard", failing_write_shard)
     catalog = EmbeddedCatalog()
     with pytest.raises(OSError, match="disk full"):
         build_dataset(src, "web", BuildConfig(license="MIT", seq_len=15, num_workers=1, max_shard_bytes=200),
