@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from tests.integration.test_live_scheduler import Ledger as GpuLedger
 from tests.unit.scheduler.conftest_helpers import check_invariants
 from trainforge.infra.scheduler.live import GangRequest, LiveScheduler, SchedulingTimeout
 from trainforge.infra.scheduler.model import SchedulerConfig
@@ -55,30 +56,16 @@ class CheckedScheduler(LiveScheduler):
         super()._save(conn, sched, rows)
 
 
-class Ledger:
+class Ledger(GpuLedger):
+    """The 32-thread test's ledger of who holds which GPU, plus the count of every request's outcome."""
+
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.held: dict[tuple[str, int], str] = {}
-        self.errors: list[str] = []
+        super().__init__()
         self.counts: Counter[str] = Counter()
 
     def count(self, what: str) -> None:
         with self.lock:
             self.counts[what] += 1
-
-    def take(self, job: str, nodes: list[tuple[str, list[int]]]) -> None:
-        with self.lock:
-            for name, gpus in nodes:
-                for g in gpus:
-                    if (name, g) in self.held:
-                        self.errors.append(f"{name}:{g} held by {self.held[(name, g)]} and {job}")
-                    self.held[(name, g)] = job
-
-    def give(self, nodes: list[tuple[str, list[int]]]) -> None:
-        with self.lock:
-            for name, gpus in nodes:
-                for g in gpus:
-                    self.held.pop((name, g), None)
 
 
 @pytest.mark.slow
@@ -133,7 +120,7 @@ def test_soak_64_threads_on_postgresql_never_double_book_nor_lose_a_request(post
                 if rng.random() < 0.2:
                     sched.checkpointed(job)
                 time.sleep(POLL_S)
-            ledger.give(alloc.nodes)  # forget before releasing: the scheduler may re-grant at once
+            ledger.give(job, alloc.nodes)  # forget before releasing: the scheduler may re-grant at once
             sched.release(job)
             ledger.count(outcome)
 
