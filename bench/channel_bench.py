@@ -119,8 +119,9 @@ def _worker(spec: dict[str, Any]) -> None:
                 step += 1
                 next_t = max(next_t + period, time.monotonic())
                 stop.wait(max(0.0, next_t - time.monotonic()))
+    ru = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"event": "stats", "requests": requests, "failures": failures, "batches": batches,
-                      "seconds": time.monotonic() - started}), flush=True)
+                      "seconds": time.monotonic() - started, "cpu_s": ru.ru_utime + ru.ru_stime}), flush=True)
 
 
 # ---- the control side ---------------------------------------------------------------------------------------
@@ -168,6 +169,11 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
     job_nodes = [(channel_root(f"teams/bench/jobs/j{j}"), [f"n{i}" for i in range(nodes)]) for j in range(jobs)]
     flat = [(root, n) for root, ns in job_nodes for n in ns]
     procs_n = max(min(len(flat), args.min_procs), math.ceil(len(flat) / args.per_proc))
+    # The control plane's command writers exist, and every job's lease is granted, before any node starts: a
+    # start-up slower than the lease (200 jobs on a starved host) must not let leases lapse before measuring.
+    pool = ThreadPoolExecutor(max_workers=16)
+    writers = list(pool.map(lambda jn: CommandWriter(store, jn[0]), job_nodes)) if mode == "channel" else []
+    list(pool.map(lambda w: w.renew_lease(BENCH_LEASE_S), writers))
     procs = []
     for i in range(procs_n):
         by_root: dict[str, list[str]] = {}
@@ -182,7 +188,6 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
     for p in procs:
         p.expect("ready", timeout=300)
     startup_s = time.monotonic() - t_start
-    pool = ThreadPoolExecutor(max_workers=16)
     if mode == "channel":
         # One job: the reader's own 16 threads; many jobs: 2 each, with 8 readers polled at once (16 in flight).
         readers: list[Any] = [ChannelReader(store, root, nodes=ns, flush_interval_s=args.flush,
@@ -203,19 +208,17 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
     outer = ThreadPoolExecutor(max_workers=8 if mode == "channel" else 1)
     cycles: list[float] = []
     # The control plane renews every job's lease every 10 s, on its own thread (a slow reader must not starve it).
-    writers = [CommandWriter(store, root) for root, _ in job_nodes] if mode == "channel" else []
     done = threading.Event()
 
     def renew() -> None:
-        while writers and not done.is_set():
-            for w in writers:
-                w.renew_lease(BENCH_LEASE_S)
-            done.wait(LEASE_TTL_S / 3)
+        while writers and not done.wait(LEASE_TTL_S / 3):
+            list(pool.map(lambda w: w.renew_lease(BENCH_LEASE_S), writers))
 
     renewer = threading.Thread(target=renew, daemon=True)
     renewer.start()
     t0 = time.monotonic()
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    weed0 = _proc_cpu_s(server.proc.pid) if server.proc else 0.0
     while time.monotonic() - t0 < args.seconds:
         tick = time.monotonic()
         for recs in outer.map(poll, readers):
@@ -234,8 +237,9 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
     window = time.monotonic() - t0
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     reader_cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    weed_cpu = (_proc_cpu_s(server.proc.pid) if server.proc else 0.0) - weed0
     read_requests = sum(r.requests for r in readers)
-    backlog = sum(_backlog(store, r) for r in readers) if mode == "channel" else 0
+    backlog = sum(pool.map(lambda r: _backlog(store, r), readers)) if mode == "channel" else 0
     done.set()
     renewer.join(timeout=30)
     for p in procs:
@@ -250,6 +254,9 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
             r.close()
     server.delete_bucket(bucket)
     write_rps = sum(s["requests"] / s["seconds"] for s in stats)
+    # CPU-seconds per second of every party over its whole run (the publishers' includes their start-up): what a
+    # host would need to carry this load, whether or not this one could.
+    pub_cpu = sum(s["cpu_s"] / s["seconds"] for s in stats)
     lat = sorted(latencies)
     return {
         "name": name, "nodes": jobs * nodes, "ranks": jobs * nodes * args.ranks, "procs": procs_n,
@@ -259,7 +266,17 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
         "write_rps": write_rps, "read_rps": read_requests / window, "failures": sum(s["failures"] for s in stats),
         "lost": lost_seen, "cycle_ms": 1000 * statistics.mean(cycles), "backlog": backlog,
         "cpu_per_s": reader_cpu / window, "cpu_ms_per_poll": 1000 * reader_cpu / max(1, polls),
+        "pub_cpu_per_s": pub_cpu, "s3_cpu_per_s": weed_cpu / window,
     }
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """CPU-seconds (user + system) a process has used, from /proc (the S3 server is not our child's rusage)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_reader_alone(server: SeaweedFSServer, nodes: int, rounds: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -329,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# this host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     header = (f"{'scenario':<22} {'nodes':>5} {'procs':>5} {'rec/s':>6} {'p50 ms':>7} {'p99 ms':>7} "
               f"{'write r/s':>9} {'read r/s':>8} {'x base':>6} {'poll ms':>7} {'cpu/poll':>8} {'rd cpu':>6} "
-              f"{'backlog':>7} {'lost':>4} {'fail':>4} {'start s':>7}")
+              f"{'backlog':>7} {'lost':>4} {'fail':>4} {'start s':>7} {'cores':>5}")
     print(header, flush=True)
     base_per_record: float | None = None
     with tempfile.TemporaryDirectory(prefix="tf-channel-bench-") as tmp, SeaweedFSServer(tmp) as server:
@@ -339,11 +356,12 @@ def main(argv: list[str] | None = None) -> int:
             per_record = (r["write_rps"] + r["read_rps"]) / (r["ranks"] * args.steps_per_s)
             if mode == "naive" and base_per_record is None:
                 base_per_record = per_record
+            cores = r["cpu_per_s"] + r["pub_cpu_per_s"] + r["s3_cpu_per_s"]
             ratio = f"{base_per_record / per_record:6.1f}" if base_per_record and mode == "channel" else f"{'-':>6}"
             print(f"{r['name']:<22} {r['nodes']:>5} {r['procs']:>5} {r['records_per_s']:>6.0f} {r['p50_ms']:>7.0f} "
                   f"{r['p99_ms']:>7.0f} {r['write_rps']:>9.0f} {r['read_rps']:>8.0f} {ratio} {r['cycle_ms']:>7.0f} "
                   f"{r['cpu_ms_per_poll']:>6.0f}ms {r['cpu_per_s']:>6.2f} {r['backlog']:>7} {r['lost']:>4} "
-                  f"{r['failures']:>4} {r['startup_s']:>7.1f}", flush=True)
+                  f"{r['failures']:>4} {r['startup_s']:>7.1f} {cores:>5.1f}", flush=True)
         if args.reader_alone:
             alone = run_reader_alone(server, args.reader_alone, 5, args)
             print(f"# the reader alone, {alone['nodes']} nodes written beforehand, one flush of every node per poll "
@@ -352,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"#   poll {i}: {p['batches']} batches, {p['requests']} requests ({p['keys']} keys listed), "
                       f"{p['cpu_ms']:.0f} ms CPU, {p['wall_ms']:.0f} ms wall", flush=True)
     print("# rec/s: records read and routed per second; poll ms: one pass of every reader; cpu/poll and rd cpu: the "
-          "reader process's CPU per pass and CPU-seconds per second; backlog: batches written but unread at the end")
+          "reader process's CPU per pass and CPU-seconds per second; backlog: batches written but unread at the end; "
+          "cores: CPU-seconds per second of the publishers, the reader and the S3 server together (above this host's "
+          f"{os.cpu_count()}, the row measures a saturated host: its latency is queueing, not the channel)")
     return 0
 
 

@@ -435,6 +435,71 @@ def test_a_command_is_checked_before_it_is_written_and_two_writers_never_share_a
         store.put_bytes(ChannelLayout(ROOT).command_key(0), b"{}", if_none_match=True)
 
 
+class _CountingStore:
+    """The local store, counting the requests a reader makes by kind."""
+
+    def __init__(self, inner: LocalObjectStore) -> None:
+        self.inner, self.lists, self.gets = inner, 0, 0
+
+    def list(self, *a, **kw):
+        self.lists += 1
+        return self.inner.list(*a, **kw)
+
+    def get_bytes(self, *a, **kw):
+        self.gets += 1
+        return self.inner.get_bytes(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_node_polls_commands_with_a_get_of_the_next_seq_and_lists_only_now_and_then(store):
+    from trainforge.contract.channel import CommandReader
+
+    writer = CommandWriter(store, ROOT)
+    writer.send("stop", nodes=["n2"])  # history from before the node started: read by the first poll's LIST
+    counting = _CountingStore(store)
+    reader = CommandReader(counting, ROOT, "n1", relist_every=6)
+    assert reader.poll() == [] and (counting.lists, reader.last_seq) == (1, 0)
+    counting.lists = counting.gets = 0
+    for _ in range(3):
+        assert reader.poll() == []
+    assert (counting.lists, counting.gets) == (0, 3)  # one GET (a miss) per poll, no LIST
+    a, b = writer.send("dump_stacks"), writer.send("profile_window", start_step=3, end_step=4)
+    assert [(c.seq, c.kind) for c in reader.poll()] == [(a, "dump_stacks"), (b, "profile_window")]
+    assert (counting.lists, counting.gets) == (0, 3 + 3)  # the two commands and the miss after them
+    # A command removed by a cleanup leaves a hole the GETs cannot see past; the next listing steps over it.
+    c, d = writer.send("stop"), writer.send("dump_stacks")
+    store.delete(ChannelLayout(ROOT).command_key(c))
+    assert reader.poll() == [] and reader.last_seq == b  # the reader's 6th poll: a GET, of the hole
+    assert [x.seq for x in reader.poll()] == [d] and counting.lists == 1  # the 7th lists
+
+
+def test_a_command_write_that_fails_gives_its_seq_back_so_readers_see_no_gap(store):
+    class FailOnce:
+        def __init__(self, inner):
+            self.inner, self.failed = inner, False
+
+        def put_bytes(self, *a, **kw):
+            if not self.failed:
+                self.failed = True
+                raise OSError("connection reset")
+            return self.inner.put_bytes(*a, **kw)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    from trainforge.contract.channel import CommandReader
+
+    writer = CommandWriter(FailOnce(store), ROOT)
+    reader = CommandReader(store, ROOT, "n1", relist_every=1_000)
+    assert reader.poll() == []  # the listing poll: nothing yet
+    with pytest.raises(OSError):
+        writer.send("stop")
+    assert writer.send("stop") == 0
+    assert [c.seq for c in reader.poll()] == [0]  # found by a GET of seq 0: no hole at the failed write
+
+
 def test_a_node_whose_lease_lapsed_stops_and_renewals_keep_it(store):
     writer = CommandWriter(store, ROOT)
     got: list[Command] = []

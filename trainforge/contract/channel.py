@@ -113,6 +113,7 @@ COMMAND_KINDS: dict[str, tuple[str, ...]] = {
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _BATCH = re.compile(r"/up/(\d{13})-([A-Za-z0-9][A-Za-z0-9._-]{0,127})-(\d{12})\.jsonl$")
 _COMMAND = re.compile(r"/(\d{12})\.json$")
+COMMAND_RELIST_EVERY = 30  # a node's command polls: a GET of the next seq, and a LIST every 30th poll
 
 
 def channel_root(job_prefix: str) -> str:
@@ -287,22 +288,41 @@ class CommandWriter:
                     return seq
                 except ObjectExistsError:
                     continue  # another writer took this seq
+                except BaseException:
+                    # Nothing was written at this seq: give it back, or the readers (which GET the next seq)
+                    # would wait at the gap until their next listing.
+                    self._next = seq
+                    raise
 
     def renew_lease(self, ttl_s: float = LEASE_TTL_S) -> int:
         return self.send("lease", ttl_s=ttl_s)
 
 
 class CommandReader:
-    """A node's end: the commands for `node` written since the last poll, in seq order (one LIST per poll)."""
+    """A node's end: the commands for `node` written since the last poll, in seq order.
 
-    def __init__(self, store: ObjectStore, root: str, node: str, *, after_seq: int = -1):
+    Seqs are dense (the writer takes them with a conditional create and never skips one), so a poll is a GET of
+    the next seq, which is a 404 on almost every poll: on S3 a GET costs a twelfth of a LIST, and 512 nodes polling
+    once a second are the channel's largest request stream. The first poll, and every `relist_every`-th after it,
+    LISTs instead, which reads history on a (re)start and steps over a seq that a cleanup removed."""
+
+    def __init__(self, store: ObjectStore, root: str, node: str, *, after_seq: int = -1,
+                 relist_every: int = COMMAND_RELIST_EVERY):
         self.store, self.layout, self.node = store, ChannelLayout(root), _check_node(node)
         self.last_seq = after_seq
+        self.relist_every = max(1, relist_every)
+        self._polls = 0
 
     def poll(self) -> list[Command]:
-        start = self.layout.command_key(self.last_seq) if self.last_seq >= 0 else ""
+        listing = self._polls % self.relist_every == 0
+        self._polls += 1
+        if listing:
+            start = self.layout.command_key(self.last_seq) if self.last_seq >= 0 else ""
+            keys: Iterable[str] = list_after(self.store, self.layout.down_prefix, start)
+        else:
+            keys = self._next_keys()
         out = []
-        for key in list_after(self.store, self.layout.down_prefix, start):
+        for key in keys:
             m = _COMMAND.search(key)
             if not m:
                 continue
@@ -312,7 +332,7 @@ class CommandReader:
                 cmd = Command(seq, str(d["kind"]), dict(d.get("args") or {}),
                               None if d.get("nodes") is None else tuple(d["nodes"]), float(d["sent_at"]))
             except ObjectNotFoundError:
-                break  # listed but gone (a cleanup): stop here, the next poll starts after the last one read
+                break  # listed but gone (a cleanup), or no command at the next seq yet: the next poll starts here
             except (ValueError, KeyError, TypeError) as e:
                 log.warning("channel: skipping malformed command %s: %s", key, e)
                 self.last_seq = seq
@@ -321,6 +341,12 @@ class CommandReader:
             if cmd.for_node(self.node):
                 out.append(cmd)
         return out
+
+    def _next_keys(self) -> Iterator[str]:
+        """The keys of the seqs after the last one read, one at a time: poll() GETs each and stops at the first
+        that is not there."""
+        while True:
+            yield self.layout.command_key(self.last_seq + 1)
 
 
 # ---- the node side ------------------------------------------------------------------------------------------
@@ -1000,7 +1026,8 @@ def estimate_channel_load(*, nodes: int, ranks_per_node: int, records_per_rank_p
                           poll_interval_s: float = POLL_INTERVAL_S, lost_after_s: float = LOST_AFTER_S,
                           lease_renew_s: float = LEASE_TTL_S / 3, listing_s: float = 0.1,
                           discover_interval_s: float = DISCOVER_INTERVAL_S,
-                          index_interval_s: float = INDEX_INTERVAL_S) -> dict[str, float]:
+                          index_interval_s: float = INDEX_INTERVAL_S,
+                          command_relist_every: int = COMMAND_RELIST_EVERY) -> dict[str, float]:
     """Requests, bytes and S3 cost of one job's channel at the defaults, and the same job's traffic in the scheme
     the channel replaces (one object per rank per step plus a heartbeat object per rank every 0.5 s).
     The batch size is measured by encoding a representative batch, not assumed."""
@@ -1018,8 +1045,11 @@ def estimate_channel_load(*, nodes: int, ranks_per_node: int, records_per_rank_p
     # arrived during a poll and a listing, in pages of 1,000; and the nodes/ folder once per discovery interval.
     window_keys = nodes * (flush_interval_s + poll_interval_s + listing_s) / flush_interval_s
     reader_lists = math.ceil(window_keys / LIST_PAGE) / poll_interval_s + math.ceil(nodes / LIST_PAGE) / discover_interval_s
-    publisher_lists = nodes / flush_interval_s  # each publisher polls the commands once per flush
-    gets = batches + nodes / lease_renew_s  # a GET per batch; every node reads each lease renewal
+    # Each publisher polls the commands once per flush: a GET of the next seq (a miss, mostly), a LIST every
+    # `command_relist_every`-th poll; and every node reads each lease renewal.
+    publisher_lists = nodes / flush_interval_s / command_relist_every
+    command_gets = nodes / flush_interval_s * (1 - 1 / command_relist_every) + nodes / lease_renew_s
+    gets = batches + command_gets  # and a GET per batch
     cost = 3600 * (puts * S3_PRICES_USD_PER_1000["PUT"] + (reader_lists + publisher_lists) * S3_PRICES_USD_PER_1000["LIST"]
                    + gets * S3_PRICES_USD_PER_1000["GET"]) / 1000
     # the read path this one replaced: one LIST per node at most twice per flush
@@ -1030,6 +1060,7 @@ def estimate_channel_load(*, nodes: int, ranks_per_node: int, records_per_rank_p
     return {"nodes": nodes, "ranks": ranks, "batch_bytes": batch_bytes, "objects_per_s": batches,
             "bytes_per_s": batch_bytes * batches, "put_per_s": puts, "list_per_s": reader_lists + publisher_lists,
             "reader_list_per_s": reader_lists, "publisher_list_per_s": publisher_lists, "get_per_s": gets,
+            "command_get_per_s": command_gets,
             "reader_per_s": reader_lists + batches, "per_node_reader_list_per_s": per_node_lists,
             "usd_per_hour": cost, "usd_per_month": cost * 730,
             "detection_s": lost_after_s + 2 * poll_interval_s + listing_s,
@@ -1042,8 +1073,8 @@ def format_channel_load(load: dict[str, float]) -> str:
         f"batch: {load['batch_bytes']:,.0f} bytes; objects/s: {load['objects_per_s']:,.0f}; "
         f"bytes/s: {load['bytes_per_s']:,.0f}",
         f"requests/s: PUT {load['put_per_s']:,.1f}, LIST {load['list_per_s']:,.1f} (reader "
-        f"{load['reader_list_per_s']:,.1f}, command polls {load['publisher_list_per_s']:,.0f}), "
-        f"GET {load['get_per_s']:,.1f}",
+        f"{load['reader_list_per_s']:,.1f}, command polls {load['publisher_list_per_s']:,.1f}), "
+        f"GET {load['get_per_s']:,.1f} (command polls and lease reads {load['command_get_per_s']:,.0f})",
         f"the reader: {load['reader_per_s']:,.0f} requests/s (one LIST per node per poll before: "
         f"{load['per_node_reader_list_per_s']:,.0f} LISTs/s)",
         f"S3 cost: ${load['usd_per_hour']:,.2f} per hour, ${load['usd_per_month']:,.0f} per month (730 h)",
