@@ -239,14 +239,15 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
     reader_cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     weed_cpu = (_proc_cpu_s(server.proc.pid) if server.proc else 0.0) - weed0
     read_requests = sum(r.requests for r in readers)
-    backlog = sum(pool.map(lambda r: _backlog(store, r), readers)) if mode == "channel" else 0
     done.set()
     renewer.join(timeout=30)
     for p in procs:
         p.proc.send_signal(signal.SIGTERM)
-    stats = [p.expect("stats", timeout=120) for p in procs]
+    stats = [p.expect("stats", timeout=300) for p in procs]
     for p in procs:
         p.proc.wait(timeout=60)
+    # Counted once the nodes have stopped (their last flush included), so the listing does not race the writers.
+    backlog = sum(pool.map(lambda r: _backlog(store, r), readers)) if mode == "channel" else 0
     outer.shutdown()
     pool.shutdown()
     for r in readers:
@@ -279,42 +280,51 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_reader_alone(server: SeaweedFSServer, nodes: int, rounds: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The reader's own cost, free of the publishers' load: `rounds` flushes of `nodes` nodes are written first
-    (not measured), then each poll reads one flush of every node (max_batches_per_node=1), as a reader that keeps
-    up does once per flush interval. CPU is the process's (getrusage), so a busy host does not inflate it."""
+def run_reader_alone(server: SeaweedFSServer, jobs: int, nodes: int, rounds: int, args: argparse.Namespace,
+                     ) -> dict[str, Any]:
+    """The control side's own cost, free of the publishers' load: `rounds` flushes of `jobs` x `nodes` nodes are
+    written first (not measured), then each poll reads one flush of every node of every job (one ChannelReader per
+    job, max_batches_per_node=1, 16 requests in flight in all), as a control plane that keeps up does once per
+    flush interval. CPU is the process's (getrusage), so a busy host does not inflate it."""
     bucket = server.make_bucket()
     store = server.store(bucket, max_concurrency=32)
-    root = channel_root("teams/bench/jobs/alone")
-    layout = ChannelLayout(root)
+    roots = [channel_root(f"teams/bench/jobs/alone{j}") for j in range(jobs)]
     names = [f"n{i}" for i in range(nodes)]
     base_ms = int(time.time() * 1000)
 
-    def write(item: tuple[int, str]) -> None:
-        rnd, node = item
+    def write(item: tuple[str, int, str]) -> None:
+        root, rnd, node = item
         records = [_event(r, rnd) for r in range(args.ranks) for _ in range(int(args.steps_per_s * args.flush))]
         beats = {str(r): {"step": rnd, "age_s": 0.1} for r in range(args.ranks)}
         data = encode_batch(Batch(node, rnd, time.time(), records, beats))
-        store.put_bytes(layout.batch_key(node, rnd, base_ms + 1000 * rnd + int(node[1:])), data)
+        store.put_bytes(ChannelLayout(root).batch_key(node, rnd, base_ms + 1000 * rnd + int(node[1:])), data)
 
     with ThreadPoolExecutor(max_workers=32) as pool:
-        list(pool.map(write, [(rnd, n) for rnd in range(rounds) for n in names]))
-    reader = ChannelReader(store, root, nodes=names, flush_interval_s=0.0, max_batches_per_node=1)
+        list(pool.map(write, [(root, rnd, n) for root in roots for rnd in range(rounds) for n in names]))
+    per_reader = 16 if jobs == 1 else 2
+    readers = [ChannelReader(store, root, nodes=names, flush_interval_s=0.0, max_batches_per_node=1,
+                             max_concurrency=per_reader) for root in roots]
+    outer = ThreadPoolExecutor(max_workers=max(1, 16 // per_reader))
     router = EventRouter()
     polls = []
     for _ in range(rounds):
-        req0, keys0 = reader.requests, reader.listed_keys
+        req0, keys0 = sum(r.requests for r in readers), sum(r.listed_keys for r in readers)
         cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
-        batches = reader.poll(discover=False)
-        for rec in reader.records(batches):
-            router.route(parse_event(rec[3]))
+        batches = 0
+        for reader, got in zip(readers, outer.map(lambda r: r.poll(discover=False), readers), strict=True):
+            batches += len(got)
+            for rec in reader.records(got):
+                router.route(parse_event(rec[3]))
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-        polls.append({"batches": len(batches), "requests": reader.requests - req0,
-                      "keys": reader.listed_keys - keys0, "wall_ms": 1000 * (time.monotonic() - wall0),
+        polls.append({"batches": batches, "requests": sum(r.requests for r in readers) - req0,
+                      "keys": sum(r.listed_keys for r in readers) - keys0,
+                      "wall_ms": 1000 * (time.monotonic() - wall0),
                       "cpu_ms": 1000 * (cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime)})
-    reader.close()
+    outer.shutdown()
+    for reader in readers:
+        reader.close()
     server.delete_bucket(bucket)
-    return {"nodes": nodes, "polls": polls}
+    return {"jobs": jobs, "nodes": nodes, "polls": polls}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-proc", type=int, default=32, help="NodePublisher objects per publisher process at most")
     ap.add_argument("--min-procs", type=int, default=8, help="at least this many publisher processes")
     ap.add_argument("--reader-alone", type=int, default=512, help="then the reader alone on this many nodes (0: no)")
+    ap.add_argument("--readers-alone-jobs", type=int, default=200,
+                    help="then the control side alone on this many jobs of --job-nodes nodes (0: no)")
     args = ap.parse_args(argv)
     scenarios = [(f"baseline N={n}", "naive", 1, int(n)) for n in args.baseline_nodes.split(",") if n]
     scenarios += [(f"channel N={n}", "channel", 1, int(n)) for n in args.nodes.split(",") if n]
@@ -362,9 +374,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['p99_ms']:>7.0f} {r['write_rps']:>9.0f} {r['read_rps']:>8.0f} {ratio} {r['cycle_ms']:>7.0f} "
                   f"{r['cpu_ms_per_poll']:>6.0f}ms {r['cpu_per_s']:>6.2f} {r['backlog']:>7} {r['lost']:>4} "
                   f"{r['failures']:>4} {r['startup_s']:>7.1f} {cores:>5.1f}", flush=True)
-        if args.reader_alone:
-            alone = run_reader_alone(server, args.reader_alone, 5, args)
-            print(f"# the reader alone, {alone['nodes']} nodes written beforehand, one flush of every node per poll "
+        alone_runs = [(1, args.reader_alone)] if args.reader_alone else []
+        alone_runs += [(args.readers_alone_jobs, args.job_nodes)] if args.readers_alone_jobs else []
+        for jobs, nodes in alone_runs:
+            alone = run_reader_alone(server, jobs, nodes, 5, args)
+            what = f"{nodes} nodes" if jobs == 1 else f"{jobs} jobs x {nodes} nodes (one reader each)"
+            print(f"# the control side alone, {what} written beforehand, one flush of every node per poll "
                   "(ChannelReader.poll + parse_event + EventRouter.route):")
             for i, p in enumerate(alone["polls"]):
                 print(f"#   poll {i}: {p['batches']} batches, {p['requests']} requests ({p['keys']} keys listed), "
