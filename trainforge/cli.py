@@ -4,18 +4,86 @@ heavy libraries (torch, prefect, mlflow) are imported inside commands, never at 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
 
 import typer
+from typer import _click as click
+from typer.core import TyperGroup
+
+# Help is laid out for the terminal it is printed in (click's default caps it at 80 columns, whatever the
+# terminal); examples sit in `\b` paragraphs, which click never re-wraps, so a copied example is one command.
+CONTEXT_SETTINGS = {"max_content_width": 10_000}
+# The variable the completion script sets (click's convention: _{PROG}_COMPLETE).
+COMPLETE_VAR = "_TRAINFORGE_COMPLETE"
+
+
+def wants_json(args: Sequence[str]) -> bool:
+    """`--json` among the options (not after `--`, where it would be an argument)."""
+    args = list(args)
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
+
+
+class TrainforgeGroup(TyperGroup):
+    """The root group. Under `--json`, whatever stops a command is one JSON object on stdout, with the exit status
+    it would have had: click's usage errors (an unknown option, a value outside an option's choices: 2) and an
+    unexpected exception (1, its traceback on stderr for the bug report), besides the commands' own errors
+    (commands/common.py `fail`)."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        if os.environ.get(COMPLETE_VAR):  # a Tab press (commands/completion.py): typer's classes answer it
+            from typer._completion_classes import completion_init
+
+            completion_init()
+            complete_var = complete_var or COMPLETE_VAR
+        if not wants_json(argv):
+            return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+        from trainforge.commands.common import print_json
+
+        try:
+            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            code = rv if isinstance(rv, int) else 0
+        except click.exceptions.ClickException as exc:
+            code = exc.exit_code
+            print_json({"error": exc.format_message(), "exit_code": code})
+        except click.exceptions.Abort:
+            code = 1
+            print_json({"error": "aborted", "exit_code": code})
+        except Exception as exc:  # a bug, not a user error: the script still gets JSON, the traceback goes to stderr
+            traceback.print_exc()
+            code = 1
+            print_json({"error": f"internal error: {type(exc).__name__}: {exc}", "exit_code": code})
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+def new_typer(help: str) -> typer.Typer:
+    """A command group with the root's conventions: plain-text help (rich markup would eat `[rank N]` or
+    `[@BRANCH]`), help at the terminal's width, no tracebacks dressed up by rich."""
+    return typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
+                       context_settings=CONTEXT_SETTINGS)
+
 
 app = typer.Typer(
     name="trainforge",
+    cls=TrainforgeGroup,
     help="Parallel ML training platform: validate, plan, submit and track training jobs from one YAML spec.",
     no_args_is_help=True,
+    # `trainforge completion bash|zsh|fish` prints the script (commands/completion.py); typer's
+    # --install-completion would edit the user's shell start-up files.
     add_completion=False,
     pretty_exceptions_enable=False,
     # Help text is plain text: with rich markup, `[rank N]` or `[@BRANCH]` in a help string would be eaten.
     rich_markup_mode=None,
+    context_settings=CONTEXT_SETTINGS,
 )
+
 
 def _print_version(value: bool) -> None:
     if value:
@@ -32,7 +100,8 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True, callba
 
 
 # One module per command group; each calls `@app.command()` on import.
-COMMAND_MODULES = ["validate", "jobs", "scheduler", "plan", "datasets", "registry", "observe", "production", "chaos"]
+COMMAND_MODULES = ["validate", "jobs", "scheduler", "plan", "datasets", "registry", "observe", "production", "chaos",
+                   "completion"]
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"trainforge.commands.{_name}")

@@ -35,10 +35,9 @@ def validate(
 
     Exit status: 0 valid, 1 invalid, 2 unreadable file (spec or cluster description).
 
+    \b
     Examples:
-
       trainforge validate examples/tiny-cpu.yaml
-
       trainforge validate examples/llama-70b-pretrain.yaml --cluster examples/clusters/fleet-10k.yaml --json
     """
     from trainforge.validate import ValidationReport, validate_file
@@ -77,10 +76,13 @@ def validate(
 
 
 @app.command()
-def schema() -> None:
+def schema(as_json: bool = typer.Option(False, "--json", help="Accepted for symmetry: the schema is always "
+                                        "printed as JSON.")) -> None:
     """Print the JSON Schema of the job spec (every field with its description).
 
-    Example: trainforge schema > jobspec.schema.json
+    \b
+    Example:
+      trainforge schema > jobspec.schema.json
     """
     from trainforge.spec import json_schema
 
