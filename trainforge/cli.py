@@ -28,9 +28,10 @@ def wants_json(args: Sequence[str]) -> bool:
 
 
 class TrainforgeGroup(TyperGroup):
-    """The root group. Under `--json`, whatever stops a command is one JSON object on stdout, with the exit status
-    it would have had: click's usage errors (an unknown option, a value outside an option's choices: 2) and an
-    unexpected exception (1, its traceback on stderr for the bug report), besides the commands' own errors
+    """The root group. It reports click's usage errors itself (an unknown option, a value outside an option's
+    choices: exit 2), worded without pydantic's "Value error," prefix; under `--json`, whatever stops a command is
+    one JSON object on stdout with the exit status it would have had: those usage errors and an unexpected
+    exception (1, its traceback on stderr for the bug report), besides the commands' own errors
     (commands/common.py `fail`)."""
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
@@ -41,26 +42,39 @@ class TrainforgeGroup(TyperGroup):
 
             completion_init()
             complete_var = complete_var or COMPLETE_VAR
-        if not wants_json(argv):
-            return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
-        from trainforge.commands.common import print_json
-
+        as_json = wants_json(argv)
         try:
             rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
             code = rv if isinstance(rv, int) else 0
         except click.exceptions.ClickException as exc:
             code = exc.exit_code
-            print_json({"error": exc.format_message(), "exit_code": code})
-        except click.exceptions.Abort:
+            if isinstance(getattr(exc, "message", None), str):
+                exc.message = exc.message.removeprefix("Value error, ")
+            if as_json:
+                _json_error(exc.format_message(), code)
+            else:
+                exc.show()
+        except typer.Abort:
             code = 1
-            print_json({"error": "aborted", "exit_code": code})
-        except Exception as exc:  # a bug, not a user error: the script still gets JSON, the traceback goes to stderr
+            if as_json:
+                _json_error("aborted", code)
+            else:
+                click.echo("Aborted!", err=True)
+        except Exception as exc:  # a bug, not a user error: a script still gets JSON; the traceback goes to stderr
+            if not as_json:
+                raise
             traceback.print_exc()
             code = 1
-            print_json({"error": f"internal error: {type(exc).__name__}: {exc}", "exit_code": code})
+            _json_error(f"internal error: {type(exc).__name__}: {exc}", code)
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+def _json_error(message: str, code: int) -> None:
+    from trainforge.commands.common import print_json
+
+    print_json({"error": message, "exit_code": code})
 
 
 def new_typer(help: str) -> typer.Typer:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -20,6 +21,9 @@ from trainforge.commands.common import (
     resolve_cluster,
 )
 from trainforge.spec import SpecError
+
+if TYPE_CHECKING:
+    from trainforge.validate import ValidationReport
 
 
 @app.command()
@@ -47,14 +51,15 @@ def validate(
             target = resolve_cluster(cluster)
         except SpecError as exc:
             # The same report shape as for a spec, so scripts parse one format; the source names the cluster file.
-            print_json(ValidationReport(exc.source, problems=exc.problems, unreadable=True).to_dict(strict))
+            report = ValidationReport(exc.source, problems=exc.problems, unreadable=True)
+            print_json(_json_report(report, strict, EXIT_UNREADABLE, f"cluster description {exc.source}"))
             raise typer.Exit(EXIT_UNREADABLE) from None
     else:
         target = load_cluster_option(cluster)
     report = validate_file(spec_file, target)
     code = EXIT_UNREADABLE if report.unreadable else (EXIT_OK if report.ok(strict) else EXIT_INVALID)
     if as_json:
-        print_json(report.to_dict(strict))
+        print_json(_json_report(report, strict, code, str(spec_file)))
         raise typer.Exit(code)
     out = console if code == EXIT_OK else err_console
     for p in report.problems:
@@ -73,6 +78,15 @@ def validate(
         n = len(report.errors(strict))
         err_console.print(f"[bold red]✗ {name}: {n} problem(s)[/]")
     raise typer.Exit(code)
+
+
+def _json_report(report: ValidationReport, strict: bool, code: int, source: str) -> dict[str, Any]:
+    """The report as JSON; a failing one also carries `error` and `exit_code`, as every command's JSON error does."""
+    data = report.to_dict(strict)
+    if code != EXIT_OK:
+        what = "cannot be read" if code == EXIT_UNREADABLE else f"{len(report.errors(strict))} problem(s)"
+        data.update(error=f"{source}: {what}", exit_code=code)
+    return data
 
 
 @app.command()
