@@ -11,8 +11,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
-from typer import _click as click
 from typer.core import TyperGroup
+
+try:  # typer >= 0.29 vendors click as typer._click; older versions use click itself
+    from typer import _click as click
+except ImportError:  # pragma: no cover - depends on the installed typer
+    import click  # type: ignore[no-redef]
 
 # Help is laid out for the terminal it is printed in (click's default caps it at 80 columns, whatever the
 # terminal); examples sit in `\b` paragraphs, which click never re-wraps, so a copied example is one command.

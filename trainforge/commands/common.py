@@ -33,7 +33,10 @@ ICONS = {"error": "[red]✗[/]", "not-checked": "[yellow]?[/]", "warning": "[yel
 
 def json_mode() -> bool:
     """Whether the running command was given --json (every command names that option `as_json`)."""
-    from typer._click.globals import get_current_context
+    try:  # typer >= 0.29 vendors click (trainforge/cli.py)
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover
+        from click import get_current_context
 
     ctx = get_current_context(silent=True)
     return bool(ctx is not None and ctx.params.get("as_json"))
