@@ -133,3 +133,76 @@ def test_design_page_covers_every_required_deliverable():
                 "## evolution path"]
     missing = [r for r in required if r not in text]
     assert not missing, f"docs/design.md lacks: {missing}"
+
+
+# ---- README.md: what a new user pastes --------------------------------------------------------------------------
+
+README = ROOT / "README.md"
+BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def _readme_blocks(lang: str) -> list[str]:
+    return [m.group(2) for m in BLOCK.finditer(README.read_text()) if m.group(1) == lang]
+
+
+def _readme_commands() -> list[str]:
+    """Every `trainforge ...` line of README's bash blocks, its comment and any redirection cut off."""
+    out = []
+    for block in _readme_blocks("bash"):
+        for line in block.splitlines():
+            command = line.split("  #")[0].split(" # ")[0].strip()
+            if command.startswith("trainforge"):
+                out.append(command)
+    return out
+
+
+def test_readme_command_blocks_are_one_command_per_line():
+    """`a | b` alternatives in a block are real pipes when pasted; `../shared` exists only on the authors' machines."""
+    text = README.read_text()
+    assert "../shared" not in text
+    for block in _readme_blocks("bash"):
+        for line in block.splitlines():
+            command = line.split("#")[0]
+            assert " | " not in command and "\\" not in command, f"README: more than one command on {line!r}"
+    assert len(_readme_commands()) >= 30
+
+
+@pytest.mark.parametrize("command", _readme_commands())
+def test_readme_commands_parse_against_the_cli(command):
+    """Each README command names a real command, real options and valid choices (parsed by the CLI itself,
+    nothing run): an option renamed or a choice dropped breaks the README visibly."""
+    import typer
+
+    from trainforge.cli import app
+
+    argv = shlex.split(command.split(" > ")[0])[1:]
+    cmd = typer.main.get_command(app)
+    ctx = cmd.make_context("trainforge", argv)
+    while hasattr(cmd, "commands"):
+        name, cmd, rest = cmd.resolve_command(ctx, ctx._protected_args + ctx.args)
+        ctx = cmd.make_context(name, rest, parent=ctx)
+    assert not ctx.args, f"{command}: unused arguments {ctx.args}"
+
+
+def test_readme_paths_exist():
+    """Files named in README's commands are in the repository (my-job.yaml is the one the reader writes)."""
+    missing = [a for c in _readme_commands() for a in shlex.split(c)
+               if re.match(r"(examples|docs)/", a) and not (ROOT / a).exists()]
+    assert not missing, f"README names files that do not exist: {missing}"
+
+
+def test_readme_first_job_spec_is_a_valid_spec():
+    import yaml
+
+    from trainforge.spec import parse_spec
+
+    spec = parse_spec(yaml.safe_load(_readme_blocks("yaml")[0]))
+    assert spec.name == "my-first-job" and spec.dataset.ref.startswith("catalog://")
+    text = README.read_text()
+    assert text.index("## Your first job spec") < text.index("## Using it") < text.index("### Where things land")
+
+
+def test_readme_sdk_is_three_lines():
+    (sdk,) = _readme_blocks("python")
+    lines = [ln for ln in sdk.splitlines() if ln.strip()]
+    assert len(lines) == 3 and lines[0] == "from trainforge import submit"

@@ -31,11 +31,26 @@ EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE, EXIT_JOB_FAILED, EXIT_CANCELLED = 0, 1, 
 ICONS = {"error": "[red]✗[/]", "not-checked": "[yellow]?[/]", "warning": "[yellow]![/]"}
 
 
-def fail(message: str, code: int = EXIT_INVALID, as_json: bool = False) -> NoReturn:
-    """Stop the command with `message`: rich text on stderr, or under --json `{"error": ...}` on stdout (a script
-    parses stdout; the exit status says it failed)."""
+def json_mode() -> bool:
+    """Whether the running command was given --json (every command names that option `as_json`)."""
+    try:  # typer >= 0.29 vendors click (trainforge/cli.py)
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover
+        from click import get_current_context
+
+    ctx = get_current_context(silent=True)
+    return bool(ctx is not None and ctx.params.get("as_json"))
+
+
+def fail(message: str, code: int = EXIT_INVALID, as_json: bool | None = None,
+         extra: dict[str, Any] | None = None) -> NoReturn:
+    """Stop the command with `message`: rich text on stderr, or under --json `{"error": ..., "exit_code": ...}`
+    (plus `extra`, what the command did get done) on stdout: a script parses stdout; the exit status says it
+    failed. `as_json` defaults to the running command's --json."""
+    if as_json is None:
+        as_json = json_mode()
     if as_json:
-        print_json({"error": message, "exit_code": code})
+        print_json({**(extra or {}), "error": message, "exit_code": code})
     else:
         err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
@@ -50,8 +65,10 @@ def render_problem(problem: Problem, strict: bool = False) -> str:
     return f"  {icon} {escape(problem.render())}{tag}"
 
 
-def print_spec_error(exc: SpecError, as_json: bool = False) -> NoReturn:
+def print_spec_error(exc: SpecError, as_json: bool | None = None) -> NoReturn:
     code = EXIT_UNREADABLE if exc.unreadable else EXIT_INVALID
+    if as_json is None:
+        as_json = json_mode()
     if as_json:
         print_json({"error": f"{exc.source}: {len(exc.problems)} problem(s)", "exit_code": code,
                     "problems": [p.to_dict() for p in exc.problems]})
@@ -68,6 +85,10 @@ def load_cluster_option(path: Path | None) -> ClusterSpec:
     try:
         return resolve_cluster(path)
     except SpecError as exc:
+        if json_mode():
+            print_json({"error": f"cluster description {exc.source}: {len(exc.problems)} problem(s)",
+                        "exit_code": EXIT_UNREADABLE, "problems": [p.to_dict() for p in exc.problems]})
+            raise typer.Exit(EXIT_UNREADABLE) from None
         err_console.print(f"[bold red]cluster description {escape(exc.source)}[/]: {len(exc.problems)} problem(s)")
         for p in exc.problems:
             err_console.print(render_problem(p))

@@ -1,10 +1,10 @@
 """`trainforge datasets`: build, list, show and tag dataset versions.
 
-    trainforge datasets build SOURCE --out catalog://NAME[@BRANCH] | file://DIR  --license SPDX [--seq-len N]
+    trainforge datasets build SOURCE --out catalog://NAME[@BRANCH] (or file://DIR) --license SPDX [--seq-len N]
                               [--text-field F] [--workers N] [--no-pack] [--skip-bad] [--no-gate] [--json]
     trainforge datasets list [--json]
     trainforge datasets show NAME[@REF] [--json]
-    trainforge datasets tag NAME[@REF] TAG
+    trainforge datasets tag NAME[@REF] TAG [--json]
 
 Exit status: 0 ok, 1 bad input rows / failed quality gate / unknown dataset, 2 unreadable source or bad arguments.
 """
@@ -17,10 +17,11 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from trainforge.cli import app
+from trainforge.cli import app, new_typer
+from trainforge.commands.choices import Tokenizer
 from trainforge.commands.common import EXIT_INVALID, EXIT_UNREADABLE, console, err_console, fail, print_json
 
-datasets_app = typer.Typer(help="Build, list, show and tag versioned datasets.", no_args_is_help=True)
+datasets_app = new_typer("Build, list, show and tag versioned datasets.")
 app.add_typer(datasets_app, name="datasets")
 
 
@@ -42,18 +43,25 @@ def build(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Leave bad rows out instead of failing."),
     max_shard_mb: float = typer.Option(64.0, help="Upper bound on a shard's size."),
     gate: bool = typer.Option(True, "--gate/--no-gate", help="Run the quality gate before moving the branch."),
-    tokenizer: str = typer.Option("byte", help="byte (built in) or bpe (trained on SOURCE, saved with the version)."),
+    tokenizer: Tokenizer = typer.Option(Tokenizer.byte, help="byte: built in; bpe: trained on SOURCE, saved with "
+                                        "the version."),
     vocab_size: int = typer.Option(8192, help="BPE vocabulary size (--tokenizer bpe)."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print the version's summary (or the error) as JSON."),
 ) -> None:
-    """Tokenize SOURCE in parallel into a new immutable dataset version."""
+    """Tokenize SOURCE in parallel into a new immutable dataset version.
+
+    \b
+    Examples:
+      trainforge datasets build corpus.jsonl --out catalog://web-text --license CC-BY-4.0
+      trainforge datasets build docs/ --out catalog://docs@staging --license MIT --tokenizer bpe
+    """
     from trainforge.datasets.build import BuildConfig, BuildError, build_dataset, build_version_dir
     from trainforge.datasets.catalog import CatalogError, EmbeddedCatalog
 
     if seq_len < 1:
         fail(f"--seq-len must be positive, got {seq_len}", EXIT_UNREADABLE)
     cfg = BuildConfig(license=license, seq_len=seq_len, text_field=text_field, num_workers=workers, pack=pack,
-                      skip_bad=skip_bad, max_shard_bytes=int(max_shard_mb * 2**20), tokenizer=tokenizer,
+                      skip_bad=skip_bad, max_shard_bytes=int(max_shard_mb * 2**20), tokenizer=tokenizer.value,
                       vocab_size=vocab_size)
     report: dict[str, Any] | None = None
     try:
@@ -78,7 +86,11 @@ def build(
         fail(str(exc), EXIT_UNREADABLE)
     summary = _summary(ds)
     summary["quality"] = None if report is None else {"passed": report["passed"], "failures": report["failures"]}
+    gate_failed = report is not None and not report["passed"]
+    gate_error = f"version {ds.version[:12]} failed its quality gate; no branch was moved"
     if as_json:
+        if gate_failed:  # one JSON object: the summary and the error
+            fail(gate_error, extra=summary)
         print_json(summary)
     else:
         console.print(f"[green]built[/] {escape(ds.name)} version [bold]{ds.version[:12]}[/] "
@@ -86,10 +98,10 @@ def build(
         p = ds.manifest.provenance
         console.print(f"  documents {p.get('documents')}, tokens {p.get('tokens')}, "
                       f"skipped rows {p.get('skipped_rows')}; license {escape(ds.license)}")
-    if report is not None and not report["passed"]:
+    if gate_failed:
         for f in report["failures"]:
             err_console.print(f"  [red]✗[/] {escape(f)}")
-        fail(f"version {ds.version[:12]} failed its quality gate; no branch was moved")
+        fail(gate_error)
 
 
 def _gate(ds: Any) -> dict[str, Any]:
@@ -107,7 +119,7 @@ def _summary(ds: Any) -> dict[str, Any]:
 
 
 @datasets_app.command("list")
-def list_(as_json: bool = typer.Option(False, "--json")) -> None:
+def list_(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """Datasets in the catalog, with their branches and tags."""
     from trainforge.datasets.catalog import EmbeddedCatalog
 
@@ -126,7 +138,7 @@ def list_(as_json: bool = typer.Option(False, "--json")) -> None:
 
 @datasets_app.command("show")
 def show(ref: str = typer.Argument(..., help="NAME[@REF]: a branch, tag or version id (prefix)."),
-         as_json: bool = typer.Option(False, "--json")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """One version: manifest summary, provenance and quality report."""
     from trainforge.datasets.catalog import CatalogError, EmbeddedCatalog
 
@@ -150,8 +162,9 @@ def show(ref: str = typer.Argument(..., help="NAME[@REF]: a branch, tag or versi
 
 
 @datasets_app.command("tag")
-def tag(ref: str = typer.Argument(..., help="NAME[@REF] to pin."), tag_name: str = typer.Argument(..., metavar="TAG")
-        ) -> None:
+def tag(ref: str = typer.Argument(..., help="NAME[@REF] to pin."),
+        tag_name: str = typer.Argument(..., metavar="TAG", help="The tag's name."),
+        as_json: bool = typer.Option(False, "--json", help="Print {name, tag, version} as JSON.")) -> None:
     """Pin a version under an immutable tag (use it as catalog://NAME@TAG)."""
     from trainforge.datasets.catalog import CatalogError, EmbeddedCatalog
 
@@ -160,4 +173,7 @@ def tag(ref: str = typer.Argument(..., help="NAME[@REF] to pin."), tag_name: str
         version = EmbeddedCatalog().tag(name, tag_name, at)
     except CatalogError as exc:
         fail(str(exc))
+    if as_json:
+        print_json({"name": name, "tag": tag_name, "version": version})
+        return
     console.print(f"tagged {escape(name)}@{escape(tag_name)} -> {version[:12]}")

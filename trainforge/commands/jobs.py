@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 
 from trainforge.cli import app
+from trainforge.commands.choices import Backend
 from trainforge.commands.common import (
     EXIT_CANCELLED,
     EXIT_JOB_FAILED,
@@ -66,7 +67,7 @@ def run_job(spec_file: Path | None, *, job_id: str | None = None, resume: bool =
 
 
 def _prepare(spec_file: Path | None, *, overrides: list[str] | None = None, resume: str | None = None,
-             job_id: str | None = None, as_json: bool = False) -> Any:
+             job_id: str | None = None, as_json: bool | None = None) -> Any:
     """sdk.prepare, its errors as the CLI says them: a spec's problems (exit 1, or 2 unreadable), an unknown job."""
     from trainforge.sdk import prepare
 
@@ -131,8 +132,9 @@ def submit(
                                 "following and the job goes on."),
     rank: int | None = typer.Option(None, "--rank", help="With --follow: only this rank's lines."),
     as_json: bool = typer.Option(False, "--json", help="Print the result (or the error) as JSON."),
-    backend: str = typer.Option("local", help="`local` (torchrun on this host) or `kubernetes` (apply the rendered "
-                                "JobSet with the cluster's kubeconfig and follow its pods; see `trainforge render`)."),
+    backend: Backend = typer.Option(Backend.local, help="local: torchrun on this host; kubernetes: apply the "
+                                    "rendered JobSet with the cluster's kubeconfig and follow its pods (see "
+                                    "`trainforge render`)."),
     cluster: Path | None = typer.Option(None, help="Cluster description (--backend kubernetes)."),
     namespace: str = typer.Option("trainforge", help="Namespace (--backend kubernetes)."),
     image: str | None = typer.Option(None, help="Worker image (--backend kubernetes)."),
@@ -144,7 +146,11 @@ def submit(
     Exit status: 0 completed (or started, with --detach / --deployment), 1 invalid spec, 2 unreadable spec,
     3 the job failed, 130 cancelled.
 
-    Example: trainforge submit examples/tiny-cpu.yaml --set training.max_steps=20
+    \b
+    Examples:
+      trainforge submit examples/tiny-cpu.yaml --set training.max_steps=20
+      trainforge submit examples/tiny-cpu.yaml --detach
+      trainforge submit --resume JOB
     """
     from trainforge.sdk import launch
 
@@ -160,8 +166,6 @@ def submit(
             fail("--backend kubernetes needs the spec file", as_json=as_json)
         return submit_kubernetes(spec_file, cluster=cluster, namespace=namespace, image=image, kube_api=kube_api,
                                  timeout_s=timeout, as_json=as_json)
-    if backend != "local":
-        fail(f"unknown backend {backend!r}: use local or kubernetes", as_json=as_json)
     if deployment:
         sub = _prepare(spec_file, overrides=overrides, resume=resume, as_json=as_json)
         job = launch(sub, backend="deployment", detach=True)
@@ -436,19 +440,28 @@ def checkpoints(
 def demo(
     spec_file: Path = typer.Option(Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml",
                                    help="The demo job spec."),
+    as_json: bool = typer.Option(False, "--json", help="No progress bar; print the job's result (or the error) "
+                                 "as JSON."),
 ) -> None:
     """Build the demo dataset if missing, then submit the tiny CPU job and print where to look."""
     from trainforge.datasets.demo import ensure_demo_dataset
 
     t0 = time.monotonic()
-    with console.status("building the demo dataset (Python stdlib sources, byte-level tokens)"):
+    if as_json:
         ds = ensure_demo_dataset()
-    console.print(f"dataset catalog://{ds.name}@main = version {ds.version[:16]} "
-                  f"({ds.manifest.num_samples:,} samples, license {ds.license})")
+    else:
+        with console.status("building the demo dataset (Python stdlib sources, byte-level tokens)"):
+            ds = ensure_demo_dataset()
+        console.print(f"dataset catalog://{ds.name}@main = version {ds.version[:16]} "
+                      f"({ds.manifest.num_samples:,} samples, license {ds.license})")
     try:
-        result = run_job(spec_file)
+        result = run_job(spec_file, show_progress=not as_json)
+    except typer.Exit:
+        raise
     except Exception as exc:
-        err_console.print(f"[bold red]demo failed:[/] {escape(str(exc))}")
-        raise typer.Exit(EXIT_JOB_FAILED) from None
+        fail(f"demo failed: {exc}", EXIT_JOB_FAILED)
+    if as_json:
+        print_json({**result, "dataset": {"name": ds.name, "version": ds.version}})
+        return
     _print_result(result)
     console.print(f"demo finished in {time.monotonic() - t0:.0f} s")

@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from trainforge.cli import app
+from trainforge.commands.choices import Market, MetricMode
 from trainforge.commands.common import console, fail, print_json
 
 FINAL_STATES = ("completed", "failed", "cancelled")
@@ -58,6 +59,13 @@ class LiveState:
                     self.meta = ev.model_dump()
                 case CheckpointStaged():
                     self.stall_s += ev.blocked_s
+
+
+def snapshot(record_data: dict[str, Any], live: LiveState) -> dict[str, Any]:
+    """What `watch` shows, as data (`watch --json`)."""
+    return {"job_id": record_data.get("job_id"), "state": record_data.get("state"), "metrics": live.metrics,
+            "ranks": live.ranks, "system": live.system, "checkpoint_stall_s": live.stall_s,
+            "alerts": (record_data.get("alerts") or [])[-3:]}
 
 
 def render(record_data: dict[str, Any], live: LiveState) -> Any:
@@ -113,19 +121,25 @@ def watch(
     interval: float = typer.Option(1.0, help="Refresh every N seconds."),
     once: bool = typer.Option(False, help="Print one snapshot and exit."),
     timeout: float = typer.Option(0.0, help="Stop after N seconds (0 = until the job ends or Ctrl-C)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per refresh, on its own line (with --once: "
+                                 "one)."),
 ) -> None:
     """Live view of a job's step metrics (MFU beside the plan, step-time split, ranks, telemetry, alerts).
 
-    Example: trainforge watch tiny-cpu
+    \b
+    Example:
+      trainforge watch tiny-cpu
     """
-    from rich.live import Live
-
     record = _record(job)
     live = LiveState(record.events_path)
     live.update()
+    if as_json:
+        return _watch_json(record, live, interval, None if once else timeout)
     if once:
         console.print(render(record.data, live))
         return
+    from rich.live import Live
+
     deadline = time.monotonic() + timeout if timeout else None
     try:
         with Live(render(record.data, live), console=console, refresh_per_second=4) as view:
@@ -136,6 +150,28 @@ def watch(
                 view.update(render(record.data, live))
                 if record.data.get("state") in FINAL_STATES or (deadline and time.monotonic() > deadline):
                     break
+    except KeyboardInterrupt:
+        pass
+
+
+def _watch_json(record: Any, live: LiveState, interval: float, timeout: float | None) -> None:
+    """A line per refresh that changed something, until the job ends, `timeout` passes, or at once (None)."""
+    import sys
+
+    deadline = time.monotonic() + timeout if timeout else None
+    last = None
+    try:
+        while True:
+            line = json.dumps(snapshot(record.data, live), default=str)
+            if line != last:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+                last = line
+            if timeout is None or record.data.get("state") in FINAL_STATES or (deadline and time.monotonic() > deadline):
+                return
+            time.sleep(interval)
+            record.reload()
+            live.update()
     except KeyboardInterrupt:
         pass
 
@@ -173,7 +209,9 @@ def compare(
 ) -> None:
     """Compare runs side by side: config differences and final/best/median metrics (from MLflow).
 
-    Example: trainforge compare JOB_A JOB_B --plot curves.png
+    \b
+    Example:
+      trainforge compare JOB_A JOB_B --plot curves.png
     """
     from rich.table import Table
 
@@ -248,12 +286,15 @@ def report(
     out: Path | None = typer.Option(None, help="Also write the report here (default: JOB_FOLDER/report.html)."),
     mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log it as the report.html artifact of the "
                                 "job's MLflow run (replacing the one written at the end of the job)."),
+    as_json: bool = typer.Option(False, "--json", help="Print {job_id, state, path} as JSON."),
 ) -> None:
     """Write a job's HTML report: loss, throughput, MFU and step-split charts, a timeline of segments, failures
     and recoveries, checkpoint stalls, alerts and cost. Written automatically when a job ends; this rebuilds it
     (also for a running job).
 
-    Example: trainforge report tiny-cpu --out tiny-cpu.html
+    \b
+    Example:
+      trainforge report tiny-cpu --out tiny-cpu.html
     """
     from trainforge.registry.report import write_report
 
@@ -262,6 +303,9 @@ def report(
         path = write_report(record, out, log_to_mlflow=mlflow and bool(record.data.get("mlflow_run_id")))
     except OSError as exc:
         fail(f"could not write the report of {record.job_id}: {exc}")
+    if as_json:
+        print_json({"job_id": record.job_id, "state": record.data.get("state"), "path": str(path)})
+        return
     console.print(f"report of {record.job_id} ({record.data.get('state')}): {path}")
 
 
@@ -271,26 +315,27 @@ def report(
 def metric(
     job: str = typer.Argument(..., help="Job id (or name, when this host has its record)."),
     name: str = typer.Argument("loss", help="Metric, e.g. loss, eval_loss, tokens_per_s, mfu."),
-    mode: str = typer.Option("latest", help="latest (highest step), min or max over the run's history."),
+    mode: MetricMode = typer.Option(MetricMode.latest, help="latest: at the highest step; min or max: over the "
+                                    "run's history."),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON (value, step, run id, run status)."),
 ) -> None:
     """A job's latest or best value of a metric, read from MLflow: what an HPO driver (Optuna, Ray Tune) asks
     after each trial. Python: trainforge.registry.tracking.job_metric. See examples/hpo/optuna_trials.py.
 
-    Example: trainforge metric tiny-cpu eval_loss --mode min
+    \b
+    Example:
+      trainforge metric tiny-cpu eval_loss --mode min
     """
-    from trainforge.registry.tracking import METRIC_MODES, job_metric
+    from trainforge.registry.tracking import job_metric
 
-    if mode not in METRIC_MODES:
-        fail(f"--mode {mode!r}: use one of {', '.join(METRIC_MODES)}")
     try:
-        value = job_metric(job, name, mode)
+        value = job_metric(job, name, mode.value)
     except LookupError as exc:
         fail(str(exc))
     if as_json:
         print_json(value.to_dict())
         return
-    console.print(f"{value.metric} ({mode}) of {value.job_id}: {value.value:.6g} at step {value.step} "
+    console.print(f"{value.metric} ({mode.value}) of {value.job_id}: {value.value:.6g} at step {value.step} "
                   f"(MLflow run {value.run_id}, {value.run_status})")
 
 
@@ -310,21 +355,21 @@ def _since(text: str | None) -> float:
 def cost(
     team: str | None = typer.Option(None, help="Only this team's jobs."),
     since: str | None = typer.Option(None, help="Only jobs submitted on or after this date (YYYY-MM-DD)."),
-    market: str = typer.Option("on_demand", help="Price market: on_demand or spot."),
+    market: Market = typer.Option(Market.on_demand, help="Price market."),
     by_team: bool = typer.Option(False, "--by-team", help="Roll up per team (chargeback)."),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
     csv_path: Path | None = typer.Option(None, "--csv", help="Also write the rows as CSV here."),
 ) -> None:
     """GPU-hours and dollars per job (productive / idle / lost / failed) or per team, for chargeback.
 
-    Example: trainforge cost --team research --since 2026-11-01 --by-team
+    \b
+    Example:
+      trainforge cost --team research --since 2026-11-01 --by-team
     """
     from trainforge.events import read_typed_events
     from trainforge.infra.cost import COST_EVENTS, job_cost, load_prices, team_rollup
     from trainforge.registry.jobs import JobStore
 
-    if market not in ("on_demand", "spot"):
-        fail(f"--market {market!r}: use on_demand or spot")
     prices, storage = load_prices()
     start = _since(since)
     costs = []
@@ -334,7 +379,7 @@ def cost(
         if not record.data.get("segments"):
             continue
         events, _, _ = read_typed_events(record.events_path, only=COST_EVENTS)
-        costs.append(job_cost(record.data, events, prices=prices, storage_gb_month=storage, market=market))
+        costs.append(job_cost(record.data, events, prices=prices, storage_gb_month=storage, market=market.value))
     rows = ([t.to_dict() for t in team_rollup(costs).values()] if by_team else [c.to_dict() for c in costs])
     if csv_path is not None:
         _write_csv(rows, csv_path)
@@ -398,6 +443,8 @@ def running_channel(record: Any) -> tuple[Any, str, int]:
 def profile(
     job: str = typer.Argument(..., help="Job id or name."),
     steps: str = typer.Option(..., help="Window of steps START:END (1-based, inclusive), e.g. 20:22."),
+    as_json: bool = typer.Option(False, "--json", help="Print the request (or the finished profile's summary) as "
+                                 "JSON."),
 ) -> None:
     """Ask a running job to run torch.profiler on every rank for a window of steps (traces become run artifacts
     under profiles/ with a merged summary: comm/compute overlap, slowest rank per step, FLOP/s vs peak).
@@ -414,7 +461,10 @@ def profile(
     record = _record(job)
     summary = record.folder / "profiles" / "summary.json"
     if summary.is_file():
-        console.print_json(summary.read_text())
+        if as_json:
+            print_json({"job_id": record.job_id, "summary": json.loads(summary.read_text())})
+        else:
+            console.print_json(summary.read_text())
         return
     if record.data.get("state") in FINAL_STATES:
         fail(f"job {record.job_id} is {record.data['state']}; profile a running job, or resubmit with "
@@ -427,6 +477,10 @@ def profile(
     except Exception as exc:  # the store's own errors (a local folder's OSError, S3's client errors)
         fail(f"job {record.job_id}: could not write the profile request into its channel ({exc}); "
              "check the object store is reachable and try again")
+    if as_json:
+        print_json({"job_id": record.job_id, "steps": [window[0], window[1]], "segment": attempt, "command": seq,
+                    "profiles": str(record.folder / "profiles")})
+        return
     console.print(f"profile of steps {steps} requested for {record.job_id} (segment {attempt}, command {seq}); "
                   f"ranks start it at step {window[0]}. Results: {record.folder / 'profiles'} and the MLflow "
                   "run's profiles/ artifacts.")

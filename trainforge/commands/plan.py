@@ -18,6 +18,7 @@ import typer
 from trainforge.cli import app
 from trainforge.commands.common import EXIT_INVALID, EXIT_UNREADABLE, err_console, fail, print_json
 from trainforge.commands.common import console as _console
+from trainforge.spec import GpuType, Precision
 
 GiB = 2**30
 LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "ep": "ep", "vpp": "vpp", "mb": "micro_batch_size",
@@ -51,11 +52,11 @@ def plan(
                                      "architecture numbers (layers, hidden, heads, kv_heads, ffn_hidden, mlp, vocab, "
                                      "seq_len, experts, top_k)."),
     gpus: int | None = typer.Option(None, help="World size."),
-    gpu_type: str = typer.Option("h100", help="a100-40gb, a100-80gb, h100, h200 or cpu."),
+    gpu_type: GpuType = typer.Option(GpuType.H100, help="Accelerator type (the hardware catalog's)."),
     gpus_per_node: int = typer.Option(8, help="GPUs per node (the tensor-parallel domain)."),
     global_batch: int | None = typer.Option(None, help="Sequences per step (default ~4M tokens)."),
     seq_len: int | None = typer.Option(None, help="Tokens per sequence (default: the model file's, else 4096)."),
-    precision: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
+    precision: Precision = typer.Option(Precision.BF16, help="Compute precision."),
     layout: str | None = typer.Option(None, help="Evaluate this one layout instead of searching, e.g. "
                                       "tp=8,pp=12,dp=16,mb=1,schedule=1f1b,vpp=1,sharding=none,ac=full."),
     uneven_stages: bool = typer.Option(False, help="Allow pipeline stages with unequal block counts."),
@@ -68,13 +69,16 @@ def plan(
 ) -> None:
     """Choose a parallel layout, or check one: memory per GPU, communication, step time, MFU and checkpointing.
 
-    Example: trainforge plan --model llama-70b --gpus 512 --gpu-type h100 --global-batch 1024 --explain
+    \b
+    Examples:
+      trainforge plan --model llama-70b --gpus 512 --gpu-type h100 --global-batch 1024 --explain
+      trainforge plan examples/llama-7b-finetune.yaml --cluster examples/clusters/fleet-10k.yaml
     """
     from trainforge.plan.advisor import InfeasibleLayoutError
 
     try:
-        req, fixed_layout, mtbf = _request(job, model, gpus, gpu_type, gpus_per_node, global_batch, seq_len,
-                                           precision, layout, uneven_stages, cluster, node_mtbf_hours)
+        req, fixed_layout, mtbf = _request(job, model, gpus, gpu_type.value, gpus_per_node, global_batch, seq_len,
+                                           precision.value, layout, uneven_stages, cluster, node_mtbf_hours)
     except (ValueError, OSError) as exc:
         fail(str(exc), EXIT_UNREADABLE)
     try:

@@ -17,8 +17,10 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from trainforge.cli import app
+from trainforge.cli import app, new_typer
+from trainforge.commands.choices import RenderBackend
 from trainforge.commands.common import (
+    EXIT_JOB_FAILED,
     console,
     err_console,
     fail,
@@ -56,7 +58,7 @@ def _options(namespace: str, image: str | None, queue: str | None, topology_awar
 @app.command()
 def render(
     spec_file: Path = typer.Argument(..., help="Job spec (YAML or JSON)."),
-    backend: str = typer.Option("kubernetes", help="Only `kubernetes` renders manifests."),
+    backend: RenderBackend = typer.Option(RenderBackend.kubernetes, help="The backend whose manifests to print."),
     cluster: Path | None = typer.Option(None, help="Cluster description (default: $TRAINFORGE_CLUSTER, else this "
                                         "machine)."),
     job_id: str | None = typer.Option(None, help="Job id (default: a new one)."),
@@ -66,16 +68,19 @@ def render(
     topology_aware: bool | None = typer.Option(None, "--topology-aware/--no-topology-aware",
                                                help="Kueue topology-aware scheduling (default: on with Kueue)."),
     validate: bool = typer.Option(True, help="Validate every manifest against the Kubernetes schemas."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifests as one JSON list instead of YAML."),
 ) -> None:
     """Print the Kubernetes manifests of a job (PriorityClass, Kueue WorkloadPriorityClass, ConfigMap,
-    NetworkPolicy, JobSet), validated offline. Example: trainforge render examples/llama-7b-finetune.yaml
-    --cluster examples/clusters/fleet-10k.yaml | kubectl apply -f -  (the cluster's Kueue objects: render-cluster)"""
+    NetworkPolicy, JobSet), validated offline. The cluster's own Kueue objects: `trainforge render-cluster`.
+
+    \b
+    Example:
+      trainforge render examples/llama-7b-finetune.yaml --cluster examples/clusters/fleet-10k.yaml | kubectl apply -f -
+    """
     from trainforge.infra.k8s.job import manifests_for_spec
     from trainforge.infra.k8s.validate import ManifestInvalid, validate_manifests
     from trainforge.registry.jobs import new_job_id
 
-    if backend != "kubernetes":
-        fail(f"backend {backend!r} has no manifests to render: use --backend kubernetes")
     cluster_spec = load_cluster_option(cluster)
     spec = _load_spec(spec_file, cluster_spec)
     try:
@@ -85,11 +90,13 @@ def render(
             validate_manifests(manifests)
     except (ValueError, ManifestInvalid) as exc:
         fail(str(exc))
+    _print_manifests(manifests, as_json)
 
-    _print_yaml(manifests)
 
-
-def _print_yaml(manifests: list[dict[str, Any]]) -> None:
+def _print_manifests(manifests: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print_json(manifests)
+        return
     import yaml
 
     class _NoAliases(yaml.SafeDumper):
@@ -107,11 +114,16 @@ def render_cluster(
     team: list[str] = typer.Option([], help="A team to give a queue (weight 1, no cap) besides the cluster's "
                                    "`teams`; repeatable."),
     validate: bool = typer.Option(True, help="Validate every object against the Kubernetes schemas and CRDs."),
+    as_json: bool = typer.Option(False, "--json", help="Print the objects as one JSON list instead of YAML."),
 ) -> None:
     """Print the cluster-admin objects (once per cluster, apart from the per-job ones of `render`): the
     PriorityClasses and Kueue WorkloadPriorityClasses, Topology, a ResourceFlavor per GPU type and fabric, the
-    shared Cohort, a ClusterQueue and LocalQueue per team. Example: trainforge render-cluster --cluster
-    examples/clusters/fleet-10k.yaml | kubectl apply -f -"""
+    shared Cohort, a ClusterQueue and LocalQueue per team.
+
+    \b
+    Example:
+      trainforge render-cluster --cluster examples/clusters/fleet-10k.yaml | kubectl apply -f -
+    """
     from trainforge.infra.k8s.kueue import render_cluster_admin
     from trainforge.infra.k8s.validate import ManifestInvalid, validate_manifests
 
@@ -122,7 +134,7 @@ def render_cluster(
             validate_manifests(manifests)
     except (ValueError, ManifestInvalid) as exc:
         fail(str(exc))
-    _print_yaml(manifests)
+    _print_manifests(manifests, as_json)
 
 
 def submit_kubernetes(spec_file: Path, *, cluster: Path | None, namespace: str, image: str | None,
@@ -173,8 +185,7 @@ def submit_kubernetes(spec_file: Path, *, cluster: Path | None, namespace: str, 
         try:
             final = backend.wait(name, timeout_s=timeout_s, on_change=report)
         except (GangFailed, TimeoutError) as exc:
-            err_console.print(f"[bold red]job failed:[/] {exc}")
-            raise typer.Exit(1) from None
+            fail(f"job {job_id} failed: {exc}", EXIT_JOB_FAILED, as_json)
     finally:
         scheduler.release(job_id)
     result = {"job_id": job_id, "jobset": name, "state": final.state, "created": created, "events": events}
@@ -186,8 +197,7 @@ def submit_kubernetes(spec_file: Path, *, cluster: Path | None, namespace: str, 
 
 # ------------------------------------------------------------------------------------------------ servers
 
-servers_app = typer.Typer(help="The full server stack on loopback: PostgreSQL, SeaweedFS S3, MLflow, Prefect.",
-                          no_args_is_help=True)
+servers_app = new_typer("The full server stack on loopback: PostgreSQL, SeaweedFS S3, MLflow, Prefect.")
 app.add_typer(servers_app, name="servers")
 
 
@@ -202,6 +212,7 @@ def _stack(root: Path | None) -> Any:
 def servers_up(
     root: Path | None = typer.Option(None, help="State folder (default: $TRAINFORGE_HOME/servers)."),
     timeout: float = typer.Option(180.0, help="Seconds to wait for each server to be ready."),
+    as_json: bool = typer.Option(False, "--json", help="Print {env_file, seconds} (or the error) as JSON."),
 ) -> None:
     """Start every server (idempotent): PostgreSQL, SeaweedFS S3, MLflow, Prefect and a worker with prefect.yaml's
     deployments and dataset-release automations; write the env file that points trainforge at them."""
@@ -212,15 +223,22 @@ def servers_up(
     except Exception as exc:
         stack.down()
         fail(f"the stack did not start (everything was stopped again): {exc}")
+    if as_json:
+        print_json({"env_file": str(env_file), "seconds": round(time.monotonic() - t0, 1)})
+        return
     console.print(f"[green]✓[/] stack up in {time.monotonic() - t0:.1f} s; env file: {env_file}")
     console.print(f"  use it: set -a; . {env_file}; set +a")
 
 
 @servers_app.command("down")
 @app.command("down")
-def servers_down(root: Path | None = typer.Option(None, help="State folder.")) -> None:
+def servers_down(root: Path | None = typer.Option(None, help="State folder."),
+                 as_json: bool = typer.Option(False, "--json", help="Print {stopped} as JSON.")) -> None:
     """Stop every server of the stack (no orphans); data stays under the state folder."""
     stopped = _stack(root).down()
+    if as_json:
+        print_json({"stopped": list(stopped)})
+        return
     console.print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
 
 
@@ -241,9 +259,8 @@ def servers_status(root: Path | None = typer.Option(None, help="State folder."),
 
 # ------------------------------------------------------------------------------------------------ automations
 
-automations_app = typer.Typer(help="Dataset-release triggers: Prefect automations that run the subscribed training "
-                              "jobs when a dataset version is released (prefect.yaml `dataset_triggers`).",
-                              no_args_is_help=True)
+automations_app = new_typer("Dataset-release triggers: Prefect automations that run the subscribed training jobs "
+                             "when a dataset version is released (prefect.yaml `dataset_triggers`).")
 app.add_typer(automations_app, name="automations")
 
 
@@ -327,8 +344,8 @@ def automations_list(api: str | None = typer.Option(None, help="Prefect API URL 
 
 
 @automations_app.command("remove")
-def automations_remove(api: str | None = typer.Option(None, help="Prefect API URL (default: $PREFECT_API_URL).")
-                       ) -> None:
+def automations_remove(api: str | None = typer.Option(None, help="Prefect API URL (default: $PREFECT_API_URL)."),
+                       as_json: bool = typer.Option(False, "--json", help="Print {removed, api} as JSON.")) -> None:
     """Delete every automation `automations install` created."""
     from trainforge.infra.automations import remove_automations
 
@@ -337,6 +354,9 @@ def automations_remove(api: str | None = typer.Option(None, help="Prefect API UR
             n = remove_automations()
         except Exception as exc:  # noqa: BLE001
             fail(_api_error(exc, url))
+    if as_json:
+        print_json({"removed": n, "api": url})
+        return
     console.print(f"removed {n} automation(s) from {url}")
 
 

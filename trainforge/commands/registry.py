@@ -15,13 +15,12 @@ from typing import Any
 
 import typer
 
-from trainforge.cli import app
+from trainforge.cli import app, new_typer
+from trainforge.commands.choices import Alias, ModelAlias, Stage
 from trainforge.commands.common import console, fail, print_json
 
-model_app = typer.Typer(help="Model registry: aliases and stages of registered model versions.",
-                        no_args_is_help=True)
-lineage_app = typer.Typer(help="Lineage for legal: what was trained on what, licenses, withdrawals.",
-                          no_args_is_help=True)
+model_app = new_typer("Model registry: aliases and stages of registered model versions.")
+lineage_app = new_typer("Lineage for legal: what was trained on what, licenses, withdrawals.")
 app.add_typer(model_app, name="model")
 app.add_typer(lineage_app, name="lineage")
 
@@ -31,8 +30,8 @@ def promote(
     job: str = typer.Argument(..., help="Job id (or name, when it has one submission)."),
     step: int | None = typer.Option(None, help="Promote this committed checkpoint step."),
     best: bool = typer.Option(False, "--best", help="Promote the best checkpoint (keep_best metric, else newest)."),
-    alias: str = typer.Option("candidate", help="Alias for the new version: candidate, champion or none."),
-    stage: str | None = typer.Option(None, help="MLflow stage: Staging, Production, Archived."),
+    alias: Alias = typer.Option(Alias.candidate, help="Alias for the new version (none: no alias)."),
+    stage: Stage | None = typer.Option(None, case_sensitive=False, help="MLflow stage of the new version."),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
 ) -> None:
     """Register a committed checkpoint of a job as a model version (safetensors + config + lineage metadata);
@@ -41,7 +40,8 @@ def promote(
     from trainforge.registry.promotion import promote as do_promote
 
     try:
-        result = do_promote(job, step=step, best=best, alias=None if alias == "none" else alias, stage=stage)
+        result = do_promote(job, step=step, best=best, alias=None if alias == Alias.none else alias.value,
+                            stage=stage.value if stage else None)
     except (LookupError, ValueError, QuarantinedError) as exc:
         fail(str(exc))
     if as_json:
@@ -54,28 +54,40 @@ def promote(
 
 
 @model_app.command("alias")
-def model_alias(name: str, version: str, alias: str) -> None:
+def model_alias(name: str = typer.Argument(..., help="Registered model name, e.g. demo.tiny-cpu."),
+                version: str = typer.Argument(..., help="Model version number."),
+                alias: ModelAlias = typer.Argument(..., help="The alias to point at the version."),
+                as_json: bool = typer.Option(False, "--json", help="Print {name, version, alias} as JSON.")) -> None:
     """Point an alias (champion, candidate) at a model version."""
     from trainforge.registry.lineage import QuarantinedError
     from trainforge.registry.promotion import set_alias
 
     try:
-        set_alias(name, version, alias)
+        set_alias(name, version, alias.value)
     except (ValueError, QuarantinedError) as exc:
         fail(str(exc))
+    if as_json:
+        print_json({"name": name, "version": version, "alias": alias.value})
+        return
     console.print(f"[green]✓[/] {name}@{alias} -> v{version}")
 
 
 @model_app.command("stage")
-def model_stage(name: str, version: str, stage: str) -> None:
+def model_stage(name: str = typer.Argument(..., help="Registered model name, e.g. demo.tiny-cpu."),
+                version: str = typer.Argument(..., help="Model version number."),
+                stage: Stage = typer.Argument(..., case_sensitive=False, help="The stage to move it to."),
+                as_json: bool = typer.Option(False, "--json", help="Print {name, version, stage} as JSON.")) -> None:
     """Move a model version to an MLflow stage (None, Staging, Production, Archived)."""
     from trainforge.registry.lineage import QuarantinedError
     from trainforge.registry.promotion import transition_stage
 
     try:
-        new = transition_stage(name, version, stage)
+        new = transition_stage(name, version, stage.value)
     except (ValueError, QuarantinedError) as exc:
         fail(str(exc))
+    if as_json:
+        print_json({"name": name, "version": version, "stage": new})
+        return
     console.print(f"[green]✓[/] {name} v{version} -> {new}")
 
 
@@ -106,7 +118,8 @@ def _emit(result: dict[str, Any], as_json: bool, sections: dict[str, tuple[str, 
 
 
 @lineage_app.command("datasets-of")
-def datasets_of(target: str, as_json: bool = typer.Option(False, "--json")) -> None:
+def datasets_of(target: str = typer.Argument(..., help="models:/team.name/3, team.name/3, JOB@STEP or JOB."),
+                as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """Datasets (version, license, provenance) a model version, checkpoint or job was trained on, directly or
     through resume and fine-tuning ancestry."""
     from trainforge.registry.lineage import LineageStore
@@ -121,7 +134,7 @@ def datasets_of(target: str, as_json: bool = typer.Option(False, "--json")) -> N
 @lineage_app.command("trained-on")
 def trained_on(dataset: str = typer.Argument("", help="NAME or NAME@VERSION (a version prefix is fine)."),
                file: str | None = typer.Option(None, help="Any version containing this file, PREFIX/ or glob."),
-               as_json: bool = typer.Option(False, "--json")) -> None:
+               as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """Checkpoints and model versions trained on a dataset (by name, version or contained file), directly or
     through fine-tuning ancestry: each model with the checkpoint it was promoted from, marked when the dataset
     version is withdrawn."""
@@ -150,7 +163,9 @@ def _emit_rows(result: dict[str, Any], as_json: bool) -> None:
 
 
 @lineage_app.command("license")
-def by_license(license: str, as_json: bool = typer.Option(False, "--json")) -> None:
+def by_license(license: str = typer.Argument(..., help="A license class (non-commercial, copyleft, ...), an SPDX "
+                                             "id (MIT) or a glob (CC-BY-NC*)."),
+               as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """Runs that used a dataset of a license class (non-commercial, copyleft, ...), SPDX id or glob."""
     from trainforge.registry.lineage import LineageStore
 
@@ -165,7 +180,7 @@ def withdraw(dataset: str = typer.Argument(..., help="NAME@VERSION"),
              quarantine: bool = typer.Option(False, "--quarantine", help="Also mark every affected checkpoint and "
                                              "model version quarantined (they are refused for promotion either way)."),
              who: str | None = typer.Option(None, help="Who (default: $TRAINFORGE_USER or the login)."),
-             as_json: bool = typer.Option(False, "--json")) -> None:
+             as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """Withdraw a dataset version: no job may resolve it from now on, what was trained on it is tagged
     trainforge.dataset_withdrawn in MLflow and refused for promotion; lists everything trained on it."""
     from trainforge.registry.lineage_withdrawal import withdraw as do_withdraw
@@ -177,7 +192,10 @@ def withdraw(dataset: str = typer.Argument(..., help="NAME@VERSION"),
         result = do_withdraw(name, version, who=who, why=why, quarantine=quarantine)
     except (LookupError, ValueError) as exc:
         fail(str(exc))
-    _emit_rows(result, as_json)
     if result["tag_errors"]:
+        if not as_json:
+            _emit_rows(result, as_json)
         fail("the withdrawal is recorded (no job can resolve the version), but some MLflow tags could not be set: "
-             + "; ".join(result["tag_errors"]) + ". Run the same `trainforge lineage withdraw` again to retry them")
+             + "; ".join(result["tag_errors"]) + ". Run the same `trainforge lineage withdraw` again to retry them",
+             extra=result)
+    _emit_rows(result, as_json)

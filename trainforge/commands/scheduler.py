@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 
 from trainforge.cli import app
-from trainforge.commands.common import console, fail, load_cluster_option, print_json
+from trainforge.commands.choices import Policy
+from trainforge.commands.common import EXIT_UNREADABLE, console, fail, load_cluster_option, print_json
 
 
 @app.command()
@@ -51,8 +52,10 @@ def _ago(s: float) -> str:
 def simulate(
     cluster: Path = typer.Option(Path("examples/clusters/fleet-10k.yaml"), help="Cluster YAML, or a node-list CSV "
                                  "(sn,cpu_milli,memory_mib,gpu,model) such as Alibaba's."),
-    trace: Path = typer.Option(..., help="Trace CSV in the uniform schema (see ../shared/traces/README.md)."),
-    policy: list[str] = typer.Option(["ours"], help="ours | fifo | fifo-backfill; repeat to compare side by side."),
+    trace: Path = typer.Option(..., help="Trace CSV in the uniform schema (job_id, submit_time_s, duration_s, "
+                               "num_gpus, team, ...; trainforge/infra/simulator/traces.py), e.g. "
+                               "examples/traces/synthetic-2k.csv."),
+    policy: list[Policy] = typer.Option([Policy.ours], help="Scheduler policy; repeat to compare side by side."),
     failures: str | None = typer.Option(None, help="Random node failures, e.g. `mtbf=5000` (hours per node) "
                                         "`,repair=4` (hours)."),
     spot_waves: str | None = typer.Option(None, "--spot-waves", help="Spot reclamation waves, e.g. "
@@ -62,12 +65,14 @@ def simulate(
     speedup: float = typer.Option(1.0, help="Compress trace arrivals by this factor to raise the load."),
     max_jobs: int | None = typer.Option(None, help="Replay only the first N trace jobs."),
     grace: float = typer.Option(120.0, help="Checkpoint-then-stop grace period for preemption victims (s)."),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seed of the generated tail and the random failures."),
     as_json: bool = typer.Option(False, "--json", help="Print the report(s) as JSON."),
 ) -> None:
     """Replay a job trace through the scheduler policy in a discrete-event simulation.
 
-    Example: trainforge simulate --trace ../shared/traces/philly_jobs_50k.csv --policy ours --policy fifo
+    \b
+    Example:
+      trainforge simulate --trace examples/traces/synthetic-2k.csv --policy ours --policy fifo
     """
     from trainforge.infra.scheduler.model import TeamPolicy
     from trainforge.infra.simulator import (
@@ -94,7 +99,7 @@ def simulate(
         fail_opts = _kv(failures, "failures")
         spot_opts = _kv(spot_waves, "spot-waves")
     except (OSError, ValueError) as exc:
-        fail(str(exc))
+        fail(str(exc), EXIT_UNREADABLE)
     total = sum(n.num_gpus for n in nodes)
     if tail < 0:
         tail = max(20, len(tr.jobs) // 1000) if total >= 2048 else 0
@@ -110,7 +115,7 @@ def simulate(
                                        seed=seed))
     reports = []
     for pol in policy:
-        cfg = SimConfig(policy=pol, grace_s=grace, speedup=speedup, seed=seed, teams=teams,
+        cfg = SimConfig(policy=pol.value, grace_s=grace, speedup=speedup, seed=seed, teams=teams,
                         node_mtbf_hours=fail_opts.get("mtbf"), repair_s=3600 * fail_opts.get("repair", 4.0),
                         spot_every_s=3600 * spot_opts["every"] if "every" in spot_opts else None,
                         spot_fraction=spot_opts.get("fraction", 0.5),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -21,6 +22,9 @@ from trainforge.commands.common import (
 )
 from trainforge.spec import SpecError
 
+if TYPE_CHECKING:
+    from trainforge.validate import ValidationReport
+
 
 @app.command()
 def validate(
@@ -35,10 +39,9 @@ def validate(
 
     Exit status: 0 valid, 1 invalid, 2 unreadable file (spec or cluster description).
 
+    \b
     Examples:
-
       trainforge validate examples/tiny-cpu.yaml
-
       trainforge validate examples/llama-70b-pretrain.yaml --cluster examples/clusters/fleet-10k.yaml --json
     """
     from trainforge.validate import ValidationReport, validate_file
@@ -48,14 +51,15 @@ def validate(
             target = resolve_cluster(cluster)
         except SpecError as exc:
             # The same report shape as for a spec, so scripts parse one format; the source names the cluster file.
-            print_json(ValidationReport(exc.source, problems=exc.problems, unreadable=True).to_dict(strict))
+            report = ValidationReport(exc.source, problems=exc.problems, unreadable=True)
+            print_json(_json_report(report, strict, EXIT_UNREADABLE, f"cluster description {exc.source}"))
             raise typer.Exit(EXIT_UNREADABLE) from None
     else:
         target = load_cluster_option(cluster)
     report = validate_file(spec_file, target)
     code = EXIT_UNREADABLE if report.unreadable else (EXIT_OK if report.ok(strict) else EXIT_INVALID)
     if as_json:
-        print_json(report.to_dict(strict))
+        print_json(_json_report(report, strict, code, str(spec_file)))
         raise typer.Exit(code)
     out = console if code == EXIT_OK else err_console
     for p in report.problems:
@@ -76,11 +80,23 @@ def validate(
     raise typer.Exit(code)
 
 
+def _json_report(report: ValidationReport, strict: bool, code: int, source: str) -> dict[str, Any]:
+    """The report as JSON; a failing one also carries `error` and `exit_code`, as every command's JSON error does."""
+    data = report.to_dict(strict)
+    if code != EXIT_OK:
+        what = "cannot be read" if code == EXIT_UNREADABLE else f"{len(report.errors(strict))} problem(s)"
+        data.update(error=f"{source}: {what}", exit_code=code)
+    return data
+
+
 @app.command()
-def schema() -> None:
+def schema(as_json: bool = typer.Option(False, "--json", help="Accepted for symmetry: the schema is always "
+                                        "printed as JSON.")) -> None:
     """Print the JSON Schema of the job spec (every field with its description).
 
-    Example: trainforge schema > jobspec.schema.json
+    \b
+    Example:
+      trainforge schema > jobspec.schema.json
     """
     from trainforge.spec import json_schema
 

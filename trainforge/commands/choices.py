@@ -1,0 +1,85 @@
+"""The fixed choices of CLI options, as enums: `--help` lists them (`--backend <local|kubernetes>`), shell
+completion offers them, and click refuses any other value naming the option and the valid ones (exit 2).
+
+Where a library module owns the list (the spec's GPU types, the registry's stages, the metric modes), the enum is
+built from it or checked against it by tests/unit/test_cli_surface.py, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Backend(StrEnum):
+    """Where `submit` runs the job."""
+
+    local = "local"
+    kubernetes = "kubernetes"
+
+
+class RenderBackend(StrEnum):
+    """Backends that have manifests to render."""
+
+    kubernetes = "kubernetes"
+
+
+class Policy(StrEnum):
+    """Scheduler policies the simulator replays (trainforge/infra/scheduler/policy.py)."""
+
+    ours = "ours"
+    fifo = "fifo"
+    fifo_backfill = "fifo-backfill"
+
+
+class Alias(StrEnum):
+    """Aliases `promote` may set (registry/promotion.py ALIASES), or none."""
+
+    candidate = "candidate"
+    champion = "champion"
+    none = "none"
+
+
+class ModelAlias(StrEnum):
+    """Aliases of `model alias` (registry/promotion.py ALIASES)."""
+
+    champion = "champion"
+    candidate = "candidate"
+
+
+class Stage(StrEnum):
+    """MLflow model stages (registry/promotion.py STAGES)."""
+
+    none = "None"
+    staging = "Staging"
+    production = "Production"
+    archived = "Archived"
+
+
+class MetricMode(StrEnum):
+    """How `metric` reads a history (registry/tracking.py METRIC_MODES)."""
+
+    latest = "latest"
+    min = "min"
+    max = "max"
+
+
+class Market(StrEnum):
+    """Price markets of the cost model."""
+
+    on_demand = "on_demand"
+    spot = "spot"
+
+
+class Tokenizer(StrEnum):
+    """Tokenizers `datasets build` can use."""
+
+    byte = "byte"
+    bpe = "bpe"
+
+
+class Shell(StrEnum):
+    """Shells `completion` writes a script for."""
+
+    bash = "bash"
+    zsh = "zsh"
+    fish = "fish"
