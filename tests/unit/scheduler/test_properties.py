@@ -67,8 +67,12 @@ def test_invariants_hold_through_random_events(sc):
             continue  # bigger than the cluster / tp larger than its nodes: rejected up front
         for d in s.schedule(now):
             if isinstance(d, Preempt):
-                assert s.jobs[d.job_id].req.rank < s.jobs[d.for_job].req.rank or \
-                    d.for_job.startswith("j") and s.jobs[d.for_job].req.team in s.jobs[d.job_id].borrowed_from
+                v, g = s.jobs[d.job_id], s.jobs[d.for_job]
+                # lower priority, a borrower of the requester's pool, or (a reserved gang past its patience) a
+                # same-priority job of a team holding a larger share than the gang's team
+                assert v.req.rank < g.req.rank or g.req.team in v.borrowed_from or (
+                    v.req.rank == g.req.rank and v.req.team != g.req.team and g.reserved_since <= now
+                    and s.share(v.req.team) > s.share(g.req.team)), (d, v.req, g.req)
         check_invariants(s)
     for op, k in ops:
         now += 10

@@ -37,8 +37,8 @@ from trainforge.infra.scheduler.state import ClusterState, NodeInfo
 from trainforge.infra.simulator.report import summarize
 from trainforge.infra.simulator.traces import ESTIMATE_FACTOR, Trace, TraceJob
 
-# event kinds, in processing order at equal times
-_FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT = range(7)
+# event kinds, in processing order at equal times (_TICK: a pass the policy asked for, `next_wakeup`)
+_FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT, _TICK = range(8)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,7 +130,9 @@ class Simulation:
             self._push(self.t0 + cfg.spot_every_s, _SPOT, None)
         handlers: dict[int, Callable[[Any], None]] = {
             _FINISH: self._on_finish, _STOP: self._on_stop, _FAIL: self._on_fail, _REPAIR: self._on_repair,
-            _SPOT: self._on_spot, _SPOT_BACK: self._on_spot_back, _SUBMIT: self._on_submit}
+            _SPOT: self._on_spot, _SPOT_BACK: self._on_spot_back, _SUBMIT: self._on_submit,
+            _TICK: lambda _: None}
+        ticks: set[float] = set()
         events = self.events
         while events:
             t = events[0][0]
@@ -147,6 +149,10 @@ class Simulation:
             decisions = self.sched.schedule(t)
             self.latencies.append(time.perf_counter() - t1)
             self._apply(decisions)
+            wake = self.sched.next_wakeup(t)
+            if math.isfinite(wake) and wake not in ticks:
+                ticks.add(wake)
+                self._push(wake, _TICK, None)
         return summarize(self, time.perf_counter() - wall)
 
     def _active(self) -> bool:
@@ -173,7 +179,8 @@ class Simulation:
         job_id, version = payload
         r = self.runs[job_id]
         job = self.sched.jobs.get(job_id)
-        if r.version != version or job is None or job.state is not JobState.RUNNING:
+        # A victim told to stop at its next checkpoint boundary keeps running and may finish before it.
+        if r.version != version or job is None or job.state is JobState.PENDING:
             return
         r.settle(self.now)
         self.busy -= r.held
@@ -188,6 +195,9 @@ class Simulation:
         job = self.sched.jobs.get(job_id)
         if r.version != version or job is None or job.state is not JobState.PREEMPTING:
             return
+        if r.rate:  # it trained on until its checkpoint boundary
+            r.settle(r.signal)
+            r.rate = 0
         self.busy -= r.held
         self._book(r, None)
         r.held = 0
@@ -244,13 +254,25 @@ class Simulation:
                 self._push(now + max(r.work_left, 0.0) / g, _FINISH, (d.job_id, r.version))
             elif isinstance(d, Preempt):
                 r.settle(now)
-                r.signal = now
-                r.rate = 0  # checkpointing: no more progress, nothing lost if the write fits the grace period
                 r.version += 1
                 write = self.config.checkpoint_write_s
+                at = d.at_checkpoint
+                if at > now:  # train on to the next checkpoint boundary, stop once that checkpoint is written
+                    r.signal = at
+                    done_at = now + max(r.work_left, 0.0) / r.rate
+                    if done_at <= at:
+                        self._push(done_at, _FINISH, (d.job_id, r.version))
+                    elif write <= d.deadline - at:
+                        self._push(at + write, _STOP, (d.job_id, r.version))
+                    continue
+                r.signal = now
+                r.rate = 0  # checkpointing: no more progress, nothing lost if the write fits the grace period
                 if write <= d.deadline - now:
                     self._push(now + write, _STOP, (d.job_id, r.version))
             elif isinstance(d, Kill):  # the grace period ended before the checkpoint was written
+                if r.rate:
+                    r.settle(min(now, r.signal))
+                    r.rate = 0
                 lost = (r.signal - r.last_checkpoint(r.signal)) * r.held
                 r.work_left += lost
                 self.lost["preemption"] += lost
