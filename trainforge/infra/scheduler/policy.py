@@ -351,11 +351,11 @@ class Scheduler:
             return
         for rank in sorted(by_rank, reverse=True):
             teams = by_rank[rank]
-            # Standing reservations first (oldest first): a gang that got one is never overtaken by a job of its
-            # class that the fair-share order happens to put ahead of it when GPUs free up.
+            # Standing reservations first, the poorest team's first (then the oldest): a gang that got one is never
+            # overtaken by a job of its class that the fair-share order puts ahead of it when GPUs free up.
             first = sorted((j for j in (jobs[i] for i in self._reserved)
                             if j.req.gpu_type == cls and j.req.rank == rank and j.state is JobState.PENDING),
-                           key=lambda j: (j.reserved_since, j.seq)) if self._reserved else []
+                           key=lambda j: (self.share(j.req.team), j.reserved_since, j.seq)) if self._reserved else []
             yield from first
             skip = {j.job_id for j in first}
             heap = [(lst[0][0], self.share(t), lst[0][1], lst[0][2], t, 0) for t, lst in teams.items() if lst]

@@ -45,6 +45,8 @@ _FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT, _TICK = range(8)
 class SimConfig:
     policy: str = "ours"
     grace_s: float = 120.0
+    patience_s: float = 3600.0
+    """SchedulerConfig.patience_s: how long a reserved gang waits before it preempts (docs/scheduler.md)."""
     checkpoint_write_s: float = 30.0
     node_mtbf_hours: float | None = None
     """None = no random node failures."""
@@ -91,7 +93,8 @@ class Simulation:
         self.trace = trace
         self.cluster_name = cluster_name
         self.state = ClusterState(nodes)
-        self.sched = Scheduler(self.state, config.teams, SchedulerConfig(policy=config.policy, grace_s=config.grace_s))
+        self.sched = Scheduler(self.state, config.teams, SchedulerConfig(policy=config.policy, grace_s=config.grace_s,
+                                                                       patience_s=config.patience_s))
         self.sched.checkpoint_clock = self._ckpt_clock
         self.rng = random.Random(config.seed)
         self.runs: dict[str, _Run] = {}
@@ -164,9 +167,10 @@ class Simulation:
 
     # -- events -------------------------------------------------------------------------------------------
     def _on_submit(self, tj: TraceJob) -> None:
+        estimate = tj.estimate_s if tj.estimate_s is not None else tj.duration_s * ESTIMATE_FACTOR
         req = JobRequest(job_id=tj.job_id, team=tj.team, priority=tj.priority, gpu_type=tj.gpu_type,
                          num_gpus=tj.num_gpus, min_gpus=tj.min_gpus, tp=tj.tp, pp=tj.pp,
-                         max_runtime_s=tj.duration_s * ESTIMATE_FACTOR, checkpoint_interval_s=tj.checkpoint_interval_s)
+                         max_runtime_s=estimate, checkpoint_interval_s=tj.checkpoint_interval_s)
         try:
             self.sched.submit(req, self.now)
         except ValueError as exc:

@@ -38,6 +38,8 @@ class TraceJob:
     pp: int = 1
     min_gpus: int | None = None
     generated: bool = False
+    estimate_s: float | None = None
+    """The runtime estimate the scheduler is given; None = the oracle (ESTIMATE_FACTOR x the real duration)."""
 
 
 @dataclass(slots=True)
