@@ -63,6 +63,11 @@ SHARED_POOL = "shared"
 _MANAGED = {"app.kubernetes.io/managed-by": "trainforge"}
 
 
+PREEMPTION: dict[str, Any] = {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any",
+                              "borrowWithinCohort": {"policy": "Never"}}
+"""Every ClusterQueue's `preemption` (the module docstring says why); the simulator's `kueue` policy reads it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Flavor:
     name: str
@@ -134,7 +139,7 @@ def render_resource_flavor(f: Flavor, options: K8sOptions) -> dict[str, Any]:
             "spec": spec}
 
 
-def _apportion(units: int, weights: dict[str, float], caps: dict[str, int | None]) -> dict[str, int]:
+def apportion(units: int, weights: dict[str, float], caps: dict[str, int | None]) -> dict[str, int]:
     """`units` whole units shared by weight, none above its cap: capped teams take their cap, the rest is
     re-shared among the others (water filling), then floors plus the largest remainders."""
     share = dict.fromkeys(weights, 0)
@@ -201,7 +206,7 @@ def quotas(cluster: ClusterSpec, teams: dict[str, TeamSpec]) -> dict[str, dict[s
                 cap = caps[f.pool]
                 out[f.name] = {f.pool: (f.nodes if cap is None else min(f.nodes, cap), 0, 0)}
             continue
-        nominal = _apportion(f.nodes, {t: s.weight for t, s in teams.items()}, caps)
+        nominal = apportion(f.nodes, {t: s.weight for t, s in teams.items()}, caps)
         out[f.name] = {t: (nominal[t], None if (cap := caps[t]) is None else cap - nominal[t], None) for t in teams}
     return out
 
@@ -245,8 +250,7 @@ def render_cluster_queue(team: str, spec: TeamSpec, cluster: ClusterSpec, table:
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": options.namespace}},
                 "queueingStrategy": "BestEffortFIFO",
                 "fairSharing": {"weight": _weight(spec.weight)},
-                "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any",
-                               "borrowWithinCohort": {"policy": "Never"}},
+                "preemption": {k: (dict(v) if isinstance(v, dict) else v) for k, v in PREEMPTION.items()},
                 "resourceGroups": [{"coveredResources": covered, "flavors": entries}],
             }}
 

@@ -264,8 +264,8 @@ class Scheduler:
             self.stats["kills"] += 1
             self.stopped(job_id, now)
             decisions.append(Kill(job_id))
-        for job_id in [j for j in self._reserved if not self.under_fair_share(self.jobs[j].req.team)]:
-            self._reserved.discard(job_id)  # its team reached its fair share (another team became active)
+        for job_id in [j for j in self._reserved if not self._keeps_reservation(self.jobs[j])]:
+            self._reserved.discard(job_id)
             self.jobs[job_id].reserved_since = math.nan
         for job_id in sorted(set(self._earmarked.values()), key=lambda j: self.jobs[j].seq):
             job = self.jobs[job_id]  # preemption plans whose victims have all stopped start first
@@ -332,6 +332,16 @@ class Scheduler:
             self._reserved.add(head.job_id)
         deadline = head.reserved_since + self.config.patience_s
         return now >= deadline or self._reserve(head, types, now).shadow > deadline
+
+    def _keeps_reservation(self, job: Job) -> bool:
+        """A standing reservation lasts while its team is under its fair share and no poorer team waits in the
+        same class and priority (that team's gang then becomes the head and gets the reservation)."""
+        team = job.req.team
+        if not self.under_fair_share(team):
+            return False
+        waiting = self._pending.get(job.req.gpu_type, {}).get(job.req.rank, {})
+        mine = self.share(team)
+        return not any(lst and self.share(t) < mine - 1e-12 for t, lst in waiting.items())
 
     def next_wakeup(self, now: float) -> float:
         """When the policy next needs a pass though no event comes: a reserved gang's patience runs out, or a
@@ -573,12 +583,14 @@ class Scheduler:
             self._earmarked[n] = req.job_id
 
     def _next_checkpoint(self, v: Job, now: float) -> float:
-        """The victim's next periodic checkpoint boundary (now if it has no interval or never checkpointed)."""
+        """The victim's next periodic checkpoint boundary after its last one, so that every start makes at least
+        one checkpoint of progress (two starving gangs cannot preempt each other in a loop that trains nothing);
+        now if it has no interval or never checkpointed."""
         every = v.req.checkpoint_interval_s
         last = self.checkpoint_clock(v, now) if self.checkpoint_clock else v.last_checkpoint
         if not every or math.isnan(last):
             return now
-        return last + max(0, math.ceil((now - last) / every - 1e-9)) * every
+        return last + max(1, math.ceil((now - last) / every - 1e-9)) * every
 
     def _victim_order(self, req: JobRequest, victims: list[Job], types: tuple[str, ...], now: float) -> list[Job]:
         """Least lost work first, node by node: jobs borrowing the requester's pool, then lower priority classes

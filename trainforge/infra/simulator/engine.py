@@ -34,6 +34,7 @@ from trainforge.infra.scheduler.model import (
 )
 from trainforge.infra.scheduler.policy import Scheduler
 from trainforge.infra.scheduler.state import ClusterState, NodeInfo
+from trainforge.infra.simulator.kueue import KueueModel
 from trainforge.infra.simulator.report import summarize
 from trainforge.infra.simulator.traces import ESTIMATE_FACTOR, Trace, TraceJob
 
@@ -44,6 +45,7 @@ _FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT, _TICK = range(8)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
     policy: str = "ours"
+    """A scheduler policy (`ours`, `fifo`, `fifo-backfill`) or `kueue` (Kueue's admission, simulator/kueue.py)."""
     grace_s: float = 120.0
     patience_s: float = 3600.0
     """SchedulerConfig.patience_s: how long a reserved gang waits before it preempts (docs/scheduler.md)."""
@@ -93,8 +95,12 @@ class Simulation:
         self.trace = trace
         self.cluster_name = cluster_name
         self.state = ClusterState(nodes)
-        self.sched = Scheduler(self.state, config.teams, SchedulerConfig(policy=config.policy, grace_s=config.grace_s,
-                                                                       patience_s=config.patience_s))
+        if config.policy == "kueue":  # Kueue's admission (simulator only: on a cluster Kueue's controller does it)
+            self.sched: Scheduler = KueueModel(self.state, config.teams,
+                                               SchedulerConfig(policy="fifo", grace_s=config.grace_s))
+        else:
+            self.sched = Scheduler(self.state, config.teams, SchedulerConfig(
+                policy=config.policy, grace_s=config.grace_s, patience_s=config.patience_s))
         self.sched.checkpoint_clock = self._ckpt_clock
         self.rng = random.Random(config.seed)
         self.runs: dict[str, _Run] = {}
