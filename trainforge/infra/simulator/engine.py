@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainforge.infra.scheduler.estimates import RuntimeHistory
 from trainforge.infra.scheduler.model import (
     Decision,
     Job,
@@ -61,6 +62,17 @@ class SimConfig:
     """Divide submit times by this (compress arrivals to raise the load)."""
     seed: int = 0
     teams: dict[str, TeamPolicy] = field(default_factory=dict)
+    estimates: str = "history"
+    """Runtime estimates for backfill and reservations: `history` (the user's `max_runtime` where the trace has
+    one, else the runtimes of similar jobs that ended, `RuntimeHistory`) or `oracle` (ESTIMATE_FACTOR x the real
+    duration: no real scheduler knows it; kept for comparison)."""
+
+    def __post_init__(self) -> None:
+        if self.estimates not in ESTIMATES:
+            raise ValueError(f"unknown estimates {self.estimates!r}; use one of {', '.join(ESTIMATES)}")
+
+
+ESTIMATES = ("history", "oracle")
 
 
 @dataclass(slots=True, eq=False)
@@ -92,7 +104,10 @@ class _Run:
 class Simulation:
     def __init__(self, nodes: list[NodeInfo], trace: Trace, config: SimConfig, cluster_name: str = "cluster"):
         self.config = config
-        self.trace = trace
+        how = ("ORACLE: the real duration x " + str(ESTIMATE_FACTOR) if config.estimates == "oracle" else
+               "the trace's max_runtime where given, else learned from the runtimes of ended jobs "
+               "(same user, team and size first)")
+        self.trace = Trace(trace.jobs, trace.source, trace.notes + [f"runtime estimates for backfill: {how}"])
         self.cluster_name = cluster_name
         self.state = ClusterState(nodes)
         if config.policy == "kueue":  # Kueue's admission (simulator only: on a cluster Kueue's controller does it)
@@ -103,6 +118,7 @@ class Simulation:
                 policy=config.policy, grace_s=config.grace_s, patience_s=config.patience_s))
         self.sched.checkpoint_clock = self._ckpt_clock
         self.rng = random.Random(config.seed)
+        self.history = RuntimeHistory()
         self.runs: dict[str, _Run] = {}
         self.events: list[tuple[float, int, int, Any]] = []
         self._n = 0
@@ -173,7 +189,13 @@ class Simulation:
 
     # -- events -------------------------------------------------------------------------------------------
     def _on_submit(self, tj: TraceJob) -> None:
-        estimate = tj.estimate_s if tj.estimate_s is not None else tj.duration_s * ESTIMATE_FACTOR
+        if tj.estimate_s is not None:
+            estimate = tj.estimate_s
+        elif self.config.estimates == "oracle":
+            estimate = tj.duration_s * ESTIMATE_FACTOR
+        else:
+            estimate = self.history.estimate(team=tj.team, user=tj.user, num_gpus=tj.num_gpus,
+                                             max_runtime_s=tj.max_runtime_s)
         req = JobRequest(job_id=tj.job_id, team=tj.team, priority=tj.priority, gpu_type=tj.gpu_type,
                          num_gpus=tj.num_gpus, min_gpus=tj.min_gpus, tp=tj.tp, pp=tj.pp,
                          max_runtime_s=estimate, checkpoint_interval_s=tj.checkpoint_interval_s)
@@ -198,6 +220,8 @@ class Simulation:
         r.held = r.rate = 0
         r.end = self.now
         self.sched.finish(job_id, self.now)
+        tj = r.tj  # the platform learns the job's runtime (its work at full size) as it ends
+        self.history.observe(team=tj.team, user=tj.user, num_gpus=tj.num_gpus, runtime_s=tj.duration_s)
 
     def _on_stop(self, payload: tuple[str, int]) -> None:
         job_id, version = payload

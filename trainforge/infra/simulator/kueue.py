@@ -28,9 +28,19 @@ import math
 from dataclasses import dataclass
 
 from trainforge.infra.k8s.kueue import PREEMPTION, apportion
-from trainforge.infra.scheduler.model import SHARED_POOL, Decision, Job, JobState, Placement, Preempt
+from trainforge.infra.scheduler.model import (
+    SHARED_POOL,
+    Decision,
+    Job,
+    JobState,
+    Placement,
+    Preempt,
+    SchedulerConfig,
+    TeamPolicy,
+)
 from trainforge.infra.scheduler.placement import find_placement
 from trainforge.infra.scheduler.policy import Scheduler
+from trainforge.infra.scheduler.state import ClusterState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,8 +53,9 @@ class KueueSettings:
 
 
 class KueueModel(Scheduler):
-    def __init__(self, *args, settings: KueueSettings | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, state: ClusterState, teams: dict[str, TeamPolicy] | None = None,
+                 config: SchedulerConfig | None = None, *, settings: KueueSettings | None = None):
+        super().__init__(state, teams, config)
         self.settings = settings or KueueSettings()
         self._known: tuple[str, ...] = ()
         self._flavor_gpus: dict[str, int] = {}
