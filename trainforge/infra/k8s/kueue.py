@@ -25,6 +25,9 @@ Quota policy (the values, and why):
 - Preemption: `withinClusterQueue: LowerPriority` (a team's urgent job may evict its own lower jobs);
   `reclaimWithinCohort: Any` (a team always gets its nominal quota back from borrowers, whatever their priority:
   nominal quota is a guarantee); `borrowWithinCohort: Never` (a borrower never evicts another team's work to grow).
+  So a gang within its team's nominal quota is admitted within the grace period however busy the cohort is; one
+  larger than that quota has no bound on Kueue (docs/scheduler.md, "On Kubernetes"; the simulator's `kueue`
+  policy models these rules).
 - Fair sharing: each ClusterQueue's `fairSharing.weight` is the team's weight (enable `fairSharing` in Kueue's
   Configuration: borrowed capacity is then divided by weighted share, as the simulator's DRF does).
 - `queueingStrategy: BestEffortFIFO`: a big gang waiting for quota does not block smaller jobs behind it.
