@@ -59,6 +59,7 @@ class KueueModel(Scheduler):
         self.settings = settings or KueueSettings()
         self._known: tuple[str, ...] = ()
         self._flavor_gpus: dict[str, int] = {}
+        self._caps: dict[str, dict[str, int | None]] = {}
         self.nominal: dict[str, dict[str, int]] = {}
         """team -> GPU type -> nominal quota (GPUs)."""
 
@@ -69,6 +70,7 @@ class KueueModel(Scheduler):
             return
         self._known = teams
         self.nominal = {t: {} for t in teams}
+        self._caps: dict[str, dict[str, int | None]] = {t: {} for t in teams}
         self._flavor_gpus = {t: sum(n.num_gpus for n in self.state.nodes if n.gpu_type == t and n.pool == SHARED_POOL)
                              for t in self.state.gpu_types}
         for gpu_type in self.state.gpu_types:
@@ -76,16 +78,24 @@ class KueueModel(Scheduler):
             if not nodes:
                 continue
             per_node = max(n.num_gpus for n in nodes)
-            caps = {t: self._cap(t, gpu_type) for t in teams}
-            node_caps = {t: None if c is None else c // per_node for t, c in caps.items()}
+            node_caps = {t: self._cap_nodes(t, gpu_type, per_node) for t in teams}
             share = apportion(len(nodes), {t: self.team(t).weight for t in teams}, node_caps)
             for t in teams:
                 self.nominal[t][gpu_type] = share[t] * per_node
+                self._caps[t][gpu_type] = None if node_caps[t] is None else node_caps[t] * per_node
+
+    def _cap_nodes(self, team: str, gpu_type: str, per_node: int) -> int | None:
+        """As the renderer caps a flavor (`kueue._team_cap_nodes`): the type's cap, and the `*` cap split over
+        the flavors by their GPUs, in whole nodes."""
+        quota = self.team(team).quota
+        total = sum(self._flavor_gpus.values())
+        caps = [quota[gpu_type]] if gpu_type in quota else []
+        if "*" in quota and total:
+            caps.append(quota["*"] * self._flavor_gpus[gpu_type] / total)
+        return None if not caps else int(min(caps) // per_node)
 
     def _cap(self, team: str, gpu_type: str) -> int | None:
-        quota = self.team(team).quota
-        caps = [quota[k] for k in (gpu_type, "*") if k in quota]
-        return min(caps) if caps else None
+        return self._caps.get(team, {}).get(gpu_type)
 
     def _capacity(self, gpu_type: str) -> int:
         return self._flavor_gpus.get(gpu_type, 0)
