@@ -139,10 +139,23 @@ def test_concurrent_processes_never_double_book(tmp_path):
 def test_timeout_says_why_and_withdraws(tmp_path):
     sched = LiveScheduler(CLUSTER, f"sqlite:///{tmp_path / 's.db'}")
     sched.request(GangRequest(job_id="a", team="x", num_gpus=24, tp=8), timeout_s=5)
+    # the same team: nothing to preempt (another team's gang would have its reservation and preempt "a", below)
     with pytest.raises(SchedulingTimeout, match=r"needs 16 GPUs, 8 free") as err:
-        sched.request(GangRequest(job_id="b", team="y", num_gpus=16, tp=8), timeout_s=0.2)
+        sched.request(GangRequest(job_id="b", team="x", num_gpus=16, tp=8), timeout_s=0.2)
     assert isinstance(err.value, TimeoutError)
     assert [r["job_id"] for r in sched.queue()] == ["a"]
+
+
+def test_a_gang_of_a_team_under_its_fair_share_preempts_the_richer_team_past_its_bound(tmp_path):
+    """The live scheduler runs the policy's standing reservation: team y holds nothing, team x's job would hold
+    the GPUs past y's patience (its runtime estimate is a day), so x's job is told to stop (it has no checkpoint
+    interval: it checkpoints on notice)."""
+    sched = LiveScheduler(CLUSTER, f"sqlite:///{tmp_path / 's.db'}")
+    sched.request(GangRequest(job_id="a", team="x", num_gpus=24, tp=8), timeout_s=5)
+    with pytest.raises(SchedulingTimeout, match=r"preempting 1 job"):
+        sched.request(GangRequest(job_id="b", team="y", num_gpus=16, tp=8), timeout_s=0.2)
+    row = sched.status("a")
+    assert row["state"] == "preempting"
 
 
 def test_preemption_notice_and_release(tmp_path):

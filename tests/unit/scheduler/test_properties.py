@@ -21,6 +21,7 @@ from trainforge.infra.scheduler import (
     TeamPolicy,
     find_placement,
 )
+from trainforge.infra.simulator.kueue import KueueModel
 
 TYPES = ["h100", "a100-80gb"]
 TEAMS = ["a", "b", "c"]
@@ -49,7 +50,7 @@ def scenario(draw):
     jobs = [draw(job(i)) for i in range(draw(st.integers(1, 25)))]
     ops = draw(st.lists(st.tuples(st.sampled_from(["finish", "stop", "fail", "restore", "tick"]),
                                   st.integers(0, 1000)), max_size=30))
-    policy = draw(st.sampled_from(["ours", "ours", "fifo", "fifo-backfill"]))
+    policy = draw(st.sampled_from(["ours", "ours", "fifo", "fifo-backfill", "kueue"]))
     quota = draw(st.sampled_from([{}, {"h100": 8}, {"*": 12}]))
     return nodes, jobs, ops, policy, quota
 
@@ -58,7 +59,11 @@ def scenario(draw):
 @given(scenario())
 def test_invariants_hold_through_random_events(sc):
     nodes, jobs, ops, policy, quota = sc
-    s = Scheduler(ClusterState(nodes), {"b": TeamPolicy(weight=2.0, quota=quota)}, SchedulerConfig(policy=policy))
+    teams = {"b": TeamPolicy(weight=2.0, quota=quota)}
+    if policy == "kueue":  # the simulator's model of Kueue's admission: its own preemption rules, same invariants
+        s = KueueModel(ClusterState(nodes), teams, SchedulerConfig(policy="fifo"))
+    else:
+        s = Scheduler(ClusterState(nodes), teams, SchedulerConfig(policy=policy))
     now = 0.0
     for req in jobs:
         try:
@@ -66,9 +71,13 @@ def test_invariants_hold_through_random_events(sc):
         except ValueError:
             continue  # bigger than the cluster / tp larger than its nodes: rejected up front
         for d in s.schedule(now):
-            if isinstance(d, Preempt):
-                assert s.jobs[d.job_id].req.rank < s.jobs[d.for_job].req.rank or \
-                    d.for_job.startswith("j") and s.jobs[d.for_job].req.team in s.jobs[d.job_id].borrowed_from
+            if isinstance(d, Preempt) and policy != "kueue":
+                v, g = s.jobs[d.job_id], s.jobs[d.for_job]
+                # lower priority, a borrower of the requester's pool, or (a reserved gang past its patience) a
+                # same-priority job of a team holding a larger share than the gang's team
+                assert v.req.rank < g.req.rank or g.req.team in v.borrowed_from or (
+                    v.req.rank == g.req.rank and v.req.team != g.req.team and g.reserved_since <= now
+                    and s.share(v.req.team) > s.share(g.req.team)), (d, v.req, g.req)
         check_invariants(s)
     for op, k in ops:
         now += 10

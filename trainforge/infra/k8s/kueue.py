@@ -25,6 +25,9 @@ Quota policy (the values, and why):
 - Preemption: `withinClusterQueue: LowerPriority` (a team's urgent job may evict its own lower jobs);
   `reclaimWithinCohort: Any` (a team always gets its nominal quota back from borrowers, whatever their priority:
   nominal quota is a guarantee); `borrowWithinCohort: Never` (a borrower never evicts another team's work to grow).
+  So a gang within its team's nominal quota is admitted within the grace period however busy the cohort is; one
+  larger than that quota has no bound on Kueue (docs/scheduler.md, "On Kubernetes"; the simulator's `kueue`
+  policy models these rules).
 - Fair sharing: each ClusterQueue's `fairSharing.weight` is the team's weight (enable `fairSharing` in Kueue's
   Configuration: borrowed capacity is then divided by weighted share, as the simulator's DRF does).
 - `queueingStrategy: BestEffortFIFO`: a big gang waiting for quota does not block smaller jobs behind it.
@@ -61,6 +64,11 @@ from trainforge.spec import Priority
 COHORT = "trainforge"
 SHARED_POOL = "shared"
 _MANAGED = {"app.kubernetes.io/managed-by": "trainforge"}
+
+
+PREEMPTION: dict[str, Any] = {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any",
+                              "borrowWithinCohort": {"policy": "Never"}}
+"""Every ClusterQueue's `preemption` (the module docstring says why); the simulator's `kueue` policy reads it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +142,7 @@ def render_resource_flavor(f: Flavor, options: K8sOptions) -> dict[str, Any]:
             "spec": spec}
 
 
-def _apportion(units: int, weights: dict[str, float], caps: dict[str, int | None]) -> dict[str, int]:
+def apportion(units: int, weights: dict[str, float], caps: dict[str, int | None]) -> dict[str, int]:
     """`units` whole units shared by weight, none above its cap: capped teams take their cap, the rest is
     re-shared among the others (water filling), then floors plus the largest remainders."""
     share = dict.fromkeys(weights, 0)
@@ -201,7 +209,7 @@ def quotas(cluster: ClusterSpec, teams: dict[str, TeamSpec]) -> dict[str, dict[s
                 cap = caps[f.pool]
                 out[f.name] = {f.pool: (f.nodes if cap is None else min(f.nodes, cap), 0, 0)}
             continue
-        nominal = _apportion(f.nodes, {t: s.weight for t, s in teams.items()}, caps)
+        nominal = apportion(f.nodes, {t: s.weight for t, s in teams.items()}, caps)
         out[f.name] = {t: (nominal[t], None if (cap := caps[t]) is None else cap - nominal[t], None) for t in teams}
     return out
 
@@ -245,8 +253,7 @@ def render_cluster_queue(team: str, spec: TeamSpec, cluster: ClusterSpec, table:
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": options.namespace}},
                 "queueingStrategy": "BestEffortFIFO",
                 "fairSharing": {"weight": _weight(spec.weight)},
-                "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any",
-                               "borrowWithinCohort": {"policy": "Never"}},
+                "preemption": {k: (dict(v) if isinstance(v, dict) else v) for k, v in PREEMPTION.items()},
                 "resourceGroups": [{"coveredResources": covered, "flavors": entries}],
             }}
 

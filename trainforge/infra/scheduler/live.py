@@ -336,7 +336,7 @@ class LiveScheduler:
             "planned": self._placement_json(state, job.planned), "waiting_on": sorted(job.waiting_on),
             "start_time": _num(job.start_time), "last_checkpoint": _num(job.last_checkpoint),
             "preempt_deadline": _num(job.preempt_deadline), "num_preemptions": job.num_preemptions,
-            "num_requeues": job.num_requeues,
+            "num_requeues": job.num_requeues, "reserved_since": _num(job.reserved_since),
         }
         return {"job_id": job.job_id, "seq": job.seq, "request": json.dumps(_request_dict(job.req)),
                 "state": job.state.value, "team": job.req.team, "priority": job.req.priority,
@@ -354,6 +354,7 @@ class LiveScheduler:
         job.last_checkpoint = _nan(rt["last_checkpoint"])
         job.preempt_deadline = _nan(rt["preempt_deadline"])
         job.num_preemptions, job.num_requeues = rt["num_preemptions"], rt["num_requeues"]
+        job.reserved_since = _nan(rt.get("reserved_since"))  # rows written before standing reservations: none
         job.reason = row["reason"]
         return job
 

@@ -148,6 +148,10 @@ class SchedulerConfig:
     max_victims: int = 4096
     room_retry_s: float = 30.0
     """After failing to make room for a blocked head (not enough preemptible work), wait this long to retry."""
+    patience_s: float = 3600.0
+    """`ours`: a reserved gang (its team was under its fair share) whose start would come later than this after
+    its reservation began preempts over-share and lower-priority jobs at their next checkpoint boundary
+    (docs/scheduler.md, "No gang starves": the bound)."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -179,6 +183,9 @@ class Job:
     num_requeues: int = 0
     room_retry_at: float = -math.inf
     """Making room (shrink/preempt) for this job failed: do not retry before this time."""
+    reserved_since: float = math.nan
+    """When this gang got a standing reservation (it was the head of its class and its team under its fair
+    share): from then on it stays the head of its priority class until it starts. NaN = none."""
 
     @property
     def job_id(self) -> str:
@@ -208,6 +215,9 @@ class Preempt:
     deadline: float
     for_job: str
     reason: str
+    at_checkpoint: float = math.nan
+    """Stop at this checkpoint boundary (the job's next periodic checkpoint: nothing is lost, and the deadline is
+    this plus the grace period). NaN = checkpoint on notice and stop within the grace period."""
 
 
 @dataclass(frozen=True, slots=True)

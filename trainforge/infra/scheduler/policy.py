@@ -82,6 +82,8 @@ class Scheduler:
         self._running_on: dict[str, set[str]] = {t: set() for t in state.gpu_types}
         self._epoch = 0  # bumped whenever GPUs are taken or given back
         self._earmarked_free: dict[str, int] = dict.fromkeys(state.gpu_types, 0)
+        self._reserved: set[str] = set()  # pending gangs holding a standing reservation (Job.reserved_since)
+        self._team_jobs: dict[str, int] = {}  # team -> jobs known (pending or running): the active teams
         self.checkpoint_clock: Callable[[Job, float], float] | None = None
         """Optional: when a job last checkpointed (the simulator computes it instead of sending events)."""
         self.stats = {"preemptions": 0, "kills": 0, "shrinks": 0, "grows": 0, "requeues": 0, "replacements": 0}
@@ -101,6 +103,15 @@ class Scheduler:
             return 0.0
         cap = self.state.capacity
         return max((g / cap[t] for t, g in held.items() if cap.get(t)), default=0.0) / self.team(team).weight
+
+    def under_fair_share(self, team: str) -> bool:
+        """The team's weighted dominant share is below its fair share: its weight over the weights of the
+        active teams (those with a job pending or running)."""
+        total = sum(self.team(t).weight for t, n in self._team_jobs.items() if n)
+        return total > 0 and self.share(team) * total < 1.0 - 1e-12
+
+    def _count_team(self, team: str, delta: int) -> None:
+        self._team_jobs[team] = self._team_jobs.get(team, 0) + delta
 
     def held(self, team: str, gpu_type: str | None = None) -> int:
         held = self._alloc.get(team, {})
@@ -146,6 +157,7 @@ class Scheduler:
         self._seq += 1
         job = Job(req, now, self._seq)
         self.jobs[req.job_id] = job
+        self._count_team(req.team, 1)
         if req.elastic:
             self._elastic.add(req.job_id)
         self._enqueue(job)
@@ -156,10 +168,13 @@ class Scheduler:
         Adopt in `seq` order; a preempting job before the jobs waiting on it."""
         self.jobs[job.job_id] = job
         self._seq = max(self._seq, job.seq)
+        self._count_team(job.req.team, 1)
         if job.req.elastic:
             self._elastic.add(job.job_id)
         if job.state is JobState.PENDING:
             self._enqueue(job)
+            if not math.isnan(job.reserved_since):
+                self._reserved.add(job.job_id)
             if job.planned is not None:
                 for n in job.planned.node_indices():
                     self._earmarked[n] = job.job_id
@@ -178,6 +193,8 @@ class Scheduler:
         if job is None:
             return
         self._elastic.discard(job_id)
+        self._reserved.discard(job_id)
+        self._count_team(job.req.team, -1)
         if job.state is JobState.PENDING:
             self._dequeue(job)
             self._drop_plan(job)
@@ -247,6 +264,9 @@ class Scheduler:
             self.stats["kills"] += 1
             self.stopped(job_id, now)
             decisions.append(Kill(job_id))
+        for job_id in [j for j in self._reserved if not self._keeps_reservation(self.jobs[j])]:
+            self._reserved.discard(job_id)
+            self.jobs[job_id].reserved_since = math.nan
         for job_id in sorted(set(self._earmarked.values()), key=lambda j: self.jobs[j].seq):
             job = self.jobs[job_id]  # preemption plans whose victims have all stopped start first
             if not job.waiting_on:
@@ -296,11 +316,40 @@ class Scheduler:
                 continue
             head = job
             if self.ours:
-                self._make_room(job, types, now, decisions)
+                self._make_room(job, types, now, decisions, self._starving(job, types, now))
             if not self.backfill:
                 return
             if job.planned is None:
                 job.reason = f"head of {cls} queue: needs {req.floor_gpus} GPUs, {free} free; GPUs reserved for it"
+
+    def _starving(self, head: Job, types: tuple[str, ...], now: float) -> bool:
+        """Give the head a standing reservation when its team is under its fair share (it stays the head of its
+        priority class until it starts); True once its start would come later than `patience_s` after that."""
+        if math.isnan(head.reserved_since):
+            if not self.under_fair_share(head.req.team):
+                return False
+            head.reserved_since = now
+            self._reserved.add(head.job_id)
+        deadline = head.reserved_since + self.config.patience_s
+        return now >= deadline or self._reserve(head, types, now).shadow > deadline
+
+    def _keeps_reservation(self, job: Job) -> bool:
+        """A standing reservation lasts while its team is under its fair share and no poorer team waits in the
+        same class and priority (that team's gang then becomes the head and gets the reservation)."""
+        team = job.req.team
+        if not self.under_fair_share(team):
+            return False
+        waiting = self._pending.get(job.req.gpu_type, {}).get(job.req.rank, {})
+        mine = self.share(team)
+        return not any(lst and self.share(t) < mine - 1e-12 for t, lst in waiting.items())
+
+    def next_wakeup(self, now: float) -> float:
+        """When the policy next needs a pass though no event comes: a reserved gang's patience runs out, or a
+        preemption victim's deadline passes. The simulator schedules a pass then; the live scheduler polls."""
+        times = [self.jobs[j].reserved_since + self.config.patience_s for j in self._reserved
+                 if self.jobs[j].planned is None]
+        times += [self.jobs[j].preempt_deadline for j in self._preempting]
+        return min((t for t in times if t > now), default=math.inf)
 
     def _ordered(self, cls: str) -> Iterator[Job]:
         by_rank = self._pending[cls]
@@ -312,13 +361,21 @@ class Scheduler:
             return
         for rank in sorted(by_rank, reverse=True):
             teams = by_rank[rank]
+            # Standing reservations first, the poorest team's first (then the oldest): a gang that got one is never
+            # overtaken by a job of its class that the fair-share order puts ahead of it when GPUs free up.
+            first = sorted((j for j in (jobs[i] for i in self._reserved)
+                            if j.req.gpu_type == cls and j.req.rank == rank and j.state is JobState.PENDING),
+                           key=lambda j: (self.share(j.req.team), j.reserved_since, j.seq)) if self._reserved else []
+            yield from first
+            skip = {j.job_id for j in first}
             heap = [(lst[0][0], self.share(t), lst[0][1], lst[0][2], t, 0) for t, lst in teams.items() if lst]
             snapshot = {t: list(lst) for t, lst in teams.items() if lst}
             heapq.heapify(heap)
             while heap:
                 _, _, _, _, team, pos = heapq.heappop(heap)
                 lst = snapshot[team]
-                yield jobs[lst[pos][3]]
+                if lst[pos][3] not in skip:
+                    yield jobs[lst[pos][3]]
                 pos += 1
                 if pos < len(lst):
                     b, sub, seq, _ = lst[pos]
@@ -382,19 +439,53 @@ class Scheduler:
         return False
 
     def _reserve(self, head: Job, types: tuple[str, ...], now: float) -> _Reservation:
+        """The head's shadow time: the earliest time, by the running jobs' estimated ends, that enough GPUs are
+        free and (for a multi-node gang) enough whole nodes; `extra` = GPUs free then beyond its need."""
         need = head.req.floor_gpus
         avail = sum(self.state.free_in(t, self.state.pools) for t in types)
         if avail >= need:
             return _Reservation(head.job_id, now, avail - need)
-        for end, _, job_id in heapq.merge(*(self._running_ends[t] for t in types)):
+        ends = heapq.merge(*(self._running_ends[t] for t in types))
+        shadow = math.inf
+        for end, _, job_id in ends:
             avail += self.jobs[job_id].gpus
             if avail >= need:
-                return _Reservation(head.job_id, max(end, now), avail - need)
-        return _Reservation(head.job_id, math.inf, 0)
+                shadow = max(end, now)
+                break
+        if math.isinf(shadow):
+            return _Reservation(head.job_id, math.inf, 0)
+        whole = self._nodes_free_at(head, types, now)
+        if whole > shadow:  # GPUs enough, but scattered: wait for whole nodes, counting what else ends by then
+            shadow = whole
+            for end, _, job_id in ends:
+                if end > shadow:
+                    break
+                avail += self.jobs[job_id].gpus
+        return _Reservation(head.job_id, shadow, avail - need)
+
+    def _nodes_free_at(self, head: Job, types: tuple[str, ...], now: float) -> float:
+        """When enough whole nodes are free for a gang larger than a node (per node: the latest estimated end of
+        the jobs on it); -inf for a gang that fits one node (the GPU count decides)."""
+        need = head.req.floor_gpus
+        best = math.inf
+        for t in types:
+            per_node = self.state.max_gpus_per_node[t]
+            if need <= per_node:
+                return -math.inf
+            k = -(-need // per_node)
+            times = sorted(max([now] + [self.jobs[j].est_end for j in node.jobs])
+                           for node in self.state.nodes if node.gpu_type == t and node.healthy)
+            if len(times) >= k:
+                best = min(best, times[k - 1])
+        return best
 
     # -- room for a blocked head: shrink elastic jobs, then preempt ------------------------------------------
-    def _make_room(self, job: Job, types: tuple[str, ...], now: float, decisions: list[Decision]) -> None:
-        if job.planned is not None or now < job.room_retry_at:
+    def _make_room(self, job: Job, types: tuple[str, ...], now: float, decisions: list[Decision],
+                   starving: bool = False) -> None:
+        """Shrink elastic jobs, then preempt lower-priority jobs and borrowers of the head team's pool; a starving
+        reserved gang (`_starving`) may also preempt same-priority jobs of teams holding a larger share than its
+        own, each at its next checkpoint boundary."""
+        if job.planned is not None or (now < job.room_retry_at and not starving):
             return
         req = job.req
         types = tuple(self._quota_types(job, types, req.floor_gpus))
@@ -404,8 +495,11 @@ class Scheduler:
         shrinkable = [self.jobs[j] for j in self._elastic
                       if self.jobs[j].state is JobState.RUNNING and self.jobs[j].gpus > self.jobs[j].req.floor_gpus
                       and self.jobs[j].placement.gpu_type in types and self.jobs[j].req.rank <= req.rank]
+        own_share = self.share(req.team)
         victims = [v for t in types for v in (self.jobs[j] for j in self._running_on[t])
-                   if v.state is JobState.RUNNING and (v.req.rank < req.rank or req.team in v.borrowed_from)]
+                   if v.state is JobState.RUNNING and (v.req.rank < req.rank or req.team in v.borrowed_from or (
+                       starving and v.req.rank == req.rank and v.req.team != req.team
+                       and self.share(v.req.team) > own_share))]
         if not shrinkable and not victims:
             job.room_retry_at = now + self.config.room_retry_s
             return
@@ -473,18 +567,30 @@ class Scheduler:
         if not chosen:
             self._place(job, plan, now, decisions)
             return
-        deadline = now + self.config.grace_s
         for v in chosen:
             why = (f"reclaiming team {req.team}'s dedicated pool" if req.team in v.borrowed_from
-                   else f"{req.priority} job {req.job_id} needs its GPUs")
+                   else f"{req.priority} job {req.job_id} needs its GPUs" if v.req.rank < req.rank
+                   else f"job {req.job_id} of team {req.team} (under its fair share) waited past its bound")
+            at = self._next_checkpoint(v, now) if starving else now
+            deadline = at + self.config.grace_s
             self._signal(v, deadline)
             self._victim_of.setdefault(v.job_id, set()).add(req.job_id)
-            decisions.append(Preempt(v.job_id, deadline, req.job_id, why))
+            decisions.append(Preempt(v.job_id, deadline, req.job_id, why, at if at > now else math.nan))
         job.planned = plan
         job.waiting_on = frozenset(v.job_id for v in chosen)
         job.reason = f"preempting {len(chosen)} job(s); they checkpoint then stop"
         for n in plan.node_indices():
             self._earmarked[n] = req.job_id
+
+    def _next_checkpoint(self, v: Job, now: float) -> float:
+        """The victim's next periodic checkpoint boundary after its last one, so that every start makes at least
+        one checkpoint of progress (two starving gangs cannot preempt each other in a loop that trains nothing);
+        now if it has no interval or never checkpointed."""
+        every = v.req.checkpoint_interval_s
+        last = self.checkpoint_clock(v, now) if self.checkpoint_clock else v.last_checkpoint
+        if not every or math.isnan(last):
+            return now
+        return last + max(1, math.ceil((now - last) / every - 1e-9)) * every
 
     def _victim_order(self, req: JobRequest, victims: list[Job], types: tuple[str, ...], now: float) -> list[Job]:
         """Least lost work first, node by node: jobs borrowing the requester's pool, then lower priority classes
@@ -618,6 +724,8 @@ class Scheduler:
             job.last_checkpoint = now
         job.boost = Boost.NORMAL
         job.reason = "running"
+        self._reserved.discard(job.job_id)
+        job.reserved_since = math.nan
         job.placement = None
         self._set_placement(job, pl)
         decisions.append(Start(job.job_id, pl))

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainforge.infra.scheduler.estimates import RuntimeHistory
 from trainforge.infra.scheduler.model import (
     Decision,
     Job,
@@ -34,17 +35,21 @@ from trainforge.infra.scheduler.model import (
 )
 from trainforge.infra.scheduler.policy import Scheduler
 from trainforge.infra.scheduler.state import ClusterState, NodeInfo
+from trainforge.infra.simulator.kueue import KueueModel
 from trainforge.infra.simulator.report import summarize
 from trainforge.infra.simulator.traces import ESTIMATE_FACTOR, Trace, TraceJob
 
-# event kinds, in processing order at equal times
-_FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT = range(7)
+# event kinds, in processing order at equal times (_TICK: a pass the policy asked for, `next_wakeup`)
+_FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT, _TICK = range(8)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
     policy: str = "ours"
+    """A scheduler policy (`ours`, `fifo`, `fifo-backfill`) or `kueue` (Kueue's admission, simulator/kueue.py)."""
     grace_s: float = 120.0
+    patience_s: float = 3600.0
+    """SchedulerConfig.patience_s: how long a reserved gang waits before it preempts (docs/scheduler.md)."""
     checkpoint_write_s: float = 30.0
     node_mtbf_hours: float | None = None
     """None = no random node failures."""
@@ -57,6 +62,17 @@ class SimConfig:
     """Divide submit times by this (compress arrivals to raise the load)."""
     seed: int = 0
     teams: dict[str, TeamPolicy] = field(default_factory=dict)
+    estimates: str = "history"
+    """Runtime estimates for backfill and reservations: `history` (the user's `max_runtime` where the trace has
+    one, else the runtimes of similar jobs that ended, `RuntimeHistory`) or `oracle` (ESTIMATE_FACTOR x the real
+    duration: no real scheduler knows it; kept for comparison)."""
+
+    def __post_init__(self) -> None:
+        if self.estimates not in ESTIMATES:
+            raise ValueError(f"unknown estimates {self.estimates!r}; use one of {', '.join(ESTIMATES)}")
+
+
+ESTIMATES = ("history", "oracle")
 
 
 @dataclass(slots=True, eq=False)
@@ -88,12 +104,21 @@ class _Run:
 class Simulation:
     def __init__(self, nodes: list[NodeInfo], trace: Trace, config: SimConfig, cluster_name: str = "cluster"):
         self.config = config
-        self.trace = trace
+        how = ("ORACLE: the real duration x " + str(ESTIMATE_FACTOR) if config.estimates == "oracle" else
+               "the trace's max_runtime where given, else learned from the runtimes of ended jobs "
+               "(same user, team and size first)")
+        self.trace = Trace(trace.jobs, trace.source, trace.notes + [f"runtime estimates for backfill: {how}"])
         self.cluster_name = cluster_name
         self.state = ClusterState(nodes)
-        self.sched = Scheduler(self.state, config.teams, SchedulerConfig(policy=config.policy, grace_s=config.grace_s))
+        if config.policy == "kueue":  # Kueue's admission (simulator only: on a cluster Kueue's controller does it)
+            self.sched: Scheduler = KueueModel(self.state, config.teams,
+                                               SchedulerConfig(policy="fifo", grace_s=config.grace_s))
+        else:
+            self.sched = Scheduler(self.state, config.teams, SchedulerConfig(
+                policy=config.policy, grace_s=config.grace_s, patience_s=config.patience_s))
         self.sched.checkpoint_clock = self._ckpt_clock
         self.rng = random.Random(config.seed)
+        self.history = RuntimeHistory()
         self.runs: dict[str, _Run] = {}
         self.events: list[tuple[float, int, int, Any]] = []
         self._n = 0
@@ -130,7 +155,9 @@ class Simulation:
             self._push(self.t0 + cfg.spot_every_s, _SPOT, None)
         handlers: dict[int, Callable[[Any], None]] = {
             _FINISH: self._on_finish, _STOP: self._on_stop, _FAIL: self._on_fail, _REPAIR: self._on_repair,
-            _SPOT: self._on_spot, _SPOT_BACK: self._on_spot_back, _SUBMIT: self._on_submit}
+            _SPOT: self._on_spot, _SPOT_BACK: self._on_spot_back, _SUBMIT: self._on_submit,
+            _TICK: lambda _: None}
+        ticks: set[float] = set()
         events = self.events
         while events:
             t = events[0][0]
@@ -147,6 +174,10 @@ class Simulation:
             decisions = self.sched.schedule(t)
             self.latencies.append(time.perf_counter() - t1)
             self._apply(decisions)
+            wake = self.sched.next_wakeup(t)
+            if math.isfinite(wake) and wake not in ticks:
+                ticks.add(wake)
+                self._push(wake, _TICK, None)
         return summarize(self, time.perf_counter() - wall)
 
     def _active(self) -> bool:
@@ -158,9 +189,16 @@ class Simulation:
 
     # -- events -------------------------------------------------------------------------------------------
     def _on_submit(self, tj: TraceJob) -> None:
+        if tj.estimate_s is not None:
+            estimate = tj.estimate_s
+        elif self.config.estimates == "oracle":
+            estimate = tj.duration_s * ESTIMATE_FACTOR
+        else:
+            estimate = self.history.estimate(team=tj.team, user=tj.user, num_gpus=tj.num_gpus,
+                                             max_runtime_s=tj.max_runtime_s)
         req = JobRequest(job_id=tj.job_id, team=tj.team, priority=tj.priority, gpu_type=tj.gpu_type,
                          num_gpus=tj.num_gpus, min_gpus=tj.min_gpus, tp=tj.tp, pp=tj.pp,
-                         max_runtime_s=tj.duration_s * ESTIMATE_FACTOR, checkpoint_interval_s=tj.checkpoint_interval_s)
+                         max_runtime_s=estimate, checkpoint_interval_s=tj.checkpoint_interval_s)
         try:
             self.sched.submit(req, self.now)
         except ValueError as exc:
@@ -173,7 +211,8 @@ class Simulation:
         job_id, version = payload
         r = self.runs[job_id]
         job = self.sched.jobs.get(job_id)
-        if r.version != version or job is None or job.state is not JobState.RUNNING:
+        # A victim told to stop at its next checkpoint boundary keeps running and may finish before it.
+        if r.version != version or job is None or job.state is JobState.PENDING:
             return
         r.settle(self.now)
         self.busy -= r.held
@@ -181,6 +220,8 @@ class Simulation:
         r.held = r.rate = 0
         r.end = self.now
         self.sched.finish(job_id, self.now)
+        tj = r.tj  # the platform learns the job's runtime (its work at full size) as it ends
+        self.history.observe(team=tj.team, user=tj.user, num_gpus=tj.num_gpus, runtime_s=tj.duration_s)
 
     def _on_stop(self, payload: tuple[str, int]) -> None:
         job_id, version = payload
@@ -188,6 +229,9 @@ class Simulation:
         job = self.sched.jobs.get(job_id)
         if r.version != version or job is None or job.state is not JobState.PREEMPTING:
             return
+        if r.rate:  # it trained on until its checkpoint boundary
+            r.settle(r.signal)
+            r.rate = 0
         self.busy -= r.held
         self._book(r, None)
         r.held = 0
@@ -244,13 +288,25 @@ class Simulation:
                 self._push(now + max(r.work_left, 0.0) / g, _FINISH, (d.job_id, r.version))
             elif isinstance(d, Preempt):
                 r.settle(now)
-                r.signal = now
-                r.rate = 0  # checkpointing: no more progress, nothing lost if the write fits the grace period
                 r.version += 1
                 write = self.config.checkpoint_write_s
+                at = d.at_checkpoint
+                if at > now:  # train on to the next checkpoint boundary, stop once that checkpoint is written
+                    r.signal = at
+                    done_at = now + max(r.work_left, 0.0) / r.rate
+                    if done_at <= at:
+                        self._push(done_at, _FINISH, (d.job_id, r.version))
+                    elif write <= d.deadline - at:
+                        self._push(at + write, _STOP, (d.job_id, r.version))
+                    continue
+                r.signal = now
+                r.rate = 0  # checkpointing: no more progress, nothing lost if the write fits the grace period
                 if write <= d.deadline - now:
                     self._push(now + write, _STOP, (d.job_id, r.version))
             elif isinstance(d, Kill):  # the grace period ended before the checkpoint was written
+                if r.rate:
+                    r.settle(min(now, r.signal))
+                    r.rate = 0
                 lost = (r.signal - r.last_checkpoint(r.signal)) * r.held
                 r.work_left += lost
                 self.lost["preemption"] += lost

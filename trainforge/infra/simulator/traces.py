@@ -5,7 +5,8 @@ Uniform schema: job_id, submit_time_s, submit_time_iso, duration_s, num_gpus, gp
 status, source_trace; optional columns priority, checkpoint_interval_s, tp, pp, min_gpus are used when present.
 What the public traces do not record is filled in deterministically (a hash of the job id) and reported:
 priority (5% high, 75% normal, 10% low, 10% preemptible), a 30-minute checkpoint interval, GPU type `any`
-(the job still gets one type), and a runtime estimate of 1.5x the real duration for backfill.
+(the job still gets one type). Runtime estimates are the simulator's (`SimConfig.estimates`): learned from history
+by default; the oracle (1.5x the real duration) only when asked for, for comparison.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ class TraceJob:
     pp: int = 1
     min_gpus: int | None = None
     generated: bool = False
+    estimate_s: float | None = None
+    """A fixed runtime estimate for this job (tests); None = SimConfig.estimates decides."""
+    user: str = ""
+    max_runtime_s: float | None = None
+    """What the user gave as `max_runtime` (a limit); the public traces do not record one."""
 
 
 @dataclass(slots=True)
@@ -90,7 +96,8 @@ def load_trace(path: str | Path, *, max_jobs: int | None = None) -> Trace:
                 job_id=job_id, submit_s=submit, team=row.get("team") or row.get("user") or "default",
                 priority=priority, gpu_type=gpu_type.lower() if gpu_type == "any" else gpu_type, num_gpus=gpus,
                 duration_s=duration, checkpoint_interval_s=float(ckpt) if ckpt else DEFAULT_CHECKPOINT_S,
-                tp=int(row.get("tp") or 1), pp=int(row.get("pp") or 1),
+                tp=int(row.get("tp") or 1), pp=int(row.get("pp") or 1), user=row.get("user") or "",
+                max_runtime_s=float(row["max_runtime_s"]) if row.get("max_runtime_s") else None,
                 min_gpus=int(row["min_gpus"]) if row.get("min_gpus") else None))
             if max_jobs is not None and len(jobs) >= max_jobs:
                 break
@@ -102,8 +109,7 @@ def load_trace(path: str | Path, *, max_jobs: int | None = None) -> Trace:
         notes.append("not in the trace, filled by job-id hash: " + ", ".join(
             f"{k} ({n} jobs{'; 5% high, 75% normal, 10% low, 10% preemptible' if k == 'priority' else ''}"
             f"{'; any type, one per job' if k == 'gpu_type' else ''})" for k, n in filled.items()))
-    notes.append(f"runtime estimate for backfill = {ESTIMATE_FACTOR}x the real duration; checkpoint every "
-                 f"{DEFAULT_CHECKPOINT_S:.0f}s unless the trace says")
+    notes.append(f"checkpoint every {DEFAULT_CHECKPOINT_S:.0f}s unless the trace says")
     return Trace(jobs, path.name, notes)
 
 
