@@ -201,6 +201,8 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
     wall0 = time.time() + 2.0  # records published in the first two seconds (start-up backlog) are not counted
 
     def poll(reader: Any) -> list[dict[str, Any]]:
+        if time.monotonic() - t0 >= args.seconds:
+            return []  # the window closed during this pass: a starved host's pass would otherwise run on for minutes
         if mode == "channel":
             return [r for b in reader.poll(discover=False) for r in b.records]
         return reader.poll_records()
@@ -265,9 +267,10 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
     need_write = 2 * jobs * nodes / args.flush if mode == "channel" else jobs * nodes * args.ranks * args.steps_per_s
     need_read = (jobs * nodes + 2 * jobs) / args.flush if mode == "channel" else need_write + jobs * nodes * args.ranks / args.poll
     all_requests = pub_requests + read_requests
-    cores_needed = ((sum(s["cpu_s"] for s in stats) / max(1, pub_requests)) * need_write
-                    + (reader_cpu / max(1, read_requests)) * need_read
-                    + (weed_cpu / max(1, all_requests)) * (need_write + need_read))
+    # The control side's share (the publishers run on the nodes, one per node, in production): the reader and the
+    # S3 server at the CPU each spent per request, times the requests the offered load takes.
+    control_needed = ((reader_cpu / max(1, read_requests)) * need_read
+                      + (weed_cpu / max(1, all_requests)) * (need_write + need_read))
     lat = sorted(latencies)
     return {
         "name": name, "nodes": jobs * nodes, "ranks": jobs * nodes * args.ranks, "procs": procs_n,
@@ -277,7 +280,9 @@ def run_scenario(server: SeaweedFSServer, name: str, mode: str, jobs: int, nodes
         "write_rps": write_rps, "read_rps": read_requests / window, "failures": sum(s["failures"] for s in stats),
         "lost": lost_seen, "cycle_ms": 1000 * statistics.mean(cycles), "backlog": backlog,
         "cpu_per_s": reader_cpu / window, "cpu_ms_per_poll": 1000 * reader_cpu / max(1, polls),
-        "pub_cpu_per_s": pub_cpu, "s3_cpu_per_s": weed_cpu / window, "cores_needed": cores_needed,
+        "pub_cpu_per_s": pub_cpu, "s3_cpu_per_s": weed_cpu / window, "control_needed": control_needed,
+        "node_cpu_ms_per_s": 1000 * pub_cpu / (jobs * nodes), "write_share": pub_requests / max(1.0, sum(
+            s["seconds"] for s in stats) / len(stats) * need_write),
     }
 
 
@@ -368,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# this host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     header = (f"{'scenario':<22} {'nodes':>5} {'procs':>5} {'rec/s':>6} {'p50 ms':>7} {'p99 ms':>7} "
               f"{'write r/s':>9} {'read r/s':>8} {'x base':>6} {'poll ms':>7} {'cpu/poll':>8} {'rd cpu':>6} "
-              f"{'backlog':>7} {'lost':>4} {'fail':>4} {'start s':>7} {'cores':>5} {'need':>5}")
+              f"{'backlog':>7} {'lost':>4} {'fail':>4} {'start s':>7} {'cores':>5} {'ctl need':>8} {'node ms/s':>9} {'wr made':>7}")
     print(header, flush=True)
     base_per_record: float | None = None
     with tempfile.TemporaryDirectory(prefix="tf-channel-bench-") as tmp, SeaweedFSServer(tmp) as server:
@@ -383,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['name']:<22} {r['nodes']:>5} {r['procs']:>5} {r['records_per_s']:>6.0f} {r['p50_ms']:>7.0f} "
                   f"{r['p99_ms']:>7.0f} {r['write_rps']:>9.0f} {r['read_rps']:>8.0f} {ratio} {r['cycle_ms']:>7.0f} "
                   f"{r['cpu_ms_per_poll']:>6.0f}ms {r['cpu_per_s']:>6.2f} {r['backlog']:>7} {r['lost']:>4} "
-                  f"{r['failures']:>4} {r['startup_s']:>7.1f} {cores:>5.1f} {r['cores_needed']:>5.1f}", flush=True)
+                  f"{r['failures']:>4} {r['startup_s']:>7.1f} {cores:>5.1f} {r['control_needed']:>8.2f} {r['node_cpu_ms_per_s']:>9.1f} "
+                  f"{r['write_share']:>7.0%}", flush=True)
         alone_runs = [(1, args.reader_alone)] if args.reader_alone else []
         alone_runs += [(args.readers_alone_jobs, args.job_nodes)] if args.readers_alone_jobs else []
         for jobs, nodes in alone_runs:
@@ -396,9 +402,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{p['cpu_ms']:.0f} ms CPU, {p['wall_ms']:.0f} ms wall", flush=True)
     print("# rec/s: records read and routed per second; poll ms: one pass of every reader; cpu/poll and rd cpu: the "
           "reader process's CPU per pass and CPU-seconds per second; backlog: batches written but unread at the end; "
-          "cores: CPU-seconds per second the publishers, the reader and the S3 server got; need: the cores the offered "
-          "load takes at the CPU each spent per request (above this host's "
-          f"{os.cpu_count()}, the row measures a saturated host: its latency is queueing, not the channel)")
+          "cores: CPU-seconds per second the publishers, the reader and the S3 server got (at this host's "
+          f"{os.cpu_count()}, the row measures a saturated host: its latency is queueing, not the channel); ctl need: "
+          "the cores the reader and the S3 server need for the offered load at the CPU each spent per request; node "
+          "ms/s: CPU of one node's publisher (its ranks' publish calls included) per second; wr made: the share of "
+          "the offered write requests the publishers made")
     return 0
 
 
