@@ -164,6 +164,9 @@ def test_enums_match_the_lists_their_modules_own():
     assert {a.value for a in choices.Alias} == {*ALIASES, "none"}
     assert tuple(s.value for s in choices.Stage) == STAGES
     assert tuple(m.value for m in choices.MetricMode) == METRIC_MODES
+    from trainforge.infra.simulator.engine import POLICIES
+
+    assert tuple(p.value for p in choices.Policy) == POLICIES
 
 
 @pytest.mark.parametrize(("path", "param"), [(p, prm) for p, _, prm in _choice_params()],

@@ -24,11 +24,12 @@ class RenderBackend(StrEnum):
 
 
 class Policy(StrEnum):
-    """Scheduler policies the simulator replays (trainforge/infra/scheduler/policy.py)."""
+    """Policies the simulator replays (infra/simulator/engine.py POLICIES: the scheduler's three and Kueue's model)."""
 
     ours = "ours"
     fifo = "fifo"
     fifo_backfill = "fifo-backfill"
+    kueue = "kueue"
 
 
 class Alias(StrEnum):

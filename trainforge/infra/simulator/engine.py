@@ -39,6 +39,9 @@ from trainforge.infra.simulator.kueue import KueueModel
 from trainforge.infra.simulator.report import summarize
 from trainforge.infra.simulator.traces import ESTIMATE_FACTOR, Trace, TraceJob
 
+# What `SimConfig.policy` may name: the scheduler policies (infra/scheduler/policy.py) and Kueue's admission.
+POLICIES = ("ours", "fifo", "fifo-backfill", "kueue")
+
 # event kinds, in processing order at equal times (_TICK: a pass the policy asked for, `next_wakeup`)
 _FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT, _TICK = range(8)
 
