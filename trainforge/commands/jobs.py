@@ -24,6 +24,7 @@ from trainforge.commands.common import (
     print_json,
     print_spec_error,
 )
+from trainforge.resources import example_path
 from trainforge.spec import SpecError
 
 
@@ -434,8 +435,7 @@ def checkpoints(
 
 @app.command()
 def demo(
-    spec_file: Path = typer.Option(Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml",
-                                   help="The demo job spec."),
+    spec_file: Path = typer.Option(example_path("tiny-cpu.yaml"), help="The demo job spec."),
 ) -> None:
     """Build the demo dataset if missing, then submit the tiny CPU job and print where to look."""
     from trainforge.datasets.demo import ensure_demo_dataset

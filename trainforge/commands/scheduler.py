@@ -9,6 +9,7 @@ import typer
 
 from trainforge.cli import app
 from trainforge.commands.common import console, fail, load_cluster_option, print_json
+from trainforge.resources import example_path
 
 
 @app.command()
@@ -49,7 +50,7 @@ def _ago(s: float) -> str:
 
 @app.command()
 def simulate(
-    cluster: Path = typer.Option(Path("examples/clusters/fleet-10k.yaml"), help="Cluster YAML, or a node-list CSV "
+    cluster: Path = typer.Option(example_path("clusters/fleet-10k.yaml"), help="Cluster YAML, or a node-list CSV "
                                  "(sn,cpu_milli,memory_mib,gpu,model) such as Alibaba's."),
     trace: Path = typer.Option(..., help="Trace CSV in the uniform schema (see ../shared/traces/README.md)."),
     policy: list[str] = typer.Option(["ours"], help="ours | fifo | fifo-backfill; repeat to compare side by side."),
