@@ -22,16 +22,17 @@ class ProjectFileMissing(FileNotFoundError):
 
 
 def shipped_project() -> Path:
-    """The folder inside the installed package that holds prefect.yaml and examples/."""
-    root = files("trainforge").joinpath(PROJECT)
+    """The folder that holds the shipped prefect.yaml and examples/: inside an installed wheel, the package's
+    project/ folder; in a checkout (editable install), where its links point, the repository root, so paths
+    relative to it (a trigger's spec, the flow's base_dir) read as they always did: `examples/tiny-cpu.yaml`."""
     # trainforge is never imported from a zip (torchrun and Prefect workers import it from files), so the
     # Traversable is a real folder; say so plainly if someone packs it otherwise.
-    path = Path(str(root))
+    path = Path(str(files("trainforge").joinpath(PROJECT)))
     if not (path / "prefect.yaml").is_file():
         raise ProjectFileMissing(f"{path}/prefect.yaml is missing: this trainforge install does not ship its "
                                  "project files; reinstall it (pip install --force-reinstall trainforge) or set "
                                  "TRAINFORGE_REPO to a folder holding prefect.yaml and examples/")
-    return path
+    return (path / "prefect.yaml").resolve().parent
 
 
 def project_root() -> Path:

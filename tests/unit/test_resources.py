@@ -19,7 +19,8 @@ PACKAGE = Path(trainforge.__file__).resolve().parent
 
 def test_the_package_ships_prefect_yaml_and_the_examples_of_the_repository():
     shipped = shipped_project()
-    assert shipped.resolve() == (PACKAGE / "project").resolve()
+    assert (shipped / "prefect.yaml").samefile(PACKAGE / "project" / "prefect.yaml")
+    assert (shipped / "examples" / "tiny-cpu.yaml").samefile(PACKAGE / "project" / "examples" / "tiny-cpu.yaml")
     assert (shipped / "prefect.yaml").read_bytes() == (REPO / "prefect.yaml").read_bytes()
     repo_examples = sorted(p.relative_to(REPO / "examples") for p in (REPO / "examples").rglob("*") if p.is_file()
                            and "__pycache__" not in p.parts)
@@ -31,7 +32,7 @@ def test_the_package_ships_prefect_yaml_and_the_examples_of_the_repository():
 def test_example_path_names_shipped_files():
     assert example_path("tiny-cpu.yaml").is_file()
     assert example_path("clusters/fleet-10k.yaml").is_file()
-    assert example_path("tiny-cpu.yaml").parent == shipped_project() / "examples"
+    assert example_path("tiny-cpu.yaml").samefile(shipped_project() / "examples" / "tiny-cpu.yaml")
 
 
 def test_trainforge_repo_wins_over_the_shipped_copy(monkeypatch, tmp_path):
