@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint clean servers servers-down stack stack-down debian-deps
+.PHONY: venv demo test test-pure lint clean servers servers-down stack stack-down debian-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,11 +33,27 @@ debian-deps:
 test: $(STAMP) debian-deps
 	$(BIN)/python -m pytest -q --durations=30
 
+# The pure parts (spec, validate, plan, simulate, render) under another interpreter, in a venv of their own with
+# tests/requirements-pure.txt only: no torch (its CPU wheel here is for 3.11), no prefect, no mlflow, so a pure module
+# that imported one of them fails here instead of skipping.  make test-pure PY=python3.12
+PURE_TESTS := tests/unit/test_spec.py tests/unit/test_validate.py tests/unit/plan tests/unit/scheduler \
+	tests/unit/k8s/test_render.py tests/unit/test_optional.py tests/unit/test_resources.py
+PURE_VER = $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+PURE_VENV = .venv-pure-$(PURE_VER)
+test-pure:
+	@test -n "$(PURE_VER)" || { echo "test-pure: $(PY) does not run (give PY=/path/to/python3.X)"; exit 2; }
+	@if [ ! -f $(PURE_VENV)/.installed ] || [ tests/requirements-pure.txt -nt $(PURE_VENV)/.installed ]; then \
+	  rm -rf $(PURE_VENV) && $(PY) -m venv $(PURE_VENV) && \
+	  $(PURE_VENV)/bin/pip install --quiet -r tests/requirements-pure.txt && touch $(PURE_VENV)/.installed; fi
+	@! $(PURE_VENV)/bin/python -c 'import torch' 2>/dev/null || { echo "test-pure: torch is in $(PURE_VENV)"; exit 1; }
+	$(PURE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PURE_TESTS) \
+	  --ignore=tests/unit/plan/test_deepspeed_parity.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check trainforge tests bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-pure-* build *.egg-info
 
 # The production server stack on loopback (PostgreSQL, SeaweedFS S3, MLflow, Prefect); `make servers-down` stops it.
 servers: $(STAMP)

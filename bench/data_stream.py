@@ -6,7 +6,7 @@ shared tier, and the data-wait fraction of a simulated training step with the pr
 
 Every trainforge/(a) reader consumes the same deterministic windowed order (shard permutation + block shuffle) in
 global batches; (b) uses its own nearest equivalent (shuffled shards + block shuffle, py1br, blocks ~4 batches).
-(b) needs `mosaicml-streaming` (the `bench` extra); without it the row is skipped with a message. It reads S3 with
+(b) needs `mosaicml-streaming` (bench/requirements-streaming.txt, in an overlay: not in the dev venv); without it the row is skipped with a message. It reads S3 with
 boto3 and takes the endpoint from S3_ENDPOINT_URL, set here to the SeaweedFS server.
 
 Run: .venv/bin/python bench/data_stream.py [--samples 40000] [--sample-len 1025] [--shards 20] [--batch 64]
@@ -67,8 +67,8 @@ def streaming_missing() -> str | None:
     try:
         import streaming  # noqa: F401
     except ImportError as e:
-        return (f"mosaicml-streaming is not importable ({e}); it is the `bench` extra (it pins numpy<2.2: "
-                "see pyproject.toml and docs/data.md before installing it next to trainforge)")
+        return (f"mosaicml-streaming is not importable ({e}); install it into an overlay, never "
+                "next to trainforge (it pins numpy<2.2 and pulls a CUDA torch): see bench/requirements-streaming.txt")
     return None
 
 

@@ -25,6 +25,7 @@ from trainforge.commands.common import (
     print_json,
     print_spec_error,
 )
+from trainforge.resources import example_path
 from trainforge.spec import SpecError
 
 
@@ -438,8 +439,7 @@ def checkpoints(
 
 @app.command()
 def demo(
-    spec_file: Path = typer.Option(Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml",
-                                   help="The demo job spec."),
+    spec_file: Path = typer.Option(example_path("tiny-cpu.yaml"), help="The demo job spec."),
     as_json: bool = typer.Option(False, "--json", help="No progress bar; print the job's result (or the error) "
                                  "as JSON."),
 ) -> None:

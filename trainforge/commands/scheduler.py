@@ -10,6 +10,7 @@ import typer
 from trainforge.cli import app
 from trainforge.commands.choices import Policy
 from trainforge.commands.common import EXIT_UNREADABLE, console, fail, load_cluster_option, print_json
+from trainforge.resources import example_path
 
 
 @app.command()
@@ -50,7 +51,7 @@ def _ago(s: float) -> str:
 
 @app.command()
 def simulate(
-    cluster: Path = typer.Option(Path("examples/clusters/fleet-10k.yaml"), help="Cluster YAML, or a node-list CSV "
+    cluster: Path = typer.Option(example_path("clusters/fleet-10k.yaml"), help="Cluster YAML, or a node-list CSV "
                                  "(sn,cpu_milli,memory_mib,gpu,model) such as Alibaba's."),
     trace: Path = typer.Option(..., help="Trace CSV in the uniform schema (job_id, submit_time_s, duration_s, "
                                "num_gpus, team, ...; trainforge/infra/simulator/traces.py), e.g. "

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from trainforge._optional import require
 from trainforge.datasets import tokenizer
 from trainforge.datasets.catalog import ResolvedDataset
 from trainforge.datasets.shards import ShardReader, sha256_file
@@ -47,7 +48,7 @@ def expected_schema(ds: ResolvedDataset) -> pa.Schema:
 
 
 def _frames(ds: ResolvedDataset, reader: ShardReader, cfg: GateConfig) -> tuple[Any, Any, Any]:
-    import pandas as pd
+    pd = require("pandas", purpose="the dataset quality gate")
 
     want = str(expected_schema(ds))
     shard_rows = []
@@ -70,8 +71,7 @@ def _frames(ds: ResolvedDataset, reader: ShardReader, cfg: GateConfig) -> tuple[
 
 
 def _suites(ds: ResolvedDataset, cfg: GateConfig) -> dict[str, list[Any]]:
-    import great_expectations as gx
-
+    gx = require("great_expectations", purpose="the dataset quality gate")
     E = gx.expectations
     return {
         "shards": [E.ExpectColumnValuesToBeInSet(column="schema_matches", value_set=[True]),
@@ -90,7 +90,7 @@ def _suites(ds: ResolvedDataset, cfg: GateConfig) -> dict[str, list[Any]]:
 
 def run_gate(ds: ResolvedDataset, reader: ShardReader | None = None, cfg: GateConfig | None = None) -> dict[str, Any]:
     """Validate a version with great-expectations; returns the JSON-able report ({"passed": bool, ...})."""
-    import great_expectations as gx
+    gx = require("great_expectations", purpose="the dataset quality gate")
 
     cfg = cfg or GateConfig()
     if reader is None:

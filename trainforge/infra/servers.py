@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from trainforge._optional import require
 from trainforge.home import home
 from trainforge.infra.procs import pid_alive
 from trainforge.infra.storage.seaweedfs import LOOPBACK, _free_ports, find_weed
@@ -92,6 +93,7 @@ class ServerStack:
     # -- up ------------------------------------------------------------------------------------------------
     def up(self, ready_timeout_s: float = 180.0) -> Path:
         """Start whatever is not running and healthy; returns the env file. Idempotent."""
+        require("psycopg2", purpose="trainforge up (the stack's PostgreSQL client)")
         rows = self.status()
         if rows and all(r["healthy"] for r in rows) and self.env_path.is_file():
             return self.env_path
@@ -439,11 +441,11 @@ def _pg_ok(port: int) -> bool:
 
 
 def repo_root() -> Path:
-    """The checkout holding prefect.yaml: $TRAINFORGE_REPO, else the folder above the trainforge package."""
-    env = os.environ.get("TRAINFORGE_REPO")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2]
+    """The folder holding prefect.yaml and examples/: $TRAINFORGE_REPO, else the copy the package ships
+    (trainforge/resources.py), so `up` and `automations install` work from a wheel as from a checkout."""
+    from trainforge.resources import project_root
+
+    return project_root()
 
 
 def _worker_online(prefect_url: str, timeout: float = 3.0) -> bool:

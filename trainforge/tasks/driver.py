@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from trainforge._optional import MissingConditionalImportError
 from trainforge.contract.controller import Action, Decision, Ended, History, Outcome, SegmentController
 from trainforge.registry.jobs import JobRecord, JobStore
 from trainforge.tasks.segment import SegmentCancelled, SegmentFailed, SegmentResult, health_policy
@@ -64,8 +65,10 @@ def failure_outcome(record: JobRecord, exc: BaseException) -> Outcome:
     if isinstance(exc, SegmentCancelled | KeyboardInterrupt) or not isinstance(exc, Exception):
         return Outcome(Ended.CANCELLED, message=str(exc))
     # Anything but a SegmentFailed (a provisioning error, a launch that broke) counts as infrastructure, as the
-    # flow's retry condition always treated it.
-    kind = exc.kind if isinstance(exc, SegmentFailed) else "infra"
+    # flow's retry condition always treated it; except a missing optional package (no torch for the local ranks):
+    # the user's install, which no retry can fix.
+    kind = exc.kind if isinstance(exc, SegmentFailed) else \
+        "user" if isinstance(exc, MissingConditionalImportError) else "infra"
     rank = exc.rank if isinstance(exc, SegmentFailed) else None
     segments = record.data.get("segments") or [{}]
     attempt = segments[-1].get("attempt")

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainforge._optional import require
 from trainforge.infra.k8s.render import JOBSET_NAME_LABEL
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class GangStatus:
 
 def api_client(host: str | None = None, *, context: str | None = None) -> Any:
     """An ApiClient: `host` (tests, `kubectl proxy`), else in-cluster credentials, else ~/.kube/config."""
+    require("kubernetes", purpose="the kubernetes backend")
     from kubernetes import client, config
 
     if host:

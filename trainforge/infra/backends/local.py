@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainforge._optional import ensure_installed
 from trainforge.infra.launch import LaunchSpec, torchrun_command
 
 
@@ -50,6 +51,8 @@ class LocalGang:
     sidecar_proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def start(self) -> None:
+        if self.launch.python == sys.executable:  # the ranks run in this environment: it needs the trainer's torch
+            ensure_installed("torch", purpose="training on this machine (the local backend's torchrun ranks)")
         self.agent_log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(self.env)
         if self.sidecar is not None:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainforge._optional import require
+
 KUBERNETES_VERSION = "1.33"
 CRD_DIR = Path(__file__).parent / "crds"
 
@@ -345,6 +347,9 @@ def _core_validator(api_version: str, kind: str) -> Any:
 
 
 def _core(obj: dict[str, Any], where: str) -> None:
+    # The CRDs are checked by this module's own walker; core kinds need kubernetes-validate's schemas.
+    for module in ("jsonschema", "kubernetes_validate", "referencing"):
+        require(module, purpose="validating core Kubernetes objects offline (render --validate)")
     import jsonschema
     import kubernetes_validate
 

