@@ -301,6 +301,7 @@ class _EventPump:
         """Commit bookkeeping for every committed checkpoint at once; its evaluation waits for the scheduler."""
         self.committed[step] = {"step": step}
         self.evaluations.committed(step)
+        self.observer.platform_started(f"commit-{step}", time.time())  # the alert rules do not judge meanwhile
         self.futures.append((step, steps.commit_checkpoint.submit(self.config, step)))
 
     def _collect(self, block: bool, raise_errors: bool = True, evaluate: bool = True) -> None:
@@ -314,6 +315,7 @@ class _EventPump:
                     pending.append((step, commit))
                     continue
                 entry = self._result(step, commit, raise_errors)
+                self.observer.platform_finished(f"commit-{step}", time.time())
                 if entry is None:
                     continue
                 if self.spec.evaluation.enabled:
@@ -331,6 +333,7 @@ class _EventPump:
                                   f"{self.evaluations.newest}" if evaluate else "the job is ending")
                     self._book(step, entry)
             for step in plan.start:
+                self.observer.platform_started(f"evaluate-{step}", time.time())
                 self.running[step] = steps.evaluate.submit(self.config_path, self.config, step,
                                                             self.spec.evaluation.batches)
             for step, evaluation in list(self.running.items()):
@@ -339,6 +342,7 @@ class _EventPump:
                 del self.running[step]
                 self.evaluations.finished(step)
                 result = self._result(step, evaluation, raise_errors)
+                self.observer.platform_finished(f"evaluate-{step}", time.time())
                 entry = self.pending_entries.pop(step, {"step": step})
                 if result is None:
                     continue
@@ -389,6 +393,7 @@ class _EventPump:
         self.poll() if raise_errors else None
         # a job that failed or was cancelled stops quickly: queued evaluations are skipped (their commits booked)
         self._collect(block=True, raise_errors=raise_errors, evaluate=raise_errors)
+        self.record.update(alert_coverage=dict(self.observer.engine.coverage))
         self._log_profiles()
 
     def _log_profiles(self) -> None:

@@ -183,6 +183,9 @@ class AlertEngine:
     """Platform work on this job: key -> (start, end or None while it runs), wall-clock seconds."""
     excused_steps: dict[int, bool] = field(default_factory=dict)
     """Per step: whether its metrics were excused (its rank aggregate, a step later, follows the same verdict)."""
+    coverage: dict[str, int] = field(default_factory=lambda: {"judged": 0, "excused": 0})
+    """Steps the steady-state rules judged and excused (the job record keeps it: an alert-free job says how many
+    of its steps were judged)."""
 
     def _series(self, key: str, n: int = 64) -> deque[float]:
         return self.history.setdefault(key, deque(maxlen=n))
@@ -229,6 +232,7 @@ class AlertEngine:
         self.excused_steps.pop(step, None)  # a retried segment runs the step again
         excused = self.excused(step, at, values.get("step_time_s"))
         self.excused_steps[step] = excused
+        self.coverage["excused" if excused else "judged"] += 1
         while len(self.excused_steps) > 2 * STEADY_HISTORY:
             del self.excused_steps[next(iter(self.excused_steps))]
         tps = values.get("tokens_per_s")
