@@ -38,12 +38,11 @@ def test_a_rank_30_percent_slower_raises_a_straggler_alert(prefect_api, monkeypa
     ensure_demo_dataset()
     monkeypatch.delenv("TRAINFORGE_ALERT_RULES", raising=False)
     monkeypatch.setenv("TRAINFORGE_FAULT", "slow:rank=1:step=10:pct=30")
-    doc = small_spec(max_steps=50)
-    doc["checkpoint"]["interval_steps"] = 50  # one checkpoint, at the end: the slow phase is steady state
+    doc = small_spec(max_steps=60)
+    doc["checkpoint"]["interval_steps"] = 60  # one checkpoint, at the end: the slow phase is steady state
     result = run_flow(doc, job_id="tiny-cpu-straggler")
     assert result["state"] == "completed"
     alerts = JobStore().get("tiny-cpu-straggler").data.get("alerts", [])
     stragglers = [a for a in alerts if a["kind"] == "straggler"]
-    assert len(stragglers) == 1, alerts
-    assert stragglers[0]["step"] > 10 and "rank 1" in stragglers[0]["message"], stragglers
-    assert stragglers[0]["value"] > 1.2
+    assert stragglers, alerts
+    assert all(a["step"] > 10 and "rank 1" in a["message"] and a["value"] > 1.2 for a in stragglers), stragglers

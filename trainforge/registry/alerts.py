@@ -2,10 +2,10 @@
 
 Rules are declarative (`AlertRule`: a kind, a threshold, a window, how long the condition must persist); the
 defaults below apply to every job and a JSON/YAML list in $TRAINFORGE_ALERT_RULES replaces them. Each rule fires
-once when its condition has held for `persist` judged observations and re-arms after it has been false again, so a
-long slow phase is one alert, not one per step, and a blip is none.
+once when its condition has held for `persist` judged observations and re-arms after it has been false for as
+many, so a long slow phase is one alert, not one per step (nor one per flap), and a blip is none.
 
-Throughput and straggler are judged only on steady-state steps: a step is *excused* (neither judged nor counted in
+Throughput (and MFU against the plan) and straggler are judged only on steady-state steps: a step is *excused* (neither judged nor counted in
 the job's baseline) when it is among the first `warmup` steps of its segment, or when it overlaps a window in which
 the platform itself works on this job: a checkpoint from its staging to its commit (events of the workers), the
 flow's commit bookkeeping and evaluation of a checkpoint (`platform_started` / `platform_finished`, from the flow).
@@ -16,12 +16,13 @@ Kinds:
 - `loss_spike`: loss above `threshold` x the median of the previous `window` steps.
 - `mfu_below_plan`: measured throughput below `threshold` x the planner's prediction (predicted step time over
   measured step time, the MFU ratio under one peak: on CPU the measured MFU uses a calibrated peak, the plan a
-  nominal one, so the raw MFU numbers are not comparable), median over `window` steps.
+  nominal one, so the raw MFU numbers are not comparable), median over the last `window` steady-state steps.
 - `throughput_drop`: tokens/s median over the last `window` steady-state steps below (1 - threshold) x the job's
   own steady state (the median tokens/s of its steady-state steps so far, the last STEADY_HISTORY of them).
 - `data_wait`: data wait above `threshold` of step time, median over `window` steps.
-- `straggler`: the slowest rank's busy time above `threshold` x the median of the other ranks' (the trainer's
-  `straggler_ratio`), median over the last `window` steady-state steps.
+- `straggler`: over the last `window` steady-state steps, the rank most often slowest has a typical busy time
+  (clipped geometric mean) above `threshold` x the other ranks' median (from the trainer's `straggler_rank` / `straggler_ratio`;
+  `rank_excess` says how a step where another rank was slowest counts).
 - `ecc_errors`: uncorrected ECC errors counted by NVML (`system/gpu_ecc_uncorrected` > threshold).
 - `stalled`: no new step for `threshold` seconds while the job runs (`check_stalled`).
 """
@@ -52,7 +53,7 @@ from trainforge.contract.events import (
 STEP_KINDS = ("loss_nan", "loss_spike", "mfu_below_plan", "throughput_drop", "data_wait")
 KINDS = ("loss_nan", "loss_spike", "mfu_below_plan", "throughput_drop", "data_wait", "straggler", "ecc_errors",
          "stalled")
-STEADY_KINDS = ("throughput_drop", "straggler")
+STEADY_KINDS = ("mfu_below_plan", "throughput_drop", "straggler")
 """Judged on steady-state steps only (see the module docstring)."""
 STEADY_HISTORY = 256
 """Steady-state steps the throughput baseline is the median of (a long phase at a new rate becomes the norm)."""
@@ -89,10 +90,10 @@ class AlertRule:
 DEFAULT_RULES = (
     AlertRule("loss_nan", window=1, warmup=0),
     AlertRule("loss_spike", threshold=2.0, window=10),
-    AlertRule("mfu_below_plan", threshold=0.5, window=5),
+    AlertRule("mfu_below_plan", threshold=0.5, window=5, persist=8),
     AlertRule("throughput_drop", threshold=0.3, window=5, persist=8),
     AlertRule("data_wait", threshold=0.2, window=5),
-    AlertRule("straggler", threshold=1.2, window=5, persist=8),
+    AlertRule("straggler", threshold=1.2, window=9, persist=8),
     AlertRule("ecc_errors", threshold=0.0, window=1, warmup=0),
     AlertRule("stalled", threshold=600.0, window=1, warmup=0),
 )
@@ -153,16 +154,43 @@ def judge_throughput(recent: list[float], baseline: float | None, rule: AlertRul
     return drop, f"tokens/s {current:,.0f} is {drop:.0%} below the job's steady state {baseline:,.0f}"
 
 
-def judge_straggler(recent: list[float], rank: float | None, rule: AlertRule) -> tuple[float, str] | None:
-    """(ratio, message) when the median straggler ratio of the last `window` steady-state steps is above
-    `threshold`; None otherwise, or before a full window."""
-    if len(recent) < rule.window:
+def rank_excess(pairs: list[tuple[int, float]], rank: int, world_size: int | None) -> list[float]:
+    """Per step, rank `rank`'s busy time over the other ranks' median, from the steps' (straggler rank, ratio): the
+    ratio where it was the slowest; where another rank was, 1/ratio with 2 ranks (exact: the two swap), else 1.0
+    (not the slowest: counted as not slow). Unlike the slowest rank's ratio, which noise alone keeps above 1 (the
+    slowest of several noisy ranks), this is about 1 for a rank that is only sometimes slowest."""
+    out = []
+    for who, ratio in pairs:
+        if who == rank:
+            out.append(ratio)
+        else:
+            out.append(1.0 / ratio if world_size == 2 and ratio > 0 else 1.0)
+    return out
+
+
+def judge_straggler(pairs: list[tuple[int, float]], world_size: int | None,
+                    rule: AlertRule) -> tuple[float, str] | None:
+    """(ratio, message) when, over the last `window` steady-state steps, the rank most often slowest has a typical
+    busy time (`typical_ratio` of `rank_excess`) above `threshold` x the other ranks'; None otherwise, or before a
+    full window."""
+    if len(pairs) < rule.window:
         return None
-    ratio = statistics.median(recent[-rule.window:])
+    recent = pairs[-rule.window:]
+    ranks = [who for who, _ in recent]
+    candidate = max(set(ranks), key=lambda r: (ranks.count(r), -r))
+    ratio = typical_ratio(rank_excess(recent, candidate, world_size))
     if ratio <= rule.threshold:
         return None
-    who = f"rank {int(rank)}" if rank is not None else "a rank"
-    return ratio, f"{who} is {ratio:.2f}x the other ranks' busy time (median of {rule.window} steady steps)"
+    return ratio, (f"rank {candidate} is {ratio:.2f}x the other ranks' busy time (over {rule.window} steady "
+                   "steps)")
+
+
+def typical_ratio(ratios: list[float], clip: float = 2.0) -> float:
+    """The geometric mean of ratios, each clipped to [1/clip, clip]: a step where the rank was 2x slower and one
+    where it was 2x faster cancel (a median would side with whichever came 5 times of 9), and one descheduled step
+    (8x) weighs as much as a 2x one."""
+    logs = [math.log(min(max(r, 1 / clip), clip)) for r in ratios if r > 0]
+    return math.exp(sum(logs) / len(logs)) if logs else 1.0
 
 
 @dataclass
@@ -176,6 +204,9 @@ class AlertEngine:
     history: dict[str, deque[float]] = field(default_factory=dict)
     active: set[str] = field(default_factory=set)
     streak: dict[str, int] = field(default_factory=dict)
+    """Per rule: judged observations in a row its condition held (it fires at `persist`)."""
+    cleared: dict[str, int] = field(default_factory=dict)
+    """Per rule: judged observations in a row its condition was false (a fired rule re-arms at `persist`)."""
     steps_seen: int = 0
     segment_steps: int = 0
     """Steps seen since the current segment started (its first `warmup` are not steady state)."""
@@ -183,6 +214,10 @@ class AlertEngine:
     """Platform work on this job: key -> (start, end or None while it runs), wall-clock seconds."""
     excused_steps: dict[int, bool] = field(default_factory=dict)
     """Per step: whether its metrics were excused (its rank aggregate, a step later, follows the same verdict)."""
+    world_size: int | None = None
+    """The segment's world size (from its `segment_start`): how a rank's excess is read from the aggregates."""
+    straggler_pairs: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
+    """(straggler rank, ratio) of the steady-state steps."""
     coverage: dict[str, int] = field(default_factory=lambda: {"judged": 0, "excused": 0})
     """Steps the steady-state rules judged and excused (the job record keeps it: an alert-free job says how many
     of its steps were judged)."""
@@ -207,8 +242,11 @@ class AlertEngine:
         start = self.windows.get(key, (at, None))[0]
         self.windows[key] = (start, at)
 
-    def segment_started(self) -> None:
+    def segment_started(self, world_size: int | None = None) -> None:
         self.segment_steps = 0
+        if world_size is not None and world_size != self.world_size:
+            self.world_size = world_size
+            self.straggler_pairs.clear()  # another gang: its ranks are other ranks
 
     def _warmup(self) -> int:
         return max((r.warmup for r in self.rules if r.kind in STEADY_KINDS), default=0)
@@ -235,18 +273,20 @@ class AlertEngine:
         self.coverage["excused" if excused else "judged"] += 1
         while len(self.excused_steps) > 2 * STEADY_HISTORY:
             del self.excused_steps[next(iter(self.excused_steps))]
-        tps = values.get("tokens_per_s")
+        tps, step_time = values.get("tokens_per_s"), values.get("step_time_s")
         if not excused and isinstance(tps, int | float) and math.isfinite(tps):
             self._series("steady/tokens_per_s", STEADY_HISTORY).append(float(tps))
             self._series("recent/tokens_per_s").append(float(tps))
+        if not excused and isinstance(step_time, int | float) and math.isfinite(step_time):
+            self._series("recent/step_time_s").append(float(step_time))
         return self._evaluate(step, values, STEP_KINDS, judged=not excused)
 
     def observe_ranks(self, step: int, values: Mapping[str, float], at: float | None = None) -> list[Alert]:
         """A step's cross-rank aggregate (`rank_metrics`)."""
         excused = self.excused(step, at, None)
-        ratio = values.get("straggler_ratio")
-        if not excused and isinstance(ratio, int | float) and math.isfinite(ratio):
-            self._series("recent/straggler_ratio").append(float(ratio))
+        ratio, rank = values.get("straggler_ratio"), values.get("straggler_rank")
+        if not excused and isinstance(ratio, int | float) and math.isfinite(ratio) and rank is not None:
+            self.straggler_pairs.append((int(rank), float(ratio)))
         return self._evaluate(step, values, ("straggler",), judged=not excused)
 
     def observe_system(self, step: int, values: Mapping[str, float]) -> list[Alert]:
@@ -265,9 +305,12 @@ class AlertEngine:
                 continue  # an excused step neither advances nor breaks a streak
             verdict = self._check(rule, values, prev_loss)
             if verdict is None:
-                self.active.discard(rule.label)
                 self.streak[rule.label] = 0
+                self.cleared[rule.label] = self.cleared.get(rule.label, 0) + 1
+                if self.cleared[rule.label] >= rule.persist:  # re-armed once it stayed clear as long
+                    self.active.discard(rule.label)
                 continue
+            self.cleared[rule.label] = 0
             self.streak[rule.label] = self.streak.get(rule.label, 0) + 1
             value, message = verdict
             if rule.label not in self.active and self.streak[rule.label] >= rule.persist:
@@ -297,7 +340,8 @@ class AlertEngine:
                 if ref > 0 and loss > rule.threshold * ref:
                     return loss, f"loss {loss:.4g} > {rule.threshold:g} x recent median {ref:.4g}"
         elif k == "mfu_below_plan":
-            step_time = self._window("step_time_s", rule)
+            recent = list(self._series("recent/step_time_s"))
+            step_time = statistics.median(recent[-rule.window:]) if len(recent) >= rule.window else None
             if step_time and self.predicted_step_time_s:
                 ratio = self.predicted_step_time_s / step_time
                 if ratio < rule.threshold:
@@ -310,7 +354,7 @@ class AlertEngine:
             if wait is not None and step_time and wait / step_time > rule.threshold:
                 return wait / step_time, f"data wait {wait / step_time:.0%} of step time"
         elif k == "straggler":
-            return judge_straggler(list(self._series("recent/straggler_ratio")), v.get("straggler_rank"), rule)
+            return judge_straggler(list(self.straggler_pairs), self.world_size, rule)
         elif k == "ecc_errors":
             ecc = v.get("system/gpu_ecc_uncorrected")
             if ecc is not None and ecc > rule.threshold:
@@ -381,7 +425,7 @@ class MetricsObserver:
         if isinstance(ev, CheckpointCommitted | CheckpointSkipped):
             self.engine.platform_finished(f"checkpoint-{ev.step}", ev.time)
         elif isinstance(ev, SegmentStart):
-            self.engine.segment_started()
+            self.engine.segment_started(ev.world_size)
         return []
 
     def platform_started(self, key: str, at: float) -> None:

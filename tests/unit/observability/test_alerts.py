@@ -221,3 +221,41 @@ def test_default_rules_persist_and_validate():
     assert rules["straggler"].threshold < 1.3  # a rank 30% slower than the others must fire
     with pytest.raises(ValueError, match="persist"):
         AlertRule("straggler", persist=0)
+
+
+# (straggler rank, straggler ratio) per step of a real 2-worker run on 2 loaded cores (load average ~60), rank 1 made
+# 30% slower from step 11 (TRAINFORGE_FAULT=slow:rank=1:step=10:pct=30; tests/integration/test_alerts_flow.py).
+# Before it the slowest rank alternates and single steps reach 2x: noise the rule must not call a straggler.
+MEASURED_30PCT = [(1, 1.13), (0, 1.16), (0, 1.01), (1, 1.1), (0, 1.63), (1, 1.62), (0, 1.52), (1, 1.44), (0, 2.05), (1, 2.58), (0, 1.57), (1, 1.09), (1, 1.98), (1, 1.39), (1, 1.49), (1, 8.96), (0, 1.13), (1, 1.19), (1, 1.67), (0, 1.29), (1, 1.28), (1, 1.39), (1, 1.31), (1, 1.31), (1, 1.27), (0, 2.2), (0, 1.43), (1, 1.21), (1, 1.13), (0, 1.09), (1, 7.69), (1, 1.11), (1, 1.1), (1, 2.52), (1, 1.27), (1, 1.11), (1, 1.02), (1, 1.76), (0, 1.09), (1, 2.13), (0, 1.03), (0, 1.04), (1, 2.91), (1, 1.04), (1, 1.57), (1, 1.9), (1, 1.37), (1, 1.18), (1, 1.32), (1, 3.78)]
+
+
+def feed_pairs(rule, pairs, world_size=2):
+    engine = AlertEngine((rule,))
+    engine.segment_started(world_size)
+    fired = []
+    for i, (rank, ratio) in enumerate(pairs, start=1):
+        engine.observe(i, {"step_time_s": 1.0}, at=float(i))
+        fired += engine.observe_ranks(i, {"straggler_rank": rank, "straggler_ratio": ratio}, at=float(i))
+    return fired
+
+
+@pytest.mark.parametrize(("name", "pairs", "world_size", "expected"), [
+    # noise: whichever rank is slowest by 50% changes from step to step (the slowest rank's own ratio stays 1.5)
+    ("the slowest rank alternates", [(i % 2, 1.5) for i in range(60)], 2, []),
+    ("the slowest rank is random", [((i * 7) % 3 % 2, 1.6) for i in range(60)], 2, []),
+    # slow from step 11: the window of 9 turns at its 6th slow step (16), then 8 in a row (persist)
+    ("one rank 30% slower", [(1, 1.05)] * 10 + [(1, 1.3)] * 30, 2, [23]),
+    ("one of 8 ranks 30% slower", [(i % 8, 1.1) for i in range(10)] + [(5, 1.3)] * 30, 8, [24]),
+    ("one of 8 ranks sometimes slowest", [(i % 8, 1.4) for i in range(60)], 8, []),
+])
+def test_straggler_needs_the_same_rank_slow(name, pairs, world_size, expected):
+    rule = next(r for r in DEFAULT_RULES if r.kind == "straggler")
+    assert [a.step for a in feed_pairs(rule, pairs, world_size)] == expected, name
+
+
+def test_measured_run_with_a_30pct_slower_rank_fires_after_the_slowdown():
+    rule = next(r for r in DEFAULT_RULES if r.kind == "straggler")
+    fired = feed_pairs(rule, MEASURED_30PCT)
+    # In this run rank 1's excess fell to ~1.05 for 9 steps (26-34; the loaded machine): cleared, then fired again.
+    assert [a.step for a in fired] == [25, 42] and all("rank 1" in a.message for a in fired), fired
+    assert feed_pairs(rule, MEASURED_30PCT[:11]) == []  # the healthy part alone
