@@ -44,6 +44,15 @@ FINAL_STATES = ("completed", "failed", "cancelled")
 POLL_S = 0.5
 EPHEMERAL_STARTUP_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 EPHEMERAL_STARTUP_S = 120
+EMBEDDED_SERVER_ENV = {
+    # Without a Prefect server the flow starts a temporary one, which Prefect gives 20 s to come up: a fresh
+    # PREFECT_HOME's database migrations alone took 20.6 s on a 2-core host, and the job failed before it began.
+    EPHEMERAL_STARTUP_ENV: str(EPHEMERAL_STARTUP_S),
+    # Its telemetry service posts to prefect.io and logs an ERROR where there is no internet; analytics also made
+    # spurious "database is locked" errors on SQLite. DO_NOT_TRACK turns off the client's own usage events.
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+}
 
 # Prefect's state names -> the job's states (a deployment run whose job record is on another host).
 _PREFECT_STATES = {"SCHEDULED": "pending", "PENDING": "pending", "RUNNING": "running", "COMPLETED": "completed",
@@ -219,12 +228,12 @@ def launch(sub: Submission, *, backend: Backend = "local", detach: bool = False)
 
 def run_flow(sub: Submission) -> dict[str, Any]:
     """The train-job flow in this process, reusing the submission's validation; its result, or what it raised."""
-    # Without a Prefect server the flow starts a temporary one, which Prefect gives 20 s to come up: a fresh
-    # PREFECT_HOME's database migrations alone took 20.6 s on a 2-core host, and the job failed before it began.
-    os.environ.setdefault(EPHEMERAL_STARTUP_ENV, str(EPHEMERAL_STARTUP_S))
-    from trainforge.flows.train_job import train_job
+    for key, value in EMBEDDED_SERVER_ENV.items():  # read by the temporary server Prefect starts (a child process)
+        os.environ.setdefault(key, value)
+    from trainforge.flows.train_job import reusing_validation, train_job
 
-    return train_job(sub.doc, sub.source, sub.base_dir, sub.job_id, sub.resume, validated=sub.report)
+    with reusing_validation(sub.report):  # validated here already: the flow does not validate it again
+        return train_job(sub.doc, sub.source, sub.base_dir, sub.job_id, sub.resume)
 
 
 def run_here(sub: Submission) -> Job:

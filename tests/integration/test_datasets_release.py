@@ -77,3 +77,33 @@ def test_gate_catches_vocab_empty_and_license_problems(tmp_path):
     assert ("license", "expect_column_values_to_not_be_in_set") in failed
     assert {c["column"] for c in report["checks"] if c["success"]} >= {"schema_matches", "sha256_matches"}
     json.dumps(report)  # storable
+
+
+def test_release_tasks_retry_a_transient_storage_error_but_not_a_user_error(prefect_api, tmp_path, monkeypatch):
+    from trainforge.flows.dataset_release import dataset_release
+
+    calls = []
+    original = EmbeddedCatalog.set_ref
+
+    def flaky_set_ref(self, *args, **kwargs):  # the storage edge: the first write of the ref fails
+        calls.append(args)
+        if len(calls) == 1:
+            raise ConnectionResetError("storage connection reset (injected)")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(EmbeddedCatalog, "set_ref", flaky_set_ref)
+    out = dataset_release(name="web-retry", source=str(_corpus(tmp_path)), license="CC0-1.0", seq_len=31,
+                          num_workers=1)
+    assert len(calls) == 2  # tag-dataset-version failed once, then its retry released the version
+    assert EmbeddedCatalog().resolve("web-retry", "main").version == out["version"]
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    missing = tmp_path / "no-such-folder"
+    with pytest.raises(Exception, match="no-such-folder"):
+        dataset_release(name="web-missing", source=str(missing), license="CC0-1.0", seq_len=31)
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="build-dataset")))
+    failed = [r for r in runs if r.state and r.state.is_failed()]
+    assert failed and all(r.run_count == 1 for r in failed), [(r.name, r.run_count) for r in failed]

@@ -1,7 +1,9 @@
 """prefect.yaml's deployments work against a real Prefect server with a process work pool and worker:
 `prefect deploy --all` registers them, and `run_deployment` (what `prefect deployment run`, schedules,
 `trainforge submit --deployment` and the SDK's `submit(..., backend="deployment")` use) trains a job to completion
-through the worker.
+through the worker, which clones the code with prefect.yaml's `git_clone` pull step (from a git snapshot of this
+working tree). The train-job deployment's parameter schema is the JobSpec's (the UI's form, enforced by the
+server), the flow run is named after the job id, and provisioning is its own task run.
 
 Run: .venv/bin/python -m pytest tests/integration/test_deployment.py   (about 1.5 minutes on 2 cores)
 """
@@ -9,6 +11,7 @@ Run: .venv/bin/python -m pytest tests/integration/test_deployment.py   (about 1.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,11 +56,28 @@ def _stop(proc: subprocess.Popen, sig: int) -> None:
             proc.wait(timeout=5)
 
 
+def git_snapshot(dest: Path) -> Path:
+    """A git repository holding this working tree as one commit (tracked and untracked files, not the ignored
+    ones): what the worker's `git_clone` pull step clones, so the test runs the code under test, committed or not."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        src = REPO / name
+        if src.is_file() and not src.is_symlink():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid", "-c", "commit.gpgsign=false"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "snapshot of the working tree"]):
+        subprocess.run(git + args, cwd=dest, check=True, capture_output=True, timeout=60)
+    return dest
+
+
 def test_train_job_deployment_runs_through_a_process_worker(tmp_path, _isolated_home, monkeypatch):
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "TRAINFORGE_REPO": str(REPO),
+           "TRAINFORGE_GIT_URL": str(git_snapshot(tmp_path / "trainforge-src")),
            "TRAINFORGE_HOME": str(_isolated_home)}
     server_log = (tmp_path / "server.log").open("wb")  # noqa: SIM115 - lives as long as the server
     worker_log = (tmp_path / "worker.log").open("wb")  # noqa: SIM115
@@ -93,6 +113,22 @@ def test_train_job_deployment_runs_through_a_process_worker(tmp_path, _isolated_
         record = yaml.safe_load(jobs[0].read_text())
         assert record["job_id"] == job.id and record["state"] == "completed"
         assert record["flow_run_id"] == job.flow_run_id and record["spec"]["training"]["max_steps"] == 8
+        worker_said = (tmp_path / "worker.log").read_text()
+        assert "git_clone" in worker_said, worker_said[-3000:]  # the pull step ran
+
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            deployment = client.read_deployment_by_name("train-job/train-job")
+            run = client.read_flow_run(job.flow_run_id)
+            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+        schema = deployment.parameter_openapi_schema
+        assert schema["properties"]["spec"]["$ref"] == "#/definitions/JobSpec"  # the UI renders the spec's form
+        assert {"name", "team", "training", "resources"} <= set(schema["definitions"]["JobSpec"]["properties"])
+        assert deployment.enforce_parameter_schema
+        assert run.name == job.id  # the flow run is named after the job
+        assert any(t.name.startswith("provision-gang") for t in tasks), [t.name for t in tasks]
     finally:
         if worker is not None:
             _stop(worker, signal.SIGINT)  # a worker ignores SIGTERM once its server is gone: stop it first

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from trainforge.infra.storage.local import LocalObjectStore
@@ -78,3 +80,37 @@ def test_step_hooks_come_only_from_the_environment_and_nan_waits_for_the_checkpo
     assert calls == [] and not torch.isnan(engine.model.weight).any()
     hook.before_step(2, engine)
     assert calls == ["wait"] and torch.isnan(engine.model.weight).all()
+
+
+def test_slow_pct_makes_this_ranks_compute_slower_from_its_step(tmp_path):
+    from trainforge.trainer.faults import FaultHook
+
+    assert parse_faults("slow:rank=1:step=4:pct=30") == [Fault("slow", 1, 4, pct=30.0)]
+
+    class Engine:
+        model = None
+
+        def forward_backward(self, inputs, targets):
+            time.sleep(0.05)
+            return 1.0
+
+        def step(self, lr):
+            time.sleep(0.02)
+            return 0.5
+
+    engine = Engine()
+    hook = FaultHook(FaultInjector(parse_faults("slow:rank=1:step=4:pct=30"), str(tmp_path), rank=1))
+
+    def timed_step(step):
+        hook.before_step(step, engine)
+        t0 = time.perf_counter()
+        assert engine.forward_backward([], []) == 1.0 and engine.step(0.1) == 0.5
+        return time.perf_counter() - t0
+
+    before = min(timed_step(s) for s in range(3))
+    after = min(timed_step(s) for s in range(4, 8))  # wrapped once, not once per step
+    assert 1.2 < after / before < 1.5, (before, after)
+    assert not (tmp_path / "faults").exists()  # persistent: no fire-once marker
+    other = Engine()
+    FaultHook(FaultInjector(parse_faults("slow:rank=1:step=0:pct=30"), str(tmp_path), rank=0)).before_step(5, other)
+    assert "forward_backward" not in vars(other)  # another rank's fault

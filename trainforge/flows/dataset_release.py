@@ -29,7 +29,32 @@ class QualityGateFailed(RuntimeError):
     pass
 
 
-@task(name="build-dataset-version", cache_policy=NO_CACHE)
+# Each task is idempotent (versions are content-addressed; refs and tags are set, not appended), so a transient
+# storage or network error is retried; a user's mistake (a missing source, a bad argument) is not.
+RETRIES = 2
+RETRY_DELAY_S = 2
+_NOT_TRANSIENT = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def _transient(task: Any, task_run: Any, state: Any) -> bool:
+    """retry_condition_fn: retry an OSError or a timeout, never a user error."""
+    try:
+        state.result(raise_on_failure=True)
+    except _NOT_TRANSIENT:
+        return False
+    except (OSError, TimeoutError):
+        return True
+    except BaseException:  # noqa: BLE001 - anything else is the data's or the caller's problem
+        return False
+    return False
+
+
+def _release_task(name: str) -> Any:
+    return task(name=name, cache_policy=NO_CACHE, retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S,
+                retry_condition_fn=_transient)
+
+
+@_release_task("build-dataset-version")
 def build_version(name: str, source: str, license: str, seq_len: int, text_field: str, num_workers: int) -> str:
     from trainforge.datasets.build import BuildConfig, build_dataset
 
@@ -37,7 +62,7 @@ def build_version(name: str, source: str, license: str, seq_len: int, text_field
     return build_dataset(Path(source), name, cfg, ref=None).version
 
 
-@task(name="import-dataset-version", cache_policy=NO_CACHE)
+@_release_task("import-dataset-version")
 def import_version(name: str, import_ref: str) -> str:
     """Copy an already built version (any resolvable reference) into the catalog, unchanged."""
     from trainforge.datasets.catalog import EmbeddedCatalog
@@ -58,7 +83,7 @@ def import_version(name: str, import_ref: str) -> str:
                                     features=m.features).version
 
 
-@task(name="run-quality-gate", cache_policy=NO_CACHE)
+@_release_task("run-quality-gate")
 def run_quality_gate(name: str, version: str) -> dict[str, Any]:
     from trainforge.datasets.catalog import EmbeddedCatalog
     from trainforge.datasets.quality import run_gate
@@ -69,7 +94,7 @@ def run_quality_gate(name: str, version: str) -> dict[str, Any]:
     return report
 
 
-@task(name="tag-dataset-version", cache_policy=NO_CACHE)
+@_release_task("tag-dataset-version")
 def publish_version(name: str, version: str, branch: str, tag: str | None) -> None:
     from trainforge.datasets.catalog import EmbeddedCatalog
 

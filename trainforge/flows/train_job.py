@@ -7,26 +7,31 @@ retried by Prefect and resumes from the last committed checkpoint. Orchestration
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import logging
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
+from pydantic import BeforeValidator
 
 from trainforge.contract.config import SegmentConfig
 from trainforge.contract.evaluation import EvaluationScheduler, concurrency_from
 from trainforge.contract.router import EventRouter, Log, RecordResume, StartBookkeeping, TrackMetrics
 from trainforge.events import read_typed_events
-from trainforge.registry.jobs import JobRecord, JobStore, new_job_id
+from trainforge.registry.jobs import JobRecord, JobStore, is_job_id, new_job_id
 from trainforge.registry.lineage import LineageStore, parse_target
 from trainforge.registry.secrets import job_access_policy, redact, resolve_secrets
-from trainforge.spec import JobSpec
+from trainforge.spec import JobSpec, parse_spec
 from trainforge.tasks import prepare, steps
 from trainforge.tasks.checkpoints import CheckpointCorrupt
 from trainforge.tasks.driver import SegmentDriver
-from trainforge.tasks.provision import provision_gang, record_allocation, release_gang
+from trainforge.tasks.provision import release_gang
 from trainforge.tasks.segment import SegmentCancelled, terminate_job
 from trainforge.tasks.supervisor import give_up_report
 from trainforge.validate import ValidationReport
@@ -39,16 +44,88 @@ class JobFailed(RuntimeError):
 CANCEL_CHECK_S = 2.0
 
 
-@flow(name="train-job", log_prints=False, validate_parameters=False)
-def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".", job_id: str | None = None,
-              resume: bool = False, validated: ValidationReport | None = None) -> dict[str, Any]:
-    """Train one job end to end. `spec` is the job document (YAML/JSON parsed); `job_id` names the job (new by
-    default); `resume=True` continues an existing job from its last committed checkpoint. `validated`: the
-    caller's validation of this very document (`trainforge submit` validates before it starts the flow), so a
-    submit validates and resolves the layout once."""
+def _as_spec(value: Any) -> Any:
+    """A spec document (parsed YAML/JSON, or the Prefect UI's form) through trainforge's own parser: a bad one is
+    refused before the flow starts with every problem named (field, value, fix), never echoing a secret."""
+    return value if isinstance(value, JobSpec) else parse_spec(value, "spec")
+
+
+JobSpecParameter = Annotated[JobSpec, BeforeValidator(_as_spec)]
+"""The flow's `spec`: its JSON schema is JobSpec's, so the Prefect UI renders a deployment run's form from it."""
+
+
+class _NoRejectedParameters(logging.Filter):
+    """Prefect logs a flow's rejected parameters verbatim ("Parameter validation failed ... Parameters: {...}"); a
+    rejected spec may hold the literal secret it was rejected for, so that line is cut to its first words. The
+    problems themselves (redacted) are the flow run's failure message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if message.startswith("Parameter validation failed for flow 'train-job'"):
+            record.msg = ("Parameter validation failed for flow 'train-job' (the parameters are not logged: a "
+                          "rejected spec may hold a secret; the problems are in the flow run's failure)")
+            record.args = ()
+        return True
+
+
+logging.getLogger("prefect.flows").addFilter(_NoRejectedParameters())
+
+
+def _job_run_name() -> str:
+    """The flow run's name is the job id: the one given, or for a new job one chosen here that the flow takes
+    (`_new_job_id`), so the Prefect UI and `trainforge status` name a job the same way."""
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    if params.get("job_id"):
+        return str(params["job_id"])
+    spec = params.get("spec")
+    return new_job_id(spec.name if isinstance(spec, JobSpec) else "train-job")
+
+
+def _new_job_id(spec: JobSpec) -> str:
+    from prefect.runtime import flow_run
+
+    name = flow_run.name
+    return name if name and is_job_id(name, spec.name) else new_job_id(spec.name)
+
+
+@contextlib.contextmanager
+def reusing_validation(report: ValidationReport) -> Iterator[None]:
+    """Run the flow with the caller's validation of the very spec it passes (`trainforge submit` and the SDK
+    validate before they start the flow), so one submit validates and resolves the layout once. Used only when
+    the spec's config hash matches; a deployment run always validates in the flow."""
+    token = _SUBMITTED.set(report)
+    try:
+        yield
+    finally:
+        _SUBMITTED.reset(token)
+
+
+_SUBMITTED: contextvars.ContextVar[ValidationReport | None] = contextvars.ContextVar("trainforge_validated",
+                                                                                    default=None)
+
+
+@flow(name="train-job", log_prints=False, flow_run_name=_job_run_name)
+def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".", job_id: str | None = None,
+              resume: bool = False) -> dict[str, Any]:
+    """Train one job end to end: validate, resolve the dataset, plan, provision the gang, train segments,
+    evaluate and promote. The flow run is named after the job id.
+
+    Args:
+        spec: The job spec: the fields of a job spec file (`trainforge schema` prints them).
+        source: Where the spec came from (a file name), as problems and the job record name it.
+        base_dir: The folder relative paths of the spec (code.repo, local datasets) are resolved against.
+        job_id: The job's id (default: a new one, NAME-YYYYMMDD-HHMMSS-XXXX).
+        resume: Continue job `job_id` from its last committed checkpoint (with the same spec).
+    """
     log = get_run_logger()
+    doc = spec.model_dump(mode="json", exclude_unset=True)  # what the user wrote (the record keeps it)
     # A bad spec fails here: nothing created, nothing started.
-    checked = validated if validated is not None and validated.ok() else steps.validate(spec, source, base_dir)
+    submitted = _SUBMITTED.get()
+    reuse = submitted is not None and submitted.ok() and submitted.spec is not None \
+        and submitted.spec.config_hash() == spec.config_hash()
+    checked = submitted if reuse else steps.validate(doc, source, base_dir)
     jobspec = checked.spec
     assert jobspec is not None
     resolve_secrets(jobspec.secrets)  # a missing secret fails here too; the values are registered for redaction
@@ -58,7 +135,7 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
     for warning in dataset.get("warnings", []):
         log.warning(warning)
     plan = steps.plan(jobspec, dataset, layout=checked.layout)
-    record = _open_record(jobspec, job_id, resume, spec, source)
+    record = _open_record(jobspec, job_id or (None if resume else _new_job_id(jobspec)), resume, doc, source)
     init_weights = steps.resolve_init_weights(jobspec, str(record.folder)) if jobspec.init_from else None
     config = prepare.worker_config(jobspec, record.job_id, record.folder, Path(base_dir), dataset, plan,
                                    prepare.code_commit(prepare.code_dir(jobspec, Path(base_dir)), jobspec.code.commit),
@@ -105,10 +182,9 @@ def train_job(spec: dict[str, Any], source: str = "<spec>", base_dir: str = ".",
 
 
 def _provision(spec: JobSpec, record: JobRecord, plan: dict[str, Any], reason: str) -> dict[str, Any]:
-    """Admit the gang (idempotent for a running job: it returns the current, possibly resized, allocation) and
-    keep it in the job record; an elastic job's change of size is logged as a resize."""
-    allocation = provision_gang(record.job_id, spec, plan["layout"])
-    resize = record_allocation(record, allocation, reason, spec)
+    """Admit the gang as the provision-gang task (idempotent for a running job: it returns the current, possibly
+    resized, allocation), kept in the job record; an elastic job's change of size is logged as a resize."""
+    allocation, resize = steps.provision(record, spec, plan["layout"], reason)
     if resize is not None:
         get_run_logger().warning("elastic resize: %s -> %s workers (dp %s -> %s, accumulation %s -> %s, global "
                                  "batch %s kept): %s", resize["from_workers"], resize["to_workers"],
@@ -301,6 +377,7 @@ class _EventPump:
         """Commit bookkeeping for every committed checkpoint at once; its evaluation waits for the scheduler."""
         self.committed[step] = {"step": step}
         self.evaluations.committed(step)
+        self.observer.platform_started(f"commit-{step}", time.time())  # the alert rules do not judge meanwhile
         self.futures.append((step, steps.commit_checkpoint.submit(self.config, step)))
 
     def _collect(self, block: bool, raise_errors: bool = True, evaluate: bool = True) -> None:
@@ -314,6 +391,7 @@ class _EventPump:
                     pending.append((step, commit))
                     continue
                 entry = self._result(step, commit, raise_errors)
+                self.observer.platform_finished(f"commit-{step}", time.time())
                 if entry is None:
                     continue
                 if self.spec.evaluation.enabled:
@@ -331,6 +409,7 @@ class _EventPump:
                                   f"{self.evaluations.newest}" if evaluate else "the job is ending")
                     self._book(step, entry)
             for step in plan.start:
+                self.observer.platform_started(f"evaluate-{step}", time.time())
                 self.running[step] = steps.evaluate.submit(self.config_path, self.config, step,
                                                             self.spec.evaluation.batches)
             for step, evaluation in list(self.running.items()):
@@ -339,6 +418,7 @@ class _EventPump:
                 del self.running[step]
                 self.evaluations.finished(step)
                 result = self._result(step, evaluation, raise_errors)
+                self.observer.platform_finished(f"evaluate-{step}", time.time())
                 entry = self.pending_entries.pop(step, {"step": step})
                 if result is None:
                     continue
@@ -389,6 +469,7 @@ class _EventPump:
         self.poll() if raise_errors else None
         # a job that failed or was cancelled stops quickly: queued evaluations are skipped (their commits booked)
         self._collect(block=True, raise_errors=raise_errors, evaluate=raise_errors)
+        self.record.update(alert_coverage=dict(self.observer.engine.coverage))
         self._log_profiles()
 
     def _log_profiles(self) -> None:

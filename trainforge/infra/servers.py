@@ -290,7 +290,10 @@ class ServerStack:
         """Create the process pool, register prefect.yaml's deployments from the repository root, and start a
         process worker whose flow runs see the stack's settings (storage, MLflow, lineage, scheduler)."""
         repo = repo_root()
+        # prefect.yaml's pull step clones $TRAINFORGE_GIT_URL for every flow run: by default this checkout (its
+        # committed code).
         env = {**os.environ, **self.environment(state), "TRAINFORGE_REPO": str(repo),
+               "TRAINFORGE_GIT_URL": os.environ.get("TRAINFORGE_GIT_URL") or str(repo),
                "PREFECT_HOME": str(self.root / "prefect"), "DO_NOT_TRACK": "1"}
         prefect = str(BIN / "prefect")
         pool = subprocess.run([prefect, "work-pool", "create", POOL, "--type", "process", "--overwrite"], env=env,

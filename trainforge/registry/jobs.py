@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -27,6 +28,11 @@ STATES = ("pending", "running", "completed", "failed", "cancelled")
 def new_job_id(name: str) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
+
+
+def is_job_id(text: str, name: str) -> bool:
+    """Whether `text` is an id `new_job_id(name)` makes."""
+    return re.fullmatch(re.escape(name) + r"-\d{8}-\d{6}-[0-9a-f]{4}", text) is not None
 
 
 @dataclass

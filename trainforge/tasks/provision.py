@@ -13,9 +13,14 @@ event and an entry of the job record's `resizes`; the record's `allocation` is t
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import os
+import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from trainforge.contract.events import CheckpointCommitted, Resize, Sender
@@ -26,6 +31,8 @@ from trainforge.registry.jobs import JobRecord
 from trainforge.spec import JobSpec
 
 PROVISION_TIMEOUT_S = float(os.environ.get("TRAINFORGE_PROVISION_TIMEOUT_S", "600"))
+QUEUE_WATCH_S = 2.0
+"""How often a waiting gang looks at its place in the queue (a gang admitted sooner says nothing)."""
 
 
 def live_scheduler():  # -> LiveScheduler
@@ -42,10 +49,12 @@ def live_scheduler():  # -> LiveScheduler
 # ------------------------------------------------------------------------------------------- the gang
 
 
-def provision_gang(job_id: str, spec: JobSpec, layout: dict[str, Any]) -> dict[str, Any]:
+def provision_gang(job_id: str, spec: JobSpec, layout: dict[str, Any],
+                   on_wait: Callable[[QueueWait], None] | None = None) -> dict[str, Any]:
     """Admit the whole gang with the plan's layout (TP groups within a node, pipelines within a rack). An elastic
     job asks for its largest size and accepts down to its smallest; the allocation says the size it got
-    (`workers`), the layout for it and the scheduler's nodes in rank order."""
+    (`workers`), the layout for it and the scheduler's nodes in rank order. While the gang waits in the queue,
+    `on_wait` hears its place and the scheduler's reason each time they change (`watching_queue`)."""
     from trainforge.infra.scheduler.live import GangRequest
 
     sizes = elastic_sizes(spec, layout)
@@ -57,9 +66,75 @@ def provision_gang(job_id: str, spec: JobSpec, layout: dict[str, Any]) -> dict[s
         tp=layout["tp"], pp=layout["pp"], dp=None if floor < top else top // (layout["tp"] * layout["pp"]),
         max_runtime_s=spec.max_runtime_s,
     )
-    allocation = live_scheduler().request(request, timeout_s=PROVISION_TIMEOUT_S)
+    scheduler = live_scheduler()
+    with watching_queue(scheduler, job_id, on_wait):
+        allocation = scheduler.request(request, timeout_s=PROVISION_TIMEOUT_S)
     return allocation_dict(spec, layout, sizes, job_id, allocation.num_gpus,
                            [name for name, _ in allocation.nodes], repr(allocation))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueWait:
+    """Where a pending gang waits: its position among the pending gangs of its GPU type and why it waits."""
+
+    position: int
+    pending: int
+    gpu_type: str
+    reason: str
+
+    def describe(self) -> str:
+        return (f"position {self.position} of {self.pending} pending for {self.gpu_type}: "
+                f"{self.reason or 'waiting for the scheduler'}")
+
+
+def queue_wait(rows: Sequence[Mapping[str, Any]], job_id: str) -> QueueWait | None:
+    """Pure: the job's place in the scheduler's queue rows (`LiveScheduler.queue()`), None unless it is pending.
+    Pending gangs of the same GPU type are ranked as the scheduler admits them: higher priority first, then the
+    longest waiting (a gang requeued after a failure, which the scheduler puts first, is not told apart here)."""
+    from trainforge.infra.scheduler.model import priority_rank
+
+    me = next((r for r in rows if r["job_id"] == job_id), None)
+    if me is None or me["state"] != "pending":
+        return None
+    same = [r for r in rows if r["state"] == "pending" and r["gpu_type"] == me["gpu_type"]]
+    same.sort(key=lambda r: (-priority_rank(r["priority"]), -float(r["since_s"]), r["job_id"]))
+    position = next(i for i, r in enumerate(same, 1) if r["job_id"] == job_id)
+    return QueueWait(position, len(same), str(me["gpu_type"]), str(me.get("reason") or ""))
+
+
+@contextlib.contextmanager
+def watching_queue(scheduler: Any, job_id: str, on_wait: Callable[[QueueWait], None] | None,
+                   every_s: float = QUEUE_WATCH_S) -> Iterator[None]:
+    """While the body blocks in `scheduler.request`, a thread reads the queue (read-only) every `every_s` and calls
+    `on_wait` when the gang's place or reason changes. It runs in a copy of the caller's context (Prefect's
+    settings and run context live in context variables), and stops with the body."""
+    if on_wait is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        last = None
+        while not stop.wait(every_s):
+            try:
+                wait = queue_wait(scheduler.queue(), job_id)
+            except Exception:  # noqa: BLE001 - a busy database: look again next time; the request decides
+                continue
+            if wait is not None and wait != last:
+                last = wait
+                try:
+                    on_wait(wait)
+                except Exception:  # noqa: BLE001 - telling must never break the provisioning
+                    continue
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(watch,), daemon=True,
+                              name=f"queue-watch-{job_id}")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=every_s + 5)
 
 
 def allocation_dict(spec: JobSpec, layout: dict[str, Any], sizes: list[int], job_id: str, gpus: int,

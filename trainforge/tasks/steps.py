@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainforge.contract.config import SegmentConfig
@@ -50,6 +50,45 @@ def plan(spec: JobSpec, dataset: dict[str, Any], cluster: ClusterSpec | None = N
     result = prepare.make_plan(spec, cluster, layout)
     prepare.check_dataset_fits(spec, dataset, result)
     return result
+
+
+@task(name="provision-gang", cache_policy=NO_CACHE, task_run_name="provision-gang: {reason}")
+def provision(record: JobRecord, spec: JobSpec, layout: dict[str, Any], reason: str) -> tuple[dict[str, Any],
+                                                                                             dict[str, Any] | None]:
+    """Admit the gang (all of its slots or none) and keep the allocation in the job record; returns it and the
+    resize it made, if any. While the gang waits in the queue, the task run's name and its log say its position
+    and the scheduler's reason (the Prefect UI shows both as they change); once admitted, the name says after how
+    long."""
+    from prefect.runtime import task_run
+
+    from trainforge.tasks.provision import QueueWait, provision_gang, record_allocation
+
+    log, run_id, t0 = get_run_logger(), task_run.id, time.monotonic()
+    waited: list[QueueWait] = []
+
+    def on_wait(wait: QueueWait) -> None:
+        waited.append(wait)
+        log.info("job %s waits in the queue: %s", record.job_id, wait.describe())
+        _rename_task_run(run_id, f"provision-gang: queued {wait.position} of {wait.pending}: {wait.reason}")
+
+    allocation = provision_gang(record.job_id, spec, layout, on_wait)
+    if waited:
+        took = time.monotonic() - t0
+        log.info("job %s admitted after %.0f s in the queue (%s workers)", record.job_id, took, allocation["workers"])
+        _rename_task_run(run_id, f"provision-gang: admitted after {took:.0f} s ({reason})")
+    return allocation, record_allocation(record, allocation, reason, spec)
+
+
+def _rename_task_run(run_id: Any, name: str) -> None:
+    from prefect.client.orchestration import get_client
+
+    if run_id is None:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_task_run_name(run_id, name[:200])
+    except Exception as exc:  # noqa: BLE001 - a name is information; the provisioning goes on
+        get_run_logger().debug("could not rename task run %s: %s", run_id, exc)
 
 
 def _never_retry(task_: Any, task_run: Any, state: Any) -> bool:
@@ -99,10 +138,21 @@ def reprovision(record: JobRecord, spec: JobSpec, lost: tuple[str, ...] | None =
         except (KeyError, ValueError):  # a host name the scheduler does not place on (the local backend)
             continue
     release_gang(record.job_id)
-    allocation = provision_gang(record.job_id, spec, record.data["plan"]["layout"])
+    allocation = provision_gang(record.job_id, spec, record.data["plan"]["layout"], _log_wait(record.job_id))
     why = f"re-provisioned after segment {attempt} failed" + (f" (lost {', '.join(sorted(lost))})" if lost else "")
     record_allocation(record, allocation, why, spec)
     return allocation
+
+
+def _log_wait(job_id: str) -> Any:
+    """Re-provisioning runs inside train-segment: its wait in the queue goes to that task's log."""
+    try:
+        log = get_run_logger()
+    except Exception:  # noqa: BLE001 - outside a Prefect run (a chaos drill): the module logger
+        import logging
+
+        log = logging.getLogger(__name__)
+    return lambda wait: log.info("job %s waits in the queue to re-provision: %s", job_id, wait.describe())
 
 
 def _scheduler_status(job_id: str) -> Any:

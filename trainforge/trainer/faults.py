@@ -7,7 +7,10 @@ Kinds, each at the start of 0-based step `step` on rank `rank`:
 - `stop`: SIGSTOP this worker (a frozen host: no heartbeat, no exit);
 - `nan`: poison this rank's weights with NaN (a bad batch / numerical blow-up: divergence);
 - `sigterm`: a termination notice to this worker (spot reclamation);
-- `slow`: sleep `ms` milliseconds in every step from `step` on (a straggler; persistent, not once);
+- `slow`: sleep `ms` milliseconds in every step from `step` on (a straggler; persistent, not once), before the
+  step (the rank arrives late: its peers wait for it in collectives); or, with `pct=P`, make this rank's compute
+  P% slower from `step` on (it sleeps P% of its own forward/backward and optimizer time, inside the step: a
+  slower device, which the trainer's busy time and the straggler alert see);
 - `node`: SIGKILL this worker's torchrun agent and every worker it runs (a whole node lost: with the local
   backend's multi-node layout each agent is one "node");
 - `storeout`: the object store is down in this worker: every object-store write raises (an outage during a
@@ -57,6 +60,8 @@ class Fault:
     until: int | None = None
     durable: bool = False
     """Wait for this rank's in-flight checkpoints to be committed before firing (see the module docstring)."""
+    pct: float = 0.0
+    """`slow` only: this rank's compute made `pct` percent slower (instead of `ms` before each step)."""
 
     @property
     def marker(self) -> str:
@@ -74,7 +79,8 @@ def parse_faults(text: str) -> list[Fault]:
         if kind == "storeout" and not (float(values.get("s", 0)) > 0 or until is not None):
             raise ValueError(f"storeout needs a window in ${ENV_VAR}={text!r}: s=SECONDS or until=STEP")
         faults.append(Fault(kind, int(values.get("rank", 0)), int(values["step"]), values.get("always") == "1",
-                            int(values.get("ms", 0)), float(values.get("s", 0)), until, values.get("durable") == "1"))
+                            int(values.get("ms", 0)), float(values.get("s", 0)), until, values.get("durable") == "1",
+                            float(values.get("pct", 0))))
     return faults
 
 
@@ -104,7 +110,7 @@ class FaultInjector:
         first for a `durable` fault."""
         for fault in self.faults:
             if fault.kind == "slow":
-                if step >= fault.step:
+                if step >= fault.step and not fault.pct:
                     time.sleep(fault.ms / 1000)
                 continue
             if fault.kind == "storeout" and fault.until is not None and step == fault.until:
@@ -150,11 +156,33 @@ class FaultHook:
     def __init__(self, injector: FaultInjector):
         self.injector = injector
         self.nan_steps = {f.step for f in injector.faults if f.kind == "nan"}
+        self.slower = [f for f in injector.faults if f.kind == "slow" and f.pct > 0]
+        self.slowed = False
 
     def before_step(self, step: int, engine: Any) -> None:
         if step in self.nan_steps:
             engine.wait_for_staging()
+        if not self.slowed and any(step >= f.step for f in self.slower):
+            self.slowed = True
+            slow_compute(engine, max(f.pct for f in self.slower if step >= f.step))
         self.injector.maybe_fire(step, engine.model, settle=lambda: _settle(engine))
+
+
+def slow_compute(engine: Any, pct: float) -> None:
+    """Make the engine's forward/backward and optimizer step `pct` percent slower: each sleeps that share of its own
+    duration after it ran (inside the timed step, so the rank's busy time grows as on a slower device)."""
+    def slowed(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                time.sleep((time.perf_counter() - t0) * pct / 100)
+
+        return call
+
+    engine.forward_backward = slowed(engine.forward_backward)
+    engine.step = slowed(engine.step)
 
 
 def _settle(engine: Any) -> None:

@@ -84,7 +84,7 @@ def split_step(step_time_s: float, data_wait_s: float, fb_s: float, comm_tail_s:
 def aggregate(rows: Sequence[Sequence[float]], fields: Sequence[str] = RANK_FIELDS) -> dict[str, float]:
     """Per-rank rows (one per rank, in `fields` order) -> {field_min, field_median, field_max} for the aggregated
     fields, plus the straggler: the rank with the largest busy time (step time minus exposed communication, since
-    fast ranks spend the slow rank's extra time waiting in collectives) and its ratio to the median."""
+    fast ranks spend the slow rank's extra time waiting in collectives) and its ratio to the median of the others."""
     if not rows:
         return {}
     cols = {name: [float(r[i]) for r in rows] for i, name in enumerate(fields)}
@@ -100,7 +100,9 @@ def aggregate(rows: Sequence[Sequence[float]], fields: Sequence[str] = RANK_FIEL
     busy = cols.get("busy_s")
     if busy:
         slowest = max(range(len(busy)), key=busy.__getitem__)
-        median = statistics.median(busy)
+        # Against the *other* ranks: with 2 ranks the median of all is their mean, which halves a straggler's excess.
+        others = [b for i, b in enumerate(busy) if i != slowest] or busy
+        median = statistics.median(others)
         out["straggler_rank"] = float(slowest)
         out["straggler_ratio"] = busy[slowest] / median if median > 0 else 1.0
     return out

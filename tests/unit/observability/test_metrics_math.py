@@ -78,7 +78,9 @@ def test_aggregate_min_median_max_and_straggler():
     assert agg["step_time_s_min"] == agg["step_time_s_max"] == 1.0
     assert (agg["peak_mem_bytes_min"], agg["peak_mem_bytes_median"], agg["peak_mem_bytes_max"]) == (100, 200, 300)
     assert agg["straggler_rank"] == 2
-    assert agg["straggler_ratio"] == pytest.approx(1.0 / 0.7)
+    assert agg["straggler_ratio"] == pytest.approx(1.0 / 0.65)  # over the median of the others (0.6, 0.7)
+    two = aggregate([_row(1.0, 0.0, 0.0, 1), _row(1.0, 0.0, 0.3 / 1.3, 1)])  # rank 0 computes 30% longer
+    assert two["straggler_rank"] == 0 and two["straggler_ratio"] == pytest.approx(1.3)
     assert aggregate([]) == {}
 
 
