@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from trainforge.infra.storage.local import LocalObjectStore
@@ -82,20 +80,36 @@ def test_step_hooks_come_only_from_the_environment_and_nan_waits_for_the_checkpo
     assert calls == ["wait"] and torch.isnan(engine.model.weight).all()
 
 
-def test_slow_pct_makes_this_ranks_compute_slower_from_its_step(tmp_path):
+def test_slow_pct_makes_this_ranks_compute_slower_from_its_step(tmp_path, monkeypatch):
+    from trainforge.trainer import faults
     from trainforge.trainer.faults import FaultHook
 
     assert parse_faults("slow:rank=1:step=4:pct=30") == [Fault("slow", 1, 4, pct=30.0)]
+
+    class Clock:
+        """The faults module's clock: compute advances it by fixed amounts, a sleep by what it asks for (the
+        ratio is exact, not at the mercy of a loaded host's scheduler)."""
+
+        t = 0.0
+
+        def perf_counter(self):
+            return self.t
+
+        def sleep(self, s):
+            self.t += s
+
+    clock = Clock()
+    monkeypatch.setattr(faults, "time", clock)
 
     class Engine:
         model = None
 
         def forward_backward(self, inputs, targets):
-            time.sleep(0.05)
+            clock.t += 0.05
             return 1.0
 
         def step(self, lr):
-            time.sleep(0.02)
+            clock.t += 0.02
             return 0.5
 
     engine = Engine()
@@ -103,13 +117,12 @@ def test_slow_pct_makes_this_ranks_compute_slower_from_its_step(tmp_path):
 
     def timed_step(step):
         hook.before_step(step, engine)
-        t0 = time.perf_counter()
+        t0 = clock.t
         assert engine.forward_backward([], []) == 1.0 and engine.step(0.1) == 0.5
-        return time.perf_counter() - t0
+        return clock.t - t0
 
-    before = min(timed_step(s) for s in range(3))
-    after = min(timed_step(s) for s in range(4, 8))  # wrapped once, not once per step
-    assert 1.2 < after / before < 1.5, (before, after)
+    assert [timed_step(s) for s in range(4)] == pytest.approx([0.07] * 4)
+    assert [timed_step(s) for s in range(4, 8)] == pytest.approx([0.091] * 4)  # wrapped once, not once per step
     assert not (tmp_path / "faults").exists()  # persistent: no fire-once marker
     other = Engine()
     FaultHook(FaultInjector(parse_faults("slow:rank=1:step=0:pct=30"), str(tmp_path), rank=0)).before_step(5, other)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from trainforge.registry.tracking import METRIC_MODES
+
 
 class Backend(StrEnum):
     """Where `submit` runs the job."""
@@ -24,7 +26,9 @@ class RenderBackend(StrEnum):
 
 
 class Policy(StrEnum):
-    """Policies the simulator replays (infra/simulator/engine.py POLICIES: the scheduler's three and Kueue's model)."""
+    """Policies the simulator replays (infra/simulator/engine.py POLICIES). Written out, not imported: importing the
+    scheduler package costs the CLI ~30 ms at every start (and every Tab); tests/unit/test_cli_surface.py checks
+    that the two lists agree."""
 
     ours = "ours"
     fifo = "fifo"
@@ -56,12 +60,8 @@ class Stage(StrEnum):
     archived = "Archived"
 
 
-class MetricMode(StrEnum):
-    """How `metric` reads a history (registry/tracking.py METRIC_MODES)."""
-
-    latest = "latest"
-    min = "min"
-    max = "max"
+# How `metric` reads a history: the tracker's own list.
+MetricMode = StrEnum("MetricMode", {m: m for m in METRIC_MODES})
 
 
 class Market(StrEnum):

@@ -291,9 +291,15 @@ class ServerStack:
         process worker whose flow runs see the stack's settings (storage, MLflow, lineage, scheduler)."""
         repo = repo_root()
         # prefect.yaml's pull step clones $TRAINFORGE_GIT_URL for every flow run: by default this checkout (its
-        # committed code).
+        # committed code). A wheel's shipped project folder is no repository: without the variable every flow run
+        # would fail at its pull step, so `up` refuses now, saying what to set.
+        git_url = os.environ.get("TRAINFORGE_GIT_URL") or (str(repo) if (repo / ".git").exists() else "")
+        if not git_url:
+            raise StackError(f"{repo} is not a git checkout, and prefect.yaml's pull step clones the flow code for "
+                             "every flow run: set TRAINFORGE_GIT_URL to the repository the worker should clone "
+                             "(and TRAINFORGE_GIT_BRANCH / TRAINFORGE_GIT_COMMIT to pin it)")
         env = {**os.environ, **self.environment(state), "TRAINFORGE_REPO": str(repo),
-               "TRAINFORGE_GIT_URL": os.environ.get("TRAINFORGE_GIT_URL") or str(repo),
+               "TRAINFORGE_GIT_URL": git_url,
                "PREFECT_HOME": str(self.root / "prefect"), "DO_NOT_TRACK": "1"}
         prefect = str(BIN / "prefect")
         pool = subprocess.run([prefect, "work-pool", "create", POOL, "--type", "process", "--overwrite"], env=env,

@@ -58,6 +58,7 @@ STEADY_KINDS = ("mfu_below_plan", "throughput_drop", "straggler")
 STEADY_HISTORY = 256
 """Steady-state steps the throughput baseline is the median of (a long phase at a new rate becomes the norm)."""
 MAX_WINDOWS = 64
+SERIES_LEN = 64  # the last values kept per rolling series (every rule's window fits in it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,13 +217,13 @@ class AlertEngine:
     """Per step: whether its metrics were excused (its rank aggregate, a step later, follows the same verdict)."""
     world_size: int | None = None
     """The segment's world size (from its `segment_start`): how a rank's excess is read from the aggregates."""
-    straggler_pairs: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
+    straggler_pairs: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=SERIES_LEN))
     """(straggler rank, ratio) of the steady-state steps."""
     coverage: dict[str, int] = field(default_factory=lambda: {"judged": 0, "excused": 0})
     """Steps the steady-state rules judged and excused (the job record keeps it: an alert-free job says how many
     of its steps were judged)."""
 
-    def _series(self, key: str, n: int = 64) -> deque[float]:
+    def _series(self, key: str, n: int = SERIES_LEN) -> deque[float]:
         return self.history.setdefault(key, deque(maxlen=n))
 
     @property
@@ -296,7 +297,7 @@ class AlertEngine:
     def _evaluate(self, step: int, values: Mapping[str, float], kinds: tuple[str, ...],
                   judged: bool = True) -> list[Alert]:
         prev_loss = list(self._series("loss"))
-        for key in ("loss", "tokens_per_s", "step_time_s", "data_wait_s", "straggler_ratio"):
+        for key in ("loss", "step_time_s", "data_wait_s"):  # the rolling series the rules read (_window, _check)
             if key in values and isinstance(values[key], int | float) and math.isfinite(values[key]):
                 self._series(key).append(float(values[key]))
         fired = []

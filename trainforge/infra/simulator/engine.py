@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainforge.infra.scheduler.estimates import RuntimeHistory
+from trainforge.infra.scheduler.model import POLICIES as SCHEDULER_POLICIES
 from trainforge.infra.scheduler.model import (
     Decision,
     Job,
@@ -40,7 +41,7 @@ from trainforge.infra.simulator.report import summarize
 from trainforge.infra.simulator.traces import ESTIMATE_FACTOR, Trace, TraceJob
 
 # What `SimConfig.policy` may name: the scheduler policies (infra/scheduler/policy.py) and Kueue's admission.
-POLICIES = ("ours", "fifo", "fifo-backfill", "kueue")
+POLICIES = (*SCHEDULER_POLICIES, "kueue")
 
 # event kinds, in processing order at equal times (_TICK: a pass the policy asked for, `next_wakeup`)
 _FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT, _TICK = range(8)
