@@ -8,6 +8,15 @@ import os
 import signal
 
 import pytest
+from hypothesis import settings
+
+# The CI runs the property tests on fixed examples (`derandomize`: the same ones every run, so a red CI reproduces
+# and a green one is not luck): .ci/run sets TRAINFORGE_HYPOTHESIS_PROFILE=ci. By hand they draw fresh examples
+# every run (the default profile); a failure prints the blob that reproduces it. Long hunts for counterexamples
+# are run by hand (the counts are in the docs of what each property checks, e.g. docs/scheduler.md).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("default", print_blob=True)
+settings.load_profile(os.environ.get("TRAINFORGE_HYPOTHESIS_PROFILE", "default"))
 
 # A suite started as a background job of a non-interactive shell (`./.ci/run &`, nohup) inherits SIGINT and
 # SIGQUIT *ignored* (POSIX), and every process it spawns would too: `trainforge submit` would then never see

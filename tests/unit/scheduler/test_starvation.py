@@ -121,6 +121,34 @@ def test_past_its_patience_a_reserved_gang_preempts_richer_teams_at_their_next_c
     assert not [d for d in s2.schedule(2) if isinstance(d, Preempt)]
 
 
+def test_a_starving_gang_takes_over_a_richer_teams_preemption_plan_instead_of_waiting_behind_it():
+    """Found by the property test (CI, seed unknown): a richer team's job had a plan on the nodes the gang needed
+    (its low-priority victim checkpointing), so the gang could plan nothing until that job started there, and then
+    preempted it a whole checkpoint interval later: 4,228 s against a bound of 3,720 s. The gang now waits on the
+    victim already stopping and drops the other job's plan."""
+    s = Scheduler(ClusterState(cluster(2, per_node=4)), {"a": TeamPolicy(), "g": TeamPolicy()},
+                  SchedulerConfig(patience_s=0))
+    s.submit(JobRequest(job_id="low", team="a", priority="low", num_gpus=4, max_runtime_s=10 * H), 0)
+    s.submit(JobRequest(job_id="r", team="a", num_gpus=4, max_runtime_s=10 * H, checkpoint_interval_s=H), 0)
+    assert {d.job_id for d in s.schedule(0)} == {"low", "r"}
+    s.submit(JobRequest(job_id="a14", team="a", num_gpus=4, max_runtime_s=H), 1)
+    assert [(type(d), d.job_id) for d in s.schedule(1)] == [(Preempt, "low")]  # a14 outranks low
+    assert s.jobs["a14"].waiting_on == {"low"}
+    s.submit(JobRequest(job_id="gang", team="g", num_gpus=8, max_runtime_s=H, checkpoint_interval_s=H), 2)
+    decisions = s.schedule(2)
+    assert [(type(d), d.job_id) for d in decisions] == [(Preempt, "r")]  # low is already stopping: no second notice
+    assert decisions[0].at_checkpoint == H and decisions[0].for_job == "gang"
+    assert s.jobs["gang"].waiting_on == {"low", "r"}
+    assert s.jobs["a14"].planned is None and "taken over by starving gang gang" in s.jobs["a14"].reason
+    s.stopped("low", 30)
+    assert s.schedule(30) == []  # low's GPUs are the gang's now, not a14's
+    s.stopped("r", H + 30)
+    started, *rest = s.schedule(H + 30)
+    assert isinstance(started, Start) and started.job_id == "gang"
+    # now team a starves (patience 0): the gang trains to its first checkpoint before it yields (time-sharing)
+    assert [(type(d), d.job_id, d.at_checkpoint) for d in rest] == [(Preempt, "gang", 2 * H + 30)]
+
+
 # -- the bound, on random traces ----------------------------------------------------------------------------
 @st.composite
 def traces(draw):

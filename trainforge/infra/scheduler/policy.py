@@ -500,10 +500,23 @@ class Scheduler:
                    if v.state is JobState.RUNNING and (v.req.rank < req.rank or req.team in v.borrowed_from or (
                        starving and v.req.rank == req.rank and v.req.team != req.team
                        and self.share(v.req.team) > own_share))]
-        if not shrinkable and not victims:
+        # A starving gang may also take over the preemption plans of jobs it could preempt (lower priority, or a
+        # richer team's): their victims are already stopping, each by its own boundary plus the grace period, so
+        # waiting on them keeps the bound; leaving those nodes to a richer team's plan would not (its victims
+        # stop, the plan's job starts there, and the gang preempts it only from then on, one interval later).
+        stealable: set[str] = set()
+        stopping: list[Job] = []
+        if starving:
+            stealable = {p for p in set(self._earmarked.values()) if p != req.job_id and (
+                self.jobs[p].req.rank < req.rank or (self.jobs[p].req.rank == req.rank
+                                                     and self.jobs[p].req.team != req.team
+                                                     and self.share(self.jobs[p].req.team) > own_share))}
+            stopping = sorted((self.jobs[j] for t in types for j in self._running_on[t]
+                               if self.jobs[j].state is JobState.PREEMPTING), key=lambda v: v.preempt_deadline)
+        if not shrinkable and not victims and not stopping:
             job.room_retry_at = now + self.config.room_retry_s
             return
-        victims = self._victim_order(req, victims, types, now)[: self.config.max_victims]
+        victims = stopping + self._victim_order(req, victims, types, now)[: self.config.max_victims]
 
         def fits() -> Placement | None:
             if sum(self.state.free_in(t, pools) for t in types) < req.floor_gpus:
@@ -512,7 +525,8 @@ class Scheduler:
                        for g in per_node_candidates(req.floor_gpus, req.tp, self.state.max_gpus_per_node[t],
                                                     req.gpus_per_node)):
                 return None
-            blocked = self._blocked(req.job_id)
+            blocked = ({n for n, p in self._earmarked.items() if p not in stealable} if stealable
+                       else self._blocked(req.job_id))
             for tier in self._tiers(req.team):
                 for t in types:
                     pl = find_placement(self.state, t, req.floor_gpus, tp=req.tp, pp=req.pp,
@@ -564,17 +578,24 @@ class Scheduler:
             self.stats["shrinks"] += 1
             decisions.append(Resize(e.job_id, new, e.gpus, f"shrunk to make room for {req.job_id}", "shrunk"))
             self._set_placement(e, new)
+        for n in plan.node_indices():  # the plans taken over: their jobs wait again, as if never planned
+            holder = self._earmarked.get(n)
+            if holder is not None and holder != req.job_id:
+                self._drop_plan(self.jobs[holder])
+                self.jobs[holder].reason = f"its preemption plan was taken over by starving gang {req.job_id}"
         if not chosen:
             self._place(job, plan, now, decisions)
             return
         for v in chosen:
+            self._victim_of.setdefault(v.job_id, set()).add(req.job_id)
+            if v.state is JobState.PREEMPTING:
+                continue  # already stopping, by its own deadline
             why = (f"reclaiming team {req.team}'s dedicated pool" if req.team in v.borrowed_from
                    else f"{req.priority} job {req.job_id} needs its GPUs" if v.req.rank < req.rank
                    else f"job {req.job_id} of team {req.team} (under its fair share) waited past its bound")
             at = self._next_checkpoint(v, now) if starving else now
             deadline = at + self.config.grace_s
             self._signal(v, deadline)
-            self._victim_of.setdefault(v.job_id, set()).add(req.job_id)
             decisions.append(Preempt(v.job_id, deadline, req.job_id, why, at if at > now else math.nan))
         job.planned = plan
         job.waiting_on = frozenset(v.job_id for v in chosen)
