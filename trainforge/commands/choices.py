@@ -34,6 +34,7 @@ class Policy(StrEnum):
     fifo = "fifo"
     fifo_backfill = "fifo-backfill"
     kueue = "kueue"
+    las = "las"
 
 
 class Alias(StrEnum):

@@ -37,11 +37,13 @@ from trainforge.infra.scheduler.model import (
 from trainforge.infra.scheduler.policy import Scheduler
 from trainforge.infra.scheduler.state import ClusterState, NodeInfo
 from trainforge.infra.simulator.kueue import KueueModel
+from trainforge.infra.simulator.las import LasModel
 from trainforge.infra.simulator.report import summarize
 from trainforge.infra.simulator.traces import ESTIMATE_FACTOR, Trace, TraceJob
 
-# What `SimConfig.policy` may name: the scheduler policies (infra/scheduler/policy.py) and Kueue's admission.
-POLICIES = (*SCHEDULER_POLICIES, "kueue")
+# What `SimConfig.policy` may name: the scheduler policies (infra/scheduler/policy.py), Kueue's admission and the
+# Tiresias-style 2D-LAS baseline (simulator only: neither is trainforge's scheduler).
+POLICIES = (*SCHEDULER_POLICIES, "kueue", "las")
 
 # event kinds, in processing order at equal times (_TICK: a pass the policy asked for, `next_wakeup`)
 _FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT, _TICK = range(8)
@@ -50,7 +52,8 @@ _FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT, _TICK = range(8)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
     policy: str = "ours"
-    """A scheduler policy (`ours`, `fifo`, `fifo-backfill`) or `kueue` (Kueue's admission, simulator/kueue.py)."""
+    """A scheduler policy (`ours`, `fifo`, `fifo-backfill`), `kueue` (Kueue's admission, simulator/kueue.py) or
+    `las` (Tiresias' discretized 2D-LAS, simulator/las.py: preemptive, no runtime estimates)."""
     grace_s: float = 120.0
     patience_s: float = 3600.0
     """SchedulerConfig.patience_s: how long a reserved gang waits before it preempts (docs/scheduler.md)."""
@@ -117,6 +120,8 @@ class Simulation:
         if config.policy == "kueue":  # Kueue's admission (simulator only: on a cluster Kueue's controller does it)
             self.sched: Scheduler = KueueModel(self.state, config.teams,
                                                SchedulerConfig(policy="fifo", grace_s=config.grace_s))
+        elif config.policy == "las":  # a baseline from the literature, not a scheduler trainforge runs
+            self.sched = LasModel(self.state, config.teams, SchedulerConfig(policy="fifo", grace_s=config.grace_s))
         else:
             self.sched = Scheduler(self.state, config.teams, SchedulerConfig(
                 policy=config.policy, grace_s=config.grace_s, patience_s=config.patience_s))
