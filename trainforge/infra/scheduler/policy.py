@@ -76,11 +76,20 @@ class Scheduler:
         self._running_ends: dict[str, list[tuple[float, int, str]]] = {t: [] for t in state.gpu_types}
         self._alloc: dict[str, dict[str, int]] = {}  # team -> type -> GPUs held
         self._earmarked: dict[int, str] = {}  # node idx -> job whose preemption plan includes it
-        self._preempting: set[str] = set()
+        # Insertion-ordered (dicts, not sets): victims and kills are visited in the same order in every process
+        # (a set of strings iterates by hash, which PYTHONHASHSEED changes per run, and ties then broke
+        # differently: the same events gave different decisions).
+        self._preempting: dict[str, None] = {}
         self._victim_of: dict[str, set[str]] = {}  # victim -> preemptors waiting on it
         self._elastic: set[str] = set()
-        self._running_on: dict[str, set[str]] = {t: set() for t in state.gpu_types}
+        self._running_on: dict[str, dict[str, None]] = {t: {} for t in state.gpu_types}
         self._epoch = 0  # bumped whenever GPUs are taken or given back
+        # Per-pass memos, valid while `_epoch` stands (cleared at every pass: node health may change in between):
+        # the head's reservation was computed twice a pass (by `_starving` and for backfill), and the teams'
+        # shares once per job the fair-share order yields.
+        self._share_memo: tuple[int, dict[str, float]] = (-1, {})
+        self._reserve_memo: dict[tuple[str, tuple[str, ...], float, int], tuple[float, int]] = {}
+        self._by_type: dict[str, list] | None = None  # nodes per GPU type (the node list never changes)
         self._earmarked_free: dict[str, int] = dict.fromkeys(state.gpu_types, 0)
         self._reserved: set[str] = set()  # pending gangs holding a standing reservation (Job.reserved_since)
         self._team_jobs: dict[str, int] = {}  # team -> jobs known (pending or running): the active teams
@@ -98,6 +107,16 @@ class Scheduler:
         return self.teams.get(name, _DEFAULT_TEAM)
 
     def share(self, team: str) -> float:
+        epoch, memo = self._share_memo
+        if epoch != self._epoch:
+            memo = {}
+            self._share_memo = (self._epoch, memo)
+        value = memo.get(team)
+        if value is None:
+            value = memo[team] = self._share(team)
+        return value
+
+    def _share(self, team: str) -> float:
         held = self._alloc.get(team)
         if not held:
             return 0.0
@@ -185,7 +204,7 @@ class Scheduler:
         self.state.allocate(job.job_id, pl.assignments)
         self._set_placement(job, pl)
         if job.state is JobState.PREEMPTING:
-            self._preempting.add(job.job_id)
+            self._preempting[job.job_id] = None
 
     def finish(self, job_id: str, now: float) -> None:
         """The job ended (completed, failed or cancelled): forget it and free its GPUs."""
@@ -221,6 +240,7 @@ class Scheduler:
     def fail_node(self, name: str, now: float, reason: str = "node failure") -> list[Decision]:
         """A node failed or its spot capacity was reclaimed: mark it unhealthy; each running job on it gets a
         replacement for the lost workers where possible, else is requeued at the head of its class."""
+        self._share_memo = (-1, {})  # capacity changes with health, and the epoch does not see it
         idx = self.state.by_name[name]
         node = self.state.nodes[idx]
         decisions: list[Decision] = []
@@ -255,10 +275,13 @@ class Scheduler:
         return decisions
 
     def restore_node(self, name: str) -> None:
+        self._share_memo = (-1, {})
         self.state.set_healthy(self.state.by_name[name], True)
 
     # -- the pass -----------------------------------------------------------------------------------------
     def schedule(self, now: float) -> list[Decision]:
+        self._share_memo = (-1, {})
+        self._reserve_memo.clear()
         decisions: list[Decision] = []
         for job_id in [j for j in self._preempting if self.jobs[j].preempt_deadline <= now]:
             self.stats["kills"] += 1
@@ -439,6 +462,14 @@ class Scheduler:
         return False
 
     def _reserve(self, head: Job, types: tuple[str, ...], now: float) -> _Reservation:
+        key = (head.job_id, types, now, self._epoch)
+        memo = self._reserve_memo.get(key)
+        if memo is None:
+            r = self._compute_reservation(head, types, now)
+            memo = self._reserve_memo[key] = (r.shadow, r.extra)
+        return _Reservation(head.job_id, *memo)  # a fresh one: backfill spends its `extra`
+
+    def _compute_reservation(self, head: Job, types: tuple[str, ...], now: float) -> _Reservation:
         """The head's shadow time: the earliest time, by the running jobs' estimated ends, that enough GPUs are
         free and (for a multi-node gang) enough whole nodes; `extra` = GPUs free then beyond its need."""
         need = head.req.floor_gpus
@@ -473,11 +504,28 @@ class Scheduler:
             if need <= per_node:
                 return -math.inf
             k = -(-need // per_node)
-            times = sorted(max([now] + [self.jobs[j].est_end for j in node.jobs])
-                           for node in self.state.nodes if node.gpu_type == t and node.healthy)
+            jobs = self.jobs
+            times = []
+            for node in self._nodes_of(t):  # the hot loop of a gang's reservation at fleet size: no temporaries
+                if not node.healthy:
+                    continue
+                end = now
+                for j in node.jobs:
+                    e = jobs[j].est_end
+                    if e > end:
+                        end = e
+                times.append(end)
             if len(times) >= k:
-                best = min(best, times[k - 1])
+                best = min(best, heapq.nsmallest(k, times)[-1] if k < len(times) // 8 else sorted(times)[k - 1])
         return best
+
+    def _nodes_of(self, gpu_type: str) -> list:
+        by_type = self._by_type
+        if by_type is None:
+            by_type = self._by_type = {}
+            for node in self.state.nodes:
+                by_type.setdefault(node.gpu_type, []).append(node)
+        return by_type.get(gpu_type, [])
 
     # -- room for a blocked head: shrink elastic jobs, then preempt ------------------------------------------
     def _make_room(self, job: Job, types: tuple[str, ...], now: float, decisions: list[Decision],
@@ -492,7 +540,7 @@ class Scheduler:
         if not types:
             return
         pools = self.state.pools
-        shrinkable = [self.jobs[j] for j in self._elastic
+        shrinkable = [self.jobs[j] for j in sorted(self._elastic)
                       if self.jobs[j].state is JobState.RUNNING and self.jobs[j].gpus > self.jobs[j].req.floor_gpus
                       and self.jobs[j].placement.gpu_type in types and self.jobs[j].req.rank <= req.rank]
         own_share = self.share(req.team)
@@ -662,11 +710,11 @@ class Scheduler:
         v.preempt_deadline = deadline
         v.num_preemptions += 1
         self.stats["preemptions"] += 1
-        self._preempting.add(v.job_id)
+        self._preempting[v.job_id] = None
         self._add_end(v)
 
     def _victim_done(self, victim: str) -> None:
-        self._preempting.discard(victim)
+        self._preempting.pop(victim, None)
         for p in self._victim_of.pop(victim, ()):
             pj = self.jobs.get(p)
             if pj is not None:
@@ -773,16 +821,16 @@ class Scheduler:
         self._alloc[job.req.team][pl.gpu_type] -= pl.num_gpus
         job.placement = None
         job.borrowed_from = frozenset()
-        self._preempting.discard(job.job_id)
+        self._preempting.pop(job.job_id, None)
 
     def _add_end(self, job: Job) -> None:
         self._epoch += 1
-        self._running_on[job.placement.gpu_type].add(job.job_id)
+        self._running_on[job.placement.gpu_type][job.job_id] = None
         bisect.insort(self._running_ends[job.placement.gpu_type], (job.est_end, job.seq, job.job_id))
 
     def _remove_end(self, job: Job) -> None:
         self._epoch += 1
-        self._running_on[job.placement.gpu_type].discard(job.job_id)
+        self._running_on[job.placement.gpu_type].pop(job.job_id, None)
         lst = self._running_ends[job.placement.gpu_type]
         i = bisect.bisect_left(lst, (job.est_end, job.seq, job.job_id))
         if i < len(lst) and lst[i][2] == job.job_id:
