@@ -275,3 +275,39 @@ def test_16_creators_at_once_on_a_fresh_postgresql_database(postgres_url):
     finally:
         for s in scheds:
             s.engine.dispose()
+
+
+@pytest.mark.parametrize("reported", [False, True])
+def test_victims_are_picked_by_work_lost_since_the_commit_the_flow_reported(tmp_path, monkeypatch, reported):
+    """The train-job flow's commit task reports each committed checkpoint (`tasks/provision.report_checkpoint`,
+    through the configured cluster's live scheduler). Two equal low-priority gangs; the victim is the one that
+    loses the least work. `fresh` started first, so by time since start it has the more to lose and `old` is told
+    to stop; once `fresh` reports a commit, it has less at risk than `old`, and it is the one told to stop."""
+    from trainforge.plan.cluster import dump_cluster
+    from trainforge.tasks.provision import live_scheduler, report_checkpoint
+
+    (tmp_path / "cluster.yaml").write_text(dump_cluster(CLUSTER))
+    monkeypatch.setenv("TRAINFORGE_CLUSTER", str(tmp_path / "cluster.yaml"))
+    monkeypatch.setenv("TRAINFORGE_SCHEDULER_URL", f"sqlite:///{tmp_path / 's.db'}")
+    sched = live_scheduler()
+    sched.request(GangRequest(job_id="fresh", team="x", priority="low", num_gpus=16, tp=8), timeout_s=5)
+    time.sleep(0.2)
+    sched.request(GangRequest(job_id="old", team="x", priority="low", num_gpus=16, tp=8), timeout_s=5)
+    time.sleep(0.2)
+    if reported:
+        assert report_checkpoint("fresh") is None
+    with pytest.raises(SchedulingTimeout, match=r"preempting 1 job"):
+        sched.request(GangRequest(job_id="crit", team="y", priority="critical", num_gpus=16, tp=8), timeout_s=0.2)
+    states = {r["job_id"]: r["state"] for r in sched.queue()}
+    victim, spared = ("fresh", "old") if reported else ("old", "fresh")
+    assert states[victim] == "preempting" and states[spared] == "running"
+    assert report_checkpoint("no-such-job") is None  # unknown to the scheduler: nothing to record
+
+
+def test_a_commit_report_that_cannot_reach_the_scheduler_says_why_and_raises_nothing(tmp_path, monkeypatch):
+    from trainforge.tasks.provision import report_checkpoint
+
+    (tmp_path / "db").mkdir()  # a folder where the database file should be: SQLite cannot open it
+    monkeypatch.setenv("TRAINFORGE_SCHEDULER_URL", f"sqlite:///{tmp_path / 'db'}")
+    why = report_checkpoint("j")
+    assert why and "OperationalError" in why

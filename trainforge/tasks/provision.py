@@ -179,3 +179,15 @@ def record_allocation(record: JobRecord, allocation: dict[str, Any], reason: str
 
 def release_gang(job_id: str) -> None:
     live_scheduler().release(job_id)
+
+
+def report_checkpoint(job_id: str) -> str | None:
+    """Tell the live scheduler that the job committed a checkpoint, so that preemption victims are picked by the
+    work a preemption would lose (since the last commit), not by time since start. A commit never fails for it:
+    returns why the report did not reach the scheduler (said in the flow log), None when it did. A job the
+    scheduler does not know (released, or admitted elsewhere) is a no-op there."""
+    try:
+        live_scheduler().checkpointed(job_id)
+    except Exception as exc:  # the database unreachable or busy: victims fall back to time since the last report
+        return f"{type(exc).__name__}: {exc}"
+    return None

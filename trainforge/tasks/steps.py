@@ -23,6 +23,7 @@ from trainforge.registry.jobs import JobRecord
 from trainforge.spec import JobSpec
 from trainforge.tasks import checkpoints as ckpt
 from trainforge.tasks import prepare
+from trainforge.tasks.provision import report_checkpoint
 from trainforge.tasks.segment import SegmentResult, run_segment
 from trainforge.validate import ValidationReport
 
@@ -171,6 +172,10 @@ def commit_checkpoint(config: SegmentConfig, step: int) -> dict[str, Any]:
 
     entry = ckpt.commit_bookkeeping(config, step)
     LineageStore().record_checkpoint(config.job_id, step, team=config.team, attrs={"prefix": entry["prefix"]})
+    # the scheduler picks preemption victims by work lost since their last commit: it hears of each one
+    failed = report_checkpoint(config.job_id)
+    if failed:
+        get_run_logger().warning("checkpoint %s: not reported to the scheduler (%s)", step, failed)
     return entry
 
 
