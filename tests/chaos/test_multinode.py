@@ -75,3 +75,25 @@ def test_object_store_outage_during_upload_never_commits_a_partial_checkpoint():
     assert 8 in [e["step"] for e in events(job, "checkpoint_skipped")]  # reported, not silently dropped
     assert all(e["resumed_from"] != 8 for e in events(job, "segment_start"))
     assert events(job, "segment_end")[-1]["step"] == STEPS
+
+
+def test_an_evicted_straggler_leaves_its_node_out_of_the_next_gang():
+    """`straggler_action: evict`: rank 2 (the second node's first rank) is slow from step 2 on; at the checkpoint
+    committed after its detection the segment ends, its node is marked unhealthy in the live scheduler and the gang
+    is re-provisioned without it (the fault fires once per job: the retried ranks run at full speed)."""
+    job = run_job(make_job("chaos-straggler", steps=STEPS, interval=4, workers=4),
+                  fault="slow:rank=2:step=2:ms=400", health={"straggler_action": "evict"}, max_retries=1)
+    slow_node = job.placements[0][1]
+    [found] = [i for i in job.record.data["incidents"] if i["kind"] == "straggler"][:1]
+    [evicted] = [i for i in job.record.data["incidents"] if i["kind"] == "straggler_evicted"]
+    assert found["rank"] == 2 and found["host"] == slow_node
+    assert evicted["rank"] == 2 and evicted["host"] == slow_node and evicted["scope"] == "node"
+    assert [e["fault"] for e in events(job, "fault_detected") if e["fault"] == "straggler_evicted"] == \
+        ["straggler_evicted"]
+    # it ended at a committed checkpoint: the retry resumes from it, nothing trained since is lost
+    committed = [e["step"] for e in events(job, "checkpoint") if e["src"]["attempt"] == 0]
+    assert [e["resumed_from"] for e in events(job, "segment_start")] == [None, max(committed)]
+    assert slow_node in unhealthy_nodes()
+    assert slow_node not in job.placements[1] and len(job.placements[1]) == 2
+    assert [s["state"] for s in job.record.data["segments"]] == ["failed", "completed"]
+    assert events(job, "segment_end")[-1]["step"] == STEPS

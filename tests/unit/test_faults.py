@@ -98,8 +98,12 @@ def test_slow_pct_makes_this_ranks_compute_slower_from_its_step(tmp_path, monkey
         def sleep(self, s):
             self.t += s
 
+        def time(self):  # the fault's marker records when it fired
+            return self.t
+
     clock = Clock()
     monkeypatch.setattr(faults, "time", clock)
+    monkeypatch.delenv("TRAINFORGE_SEGMENT_ATTEMPT", raising=False)
 
     class Engine:
         model = None
@@ -123,7 +127,24 @@ def test_slow_pct_makes_this_ranks_compute_slower_from_its_step(tmp_path, monkey
 
     assert [timed_step(s) for s in range(4)] == pytest.approx([0.07] * 4)
     assert [timed_step(s) for s in range(4, 8)] == pytest.approx([0.091] * 4)  # wrapped once, not once per step
-    assert not (tmp_path / "faults").exists()  # persistent: no fire-once marker
+    # slow in every step of this attempt; its marker says which attempt (a retried segment runs at full speed)
+    assert (tmp_path / "faults" / "slow-rank1-step4").read_text().split()[0] == "0"
     other = Engine()
     FaultHook(FaultInjector(parse_faults("slow:rank=1:step=0:pct=30"), str(tmp_path), rank=0)).before_step(5, other)
     assert "forward_backward" not in vars(other)  # another rank's fault
+
+
+def test_a_slow_rank_is_slow_only_in_the_attempt_it_first_slowed_in_unless_always(tmp_path, monkeypatch):
+    """A straggler's slowness stays with the device: the retried (re-provisioned) segment runs at full speed, as a
+    replaced node would; `always=1` keeps it slow in every attempt."""
+    from trainforge.trainer.faults import FaultInjector, fired_at
+
+    once, always = parse_faults("slow:rank=0:step=2:ms=1,slow:rank=0:step=3:ms=1:always=1")
+    monkeypatch.setenv("TRAINFORGE_SEGMENT_ATTEMPT", "0")
+    first = FaultInjector([once, always], str(tmp_path), 0)
+    assert first.slow_on(once) and first.slow_on(always)
+    assert once.marker in fired_at(tmp_path)  # the chaos measurements read when it fired
+    assert FaultInjector([once], str(tmp_path), 0).slow_on(once)  # a restart inside the same attempt: still slow
+    monkeypatch.setenv("TRAINFORGE_SEGMENT_ATTEMPT", "1")
+    second = FaultInjector([once, always], str(tmp_path), 0)
+    assert not second.slow_on(once) and second.slow_on(always)

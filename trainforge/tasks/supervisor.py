@@ -156,11 +156,17 @@ class SegmentSupervisor:
         self.preempting = False
         self.terminate_requested: str | None = None
         self._evict_after: float | None = None
+        self._evict_rank: int | None = None
+        self._evict_host: str | None = None
         self._pending = record.data.get("pending_recovery")
 
     # ------------------------------------------------------------------ polling
     def poll(self) -> str | None:
         """One supervision pass. Returns a reason when the gang must be stopped now (e.g. straggler eviction)."""
+        if self.terminate_requested is not None:  # stopped by policy: the ranks' notices and deaths from now on
+            self._renew_lease()  # are that stop, not faults (only what they send is still journalled)
+            self._journal(self.channel.poll())
+            return self.terminate_requested
         now = time.time()
         beats = self._read_beats()
         restarts = max((b.beat.restart for b in beats.values()), default=0)
@@ -174,9 +180,23 @@ class SegmentSupervisor:
         self._check_stragglers(current, now)
         self._check_preemption(current, now)
         self._check_recovered(current, now)
-        if self._evict_after is not None and self._checkpoint_since(self._evict_after):
-            self.terminate_requested = "straggler evicted at the committed checkpoint"
+        if self._evict_after is not None and self.terminate_requested is None \
+                and self._checkpoint_since(self._evict_after):
+            self._evict_straggler(current)
         return self.terminate_requested
+
+    def _evict_straggler(self, beats: dict[int, RankBeat]) -> None:
+        """The checkpoint after the straggler's detection is committed: end the segment, and record the straggler's
+        node as lost (scope `node`), so that the re-provisioning marks it unhealthy in the scheduler and places the
+        gang without it, as for a lost node (tasks/steps.py `reprovision`)."""
+        rank, host = self._evict_rank, self._evict_host
+        inc = self._record("straggler_evicted", rank, f"straggler rank {rank} evicted at the checkpoint committed "
+                           f"after its detection: node {host or '?'} is excluded from the next gang", beats,
+                           action="end the segment; re-provision without the node", host=host)
+        if host:
+            inc.scope = "node"
+        self.terminate_requested = "straggler evicted at the committed checkpoint"
+        self.finish()  # the incident is in the record before the segment's failure is handled
 
     # ------------------------------------------------------------------ the channel
     def _read_beats(self) -> dict[int, RankBeat]:
@@ -295,6 +315,8 @@ class SegmentSupervisor:
         """The launcher saw the host's agent die of a signal, or the channel got no batch from the node: every
         incident of that host is a node loss (a pass of the supervisor may have seen only some of its ranks gone
         before the segment ended)."""
+        if self.terminate_requested is not None:  # the policy stopped the gang: its agents died of that
+            return
         found = False
         for inc in self.incidents:
             if inc.kind == "rank_lost" and inc.host == host:
@@ -409,7 +431,7 @@ class SegmentSupervisor:
                              host=beats[rank].host,
                              evidence={"local_s": {str(r): round(v, 4) for r, v in local.items()}})
                 if evict:
-                    self._evict_after = now
+                    self._evict_after, self._evict_rank, self._evict_host = now, rank, beats[rank].host
 
     def _check_preemption(self, beats: dict[int, RankBeat], now: float) -> None:
         noticed = [r for r, b in beats.items() if b.beat.phase_note == "termination notice received"]

@@ -7,7 +7,8 @@ Kinds, each at the start of 0-based step `step` on rank `rank`:
 - `stop`: SIGSTOP this worker (a frozen host: no heartbeat, no exit);
 - `nan`: poison this rank's weights with NaN (a bad batch / numerical blow-up: divergence);
 - `sigterm`: a termination notice to this worker (spot reclamation);
-- `slow`: sleep `ms` milliseconds in every step from `step` on (a straggler; persistent, not once), before the
+- `slow`: sleep `ms` milliseconds in every step from `step` on (a straggler: every step of the segment attempt it
+  first fires in, and of no later attempt unless `always=1`, as a slow device the re-provisioned gang left), before the
   step (the rank arrives late: its peers wait for it in collectives); or, with `pct=P`, make this rank's compute
   P% slower from `step` on (it sleeps P% of its own forward/backward and optimizer time, inside the step: a
   slower device, which the trainer's busy time and the straggler alert see);
@@ -100,6 +101,26 @@ class FaultInjector:
     def __init__(self, faults: list[Fault], run_dir: str, rank: int):
         self.faults = [f for f in faults if f.rank == rank]
         self.marker_dir = Path(run_dir) / "faults"
+        self._slow: dict[str, bool] = {}
+
+    def slow_on(self, fault: Fault) -> bool:
+        """A `slow` fault slows its rank in the segment attempt it first fired in, like a slow device that the
+        retry leaves behind (the re-provisioned gang runs elsewhere); with `always=1` in every attempt. Its marker
+        holds that attempt and the time it fired."""
+        if fault.always:
+            return True
+        known = self._slow.get(fault.marker)
+        if known is None:
+            attempt = os.environ.get("TRAINFORGE_SEGMENT_ATTEMPT", "0")
+            marker = self.marker_dir / fault.marker
+            if marker.exists():
+                known = marker.read_text().split()[0] == attempt
+            else:
+                self.marker_dir.mkdir(parents=True, exist_ok=True)
+                marker.write_text(f"{attempt} {time.time()}")
+                known = True
+            self._slow[fault.marker] = known
+        return known
 
     @classmethod
     def from_env(cls, run_dir: str, rank: int) -> FaultInjector:
@@ -110,7 +131,7 @@ class FaultInjector:
         first for a `durable` fault."""
         for fault in self.faults:
             if fault.kind == "slow":
-                if step >= fault.step and not fault.pct:
+                if step >= fault.step and not fault.pct and self.slow_on(fault):
                     time.sleep(fault.ms / 1000)
                 continue
             if fault.kind == "storeout" and fault.until is not None and step == fault.until:
@@ -162,9 +183,10 @@ class FaultHook:
     def before_step(self, step: int, engine: Any) -> None:
         if step in self.nan_steps:
             engine.wait_for_staging()
-        if not self.slowed and any(step >= f.step for f in self.slower):
+        due = [f for f in self.slower if step >= f.step] if not self.slowed else []
+        if due and any(self.injector.slow_on(f) for f in due):
             self.slowed = True
-            slow_compute(engine, max(f.pct for f in self.slower if step >= f.step))
+            slow_compute(engine, max(f.pct for f in due))
         self.injector.maybe_fire(step, engine.model, settle=lambda: _settle(engine))
 
 
