@@ -86,10 +86,6 @@ class LasModel(Scheduler):
 
     # -- keeping the orders -------------------------------------------------------------------------------
     @staticmethod
-    def _insort(lst: list, key: tuple) -> None:
-        bisect.insort(lst, key)
-
-    @staticmethod
     def _remove(lst: list | None, key: tuple | None) -> None:
         if key is None or not lst:
             return
@@ -108,7 +104,7 @@ class LasModel(Scheduler):
     def _insert(self, job: Job, q: int) -> None:
         key = (q, job.submit_time, job.seq, job.job_id)
         self._key_of[job.job_id] = key
-        self._insort(self._order.setdefault(job.req.gpu_type, []), key)
+        bisect.insort(self._order.setdefault(job.req.gpu_type, []), key)
 
     def _dequeue(self, job: Job) -> None:
         super()._dequeue(job)
@@ -121,7 +117,7 @@ class LasModel(Scheduler):
         q = bisect.bisect_right(th, served)
         key = (q, job.submit_time, job.seq, job.job_id)
         self._rkey[job.job_id] = key
-        self._insort(self._running_order.setdefault(job.req.gpu_type, []), key)
+        bisect.insort(self._running_order.setdefault(job.req.gpu_type, []), key)
         if q < len(th) and job.gpus:
             heapq.heappush(self._crossings, (now + (th[q] - served) / job.gpus, job.job_id, q + 1))
 
@@ -150,7 +146,7 @@ class LasModel(Scheduler):
             lst = self._running_order[job.req.gpu_type]
             self._remove(lst, key)
             self._rkey[job_id] = new = (q, *key[1:])
-            self._insort(lst, new)
+            bisect.insort(lst, new)
             if q < len(th) and job.gpus:
                 heapq.heappush(self._crossings, (t + (th[q] - th[q - 1]) / job.gpus, job_id, q + 1))
         while self._promotions and self._promotions[0][0] <= now:
