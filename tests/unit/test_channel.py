@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -255,12 +256,13 @@ def test_a_publisher_retrying_a_put_that_landed_delivers_every_record_exactly_on
     """The at-least-once case end to end: the first PUT of each batch lands and then reports a failure."""
 
     class LandsThenFails(LocalObjectStore):
-        failed: set[str] = set()
+        failed: set[int] = set()  # batch seqs whose first PUT failed (each retry goes under a fresh key)
 
         def put_bytes(self, key, data, *, if_none_match=False):
             super().put_bytes(key, data, if_none_match=if_none_match)
-            if "/up/" in key and key not in self.failed:
-                self.failed.add(key)
+            parsed = ChannelLayout.parse_batch_key(key)
+            if parsed and parsed[2] not in self.failed:
+                self.failed.add(parsed[2])
                 raise TimeoutError(f"read timeout on {key}")
 
     flaky = LandsThenFails(store.root)
@@ -273,6 +275,35 @@ def test_a_publisher_retrying_a_put_that_landed_delivers_every_record_exactly_on
     seen = [r["i"] for _, _, _, r in reader.records(reader.poll())]
     assert seen == list(range(20))
     assert pub.stats["put_failures"] >= 2
+
+
+def test_a_batch_the_flush_thread_gave_up_on_at_stop_lands_under_its_own_seq_before_the_closing_one(store):
+    """A stop while a batch's PUTs land but report failures: the flush thread backs off and gives the batch up
+    after `stop_retry_s`; close() retries that batch (same seq) before the closing batch. A closing batch under the
+    given-up seq would be dropped by the reader as a re-sent copy, its records lost."""
+
+    class FailsOnTheFlushThread(LocalObjectStore):
+        def put_bytes(self, key, data, *, if_none_match=False):
+            super().put_bytes(key, data, if_none_match=if_none_match)
+            if "/up/" in key and threading.current_thread().name == "channel-n1":
+                raise TimeoutError(f"read timeout on {key}")
+
+    reader = ChannelReader(store, ROOT, nodes=["n1"], flush_interval_s=0.05)
+    pub = NodePublisher(FailsOnTheFlushThread(store.root), ROOT, "n1", flush_interval_s=0.05, max_backoff_s=0.05)
+    pub.stop_retry_s = 0.2
+    pub.start()
+    pub.publish({"i": 0})
+    deadline = time.monotonic() + 10
+    while pub.stats["put_failures"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pub.publish({"i": 1})
+    pub.publish({"i": 2})
+    pub.close()
+    batches = reader.poll()
+    assert [r["i"] for _, _, _, r in reader.records(batches)] == [0, 1, 2]
+    assert [b.seq for b in batches] == [0, 1]  # the given-up batch (its first flush: [] or [0]), the closing one
+    assert batches[-1].closing and reader.status()["n1"].state == "closed"
+    assert 2 <= pub.stats["put_failures"] <= 20  # the retries back off while stopping too: no busy loop
 
 
 def test_a_malformed_batch_is_skipped_with_a_warning_and_the_next_one_read(store, caplog):

@@ -92,6 +92,7 @@ LOOKBACK_S = 10.0
 """How far the reader's listing reaches back for a node it has no exact cursor for (lost, closed, or known by name
 only): it bounds the clock skew tolerated for such a node, and what a lost node costs the listing."""
 INDEX_INTERVAL_S = 30.0
+STOP_RETRY_S = 5.0  # how long the flush thread still retries a batch once stopping (then close() retries it)
 """A publisher rewrites its hello (`nodes/{node}.json`) with its next seq this often (and at close), so that a
 restarted publisher finds its last seq by listing at most this long a stretch of `up/`."""
 DISCOVER_INTERVAL_S = 1.0
@@ -393,6 +394,8 @@ class NodePublisher:
         self._last_key = ""
         self._index_at = 0.0
         self._hello_written = False
+        self._unsent: tuple[Batch, bytes] | None = None  # a batch a stop gave up on, for close() to retry
+        self.stop_retry_s = STOP_RETRY_S
         # requests: every store request of this publisher (the bench counts them)
         self.stats = {"batches": 0, "records": 0, "put_failures": 0, "dropped": 0, "commands": 0, "polls": 0,
                       "requests": 0}
@@ -468,7 +471,12 @@ class NodePublisher:
         for t in self._threads:
             t.join(timeout=timeout)
         self._drain_socket()  # what the ranks sent just before the stop is still in the socket's queue
-        self._flush_once(closing=True, deadline=self._clock() + timeout)
+        if any(t.is_alive() and t.name == f"channel-{self.node}" for t in self._threads):
+            # Its PUT hangs past the timeout: a second writer now would put another batch under the same seq.
+            log.error("channel %s: the flush thread is stuck in a write after %.0f s: no closing batch",
+                      self.node, timeout)
+        else:
+            self._flush_once(closing=True, deadline=self._clock() + timeout)
         if self._sock is not None:
             self._sock.close()
             if self.socket_path and not self.socket_path.startswith("@"):
@@ -620,9 +628,21 @@ class NodePublisher:
         return Batch(self.node, self.seq, self._wall(), records, beats, acks, cmd_seq, closing)
 
     def _flush_once(self, *, closing: bool, deadline: float | None) -> None:
-        """Write one batch, retrying the same bytes (same seq) with backoff until it lands or we stop."""
+        """Write the batch a stop left unsent (if any), then one batch of what is pending."""
+        if self._unsent is not None:
+            if not self._land(*self._unsent, deadline=deadline):
+                return
+            self._unsent = None
         batch = self._take_batch(closing)
         data = encode_batch(batch)
+        if not self._land(batch, data, deadline=deadline):
+            # Kept, same seq and bytes, for the next flush (close()'s last one): a copy may have landed, so a
+            # new batch under this seq would be dropped by the reader as a re-sent copy, its records lost.
+            self._unsent = (batch, data)
+
+    def _land(self, batch: Batch, data: bytes, *, deadline: float | None) -> bool:
+        """PUT one batch, retrying the same bytes (same seq) with backoff until it lands (True) or, once
+        stopping, `deadline` passes (False)."""
         delay = 0.1
         while True:
             # Each try under a fresh stamp (same seq, same bytes): a copy that lands late still sorts inside the
@@ -638,18 +658,23 @@ class NodePublisher:
                 log.warning("channel %s: writing %s failed (%s: %s); retrying in %.1f s", self.node, key,
                             type(e).__name__, e, delay)
                 if deadline is not None and self._clock() + delay > deadline:
-                    log.error("channel %s: giving up on %s at close (%d records lost)", self.node, key,
+                    log.error("channel %s: giving up on %s at close (%d records not delivered)", self.node, key,
                               len(batch.records))
-                    return
-                if deadline is None and self._stop.wait(delay):
-                    deadline = self._clock() + 5.0  # stopping: a few more tries, then close() takes over
+                    return False
+                if deadline is None:
+                    if self._stop.wait(delay):
+                        # stopping: a few more tries, then close() takes the batch over
+                        deadline = self._clock() + self.stop_retry_s
+                else:
+                    time.sleep(delay)  # stopping still backs off: a store in trouble is not hammered
                 delay = min(self.max_backoff_s, delay * 2) * (0.5 + random.random() / 2)
         self.seq += 1
         self._last_key = key
         self.stats["batches"] += 1
         self.stats["records"] += len(batch.records)
-        if closing or self._clock() - self._index_at >= INDEX_INTERVAL_S:
+        if batch.closing or self._clock() - self._index_at >= INDEX_INTERVAL_S:
             self._write_index(batch.cmd_seq)
+        return True
 
     def _drain_socket(self) -> None:
         if self._sock is None:
