@@ -6,12 +6,17 @@ rendezvous: how a multi-node job meets), placed by the live scheduler on a 3-nod
 - a spot reclamation wave (SIGTERM to every worker at once): emergency checkpoint at the next step boundary, the
   segment ends `preempted`, the gang is released and re-requested, 0 lost steps;
 - an object-store outage during a checkpoint upload: training continues, the checkpoint whose upload failed is
-  never committed (nor resumed from), the next one commits.
+  never committed (nor resumed from), the next one commits;
+- a straggler evicted, and a GPU NVML reports failing (tests/fake_nvml/pynvml.py on the workers' PYTHONPATH): the
+  node is left out of the next gang.
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/chaos/test_multinode.py -s   (about 2 minutes on 2 cores)
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
@@ -95,5 +100,31 @@ def test_an_evicted_straggler_leaves_its_node_out_of_the_next_gang():
     assert [e["resumed_from"] for e in events(job, "segment_start")] == [None, max(committed)]
     assert slow_node in unhealthy_nodes()
     assert slow_node not in job.placements[1] and len(job.placements[1]) == 2
+    assert [s["state"] for s in job.record.data["segments"]] == ["failed", "completed"]
+    assert events(job, "segment_end")[-1]["step"] == STEPS
+
+
+FAKE_NVML = Path(__file__).resolve().parents[1] / "fake_nvml"
+
+
+def test_a_gpu_nvml_reports_failing_drains_its_node_and_the_job_resumes_on_the_others(monkeypatch):
+    """The workers import tests/fake_nvml as `pynvml`; on the second node (GROUP_RANK 1) of the first attempt GPU 0
+    reports uncorrected ECC errors 3 s after the worker's start. Its ranks' heartbeats carry the sample, the
+    supervisor drains the node (stops the gang now, no emergency checkpoint: the state on that GPU is not
+    trusted), the node is marked unhealthy in the live scheduler and the retry resumes on the other nodes from the
+    last committed checkpoint."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(FAKE_NVML), os.environ.get("PYTHONPATH"))
+                                                     if p))
+    monkeypatch.setenv("TRAINFORGE_FAKE_NVML", "devices=2,fail=ecc,group_rank=1,attempt=0,after_s=3")
+    job = run_job(make_job("chaos-gpu", steps=STEPS, interval=4, workers=4), max_retries=1)
+    bad_node = job.placements[0][1]
+    [inc] = [i for i in job.record.data["incidents"] if i["kind"] == "gpu_unhealthy"]
+    assert inc["host"] == bad_node and inc["scope"] == "node" and inc["rank"] in (2, 3)
+    assert "GPU 0: 2 uncorrected ECC error(s)" in inc["message"]
+    assert [e["fault"] for e in events(job, "fault_detected") if e["fault"] == "gpu_unhealthy"] == ["gpu_unhealthy"]
+    assert bad_node in unhealthy_nodes()
+    assert bad_node not in job.placements[1] and len(job.placements[1]) == 2
+    committed = [e["step"] for e in events(job, "checkpoint") if e["src"]["attempt"] == 0]
+    assert [e["resumed_from"] for e in events(job, "segment_start")] == [None, max(committed, default=None)]
     assert [s["state"] for s in job.record.data["segments"]] == ["failed", "completed"]
     assert events(job, "segment_end")[-1]["step"] == STEPS

@@ -181,6 +181,12 @@ class GpuDevice(BaseModel):
     temperature_c: int | None = None
     sm_clock_mhz: int | None = None
     throttle_reasons: int | None = None
+    retired_pages: int | None = None
+    retired_pages_pending: int | None = None
+    xids: list[int] = Field(default_factory=list)
+    """The latest Xid events of the device (critical ones, trainer/health.py CRITICAL_XIDS, make it unhealthy)."""
+    reasons: list[str] = Field(default_factory=list)
+    """Why it is unhealthy, in words (empty when healthy)."""
     healthy: bool
 
 

@@ -162,7 +162,7 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
             if cancel is not None and cancel.is_set():
                 gang.terminate()
                 raise SegmentCancelled(f"segment {attempt} of {config.job_id} cancelled; workers stopped")
-            if supervisor.poll() is not None:  # policy: stop the gang now (straggler eviction)
+            if supervisor.poll() is not None:  # policy: stop the gang now (straggler eviction, GPU drain)
                 gang.terminate()
                 code = gang.poll() if gang.poll() is not None else -1
                 break

@@ -129,13 +129,16 @@ def reprovision(record: JobRecord, spec: JobSpec, lost: tuple[str, ...] | None =
     from trainforge.tasks.provision import provision_gang, record_allocation, release_gang
 
     attempt = record.data["segments"][-1]["attempt"]
+    kinds: dict[str, str] = {}
+    for i in record.data.get("incidents", []):
+        if i["attempt"] == attempt and i["scope"] == "node" and i.get("host"):
+            kinds.setdefault(i["host"], i["kind"])
     if lost is None:
-        lost = tuple({i["host"] for i in record.data.get("incidents", []) if i["attempt"] == attempt
-                      and i["scope"] == "node" and i.get("host")})
+        lost = tuple(kinds)
     scheduler = LiveScheduler(default_cluster())
     for node in sorted(lost):
         try:
-            scheduler.node_failed(node, f"lost by job {record.job_id} in segment {attempt}")
+            scheduler.node_failed(node, f"{kinds.get(node, 'lost')} in job {record.job_id}'s segment {attempt}")
         except (KeyError, ValueError):  # a host name the scheduler does not place on (the local backend)
             continue
     release_gang(record.job_id)

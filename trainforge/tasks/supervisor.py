@@ -61,7 +61,7 @@ PREEMPTION_CHECK_S = 2.0
 STACKS_WAIT_S = 6.0
 """How long a hang's stack dump waits for every rank's answer: the sidecar's own wait for a dump (3 s), a flush of
 its publisher and a read of the channel."""
-FATAL = ("rank_lost", "hang", "straggler_evicted")
+FATAL = ("rank_lost", "hang", "straggler_evicted", "gpu_unhealthy")
 NODE_SIDE = ("age_s", "alive", "dead_at")
 """What a node's side adds to a rank's beat in the batch envelope (the publisher: the beat's age; the sidecar: its
 check of the rank's process), not part of the rank's own `Heartbeat`."""
@@ -177,6 +177,9 @@ class SegmentSupervisor:
             self._check_liveness(current, now)
             self._check_progress(current, now)
         self._check_node_scope(current, now)
+        self._check_gpu_health(current)
+        if self.terminate_requested is not None:
+            return self.terminate_requested
         self._check_stragglers(current, now)
         self._check_preemption(current, now)
         self._check_recovered(current, now)
@@ -197,6 +200,28 @@ class SegmentSupervisor:
             inc.scope = "node"
         self.terminate_requested = "straggler evicted at the committed checkpoint"
         self.finish()  # the incident is in the record before the segment's failure is handled
+
+    def _check_gpu_health(self, beats: dict[int, RankBeat]) -> None:
+        """A rank's beat says NVML found its node's GPU failing (uncorrected ECC, a page retirement waiting for a
+        reset, a critical Xid, hardware slowdown): drain the node. The gang stops now, without an emergency
+        checkpoint (state computed on that GPU since the last commit cannot be trusted), the node is recorded
+        (scope `node`) so that the re-provisioning marks it unhealthy in the scheduler, and the retry resumes from
+        the last committed checkpoint on other nodes."""
+        for rank, b in sorted(beats.items()):
+            gpu = b.beat.gpu
+            if gpu is None or not gpu.available or gpu.healthy is not False or not b.host:
+                continue
+            bad = [d for d in gpu.devices if not d.healthy]
+            why = "; ".join(f"GPU {d.index}: {', '.join(d.reasons) or 'unhealthy'}" for d in bad)
+            inc = self._record("gpu_unhealthy", rank, f"node {b.host} drained: NVML reports {why} (rank {rank}'s "
+                               "heartbeat)", beats, host=b.host,
+                               action="stop the gang now; resume from the last committed checkpoint without the "
+                                      "node",
+                               evidence={"node": b.node, "devices": [d.model_dump() for d in bad]})
+            inc.scope = "node"
+            self.terminate_requested = f"GPU unhealthy on node {b.host}"
+            self.finish()  # the incident is in the record before the segment's failure is handled
+            return
 
     # ------------------------------------------------------------------ the channel
     def _read_beats(self) -> dict[int, RankBeat]:

@@ -15,7 +15,8 @@ state machine):
 |                        | over a window (global values: every rank agrees)         | stop                              |
 | straggler              | per-rank local time per step vs the median of ranks      | report with evidence, or evict    |
 | spot preemption        | SIGTERM (termination notice) / scheduler `preempting`    | emergency checkpoint, clean stop  |
-| GPU health             | NVML (ECC, throttling, clocks) where present             | report; node marked unhealthy     |
+| GPU health             | NVML with every heartbeat, where present: uncorrected    | stop the gang now; node marked    |
+|                        | ECC, retired pages, critical Xids, hardware slowdown     | unhealthy, re-placed without it   |
 
 Importing this module pulls in no torch: the control plane reads the policy and the heartbeat journal's layout
 from here.
@@ -157,39 +158,134 @@ def read_heartbeats(run_dir: str | Path, attempt: int | str) -> dict[int, dict[s
 # ------------------------------------------------------------------------------------------ GPU health
 
 
-def gpu_health() -> dict[str, Any]:
-    """ECC errors, throttle reasons, clocks and temperature per GPU through NVML (nvidia-ml-py); on a host
-    without it, a clear 'not available'. Unhealthy = uncorrectable ECC errors or a hardware slowdown."""
-    try:
-        import pynvml  # type: ignore[import-not-found]
-    except ImportError:
-        return {"available": False, "reason": "NVML not available on this host (nvidia-ml-py not installed)"}
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # no driver / no GPU
-        return {"available": False, "reason": f"NVML not available on this host: {exc}"}
-    try:
+HW_SLOWDOWN = 0x8 | 0x40 | 0x80
+"""Clock-event (throttle) reasons that mean the hardware is in trouble: HW slowdown, HW thermal, HW power brake (a
+software power cap or an idle clock is not a fault)."""
+CRITICAL_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
+"""Xid events that mean the GPU (not the user's code) failed: double-bit ECC (48), internal micro-controller halt
+(61, 62), row-remapping events (63, 64), NVLink error (74), fell off the bus (79), high single-bit ECC rate (92),
+contained / uncontained ECC errors (94, 95), GSP errors (119, 120), unrecovered ECC (140). Xids 13, 31, 43 and the
+like follow from the user's kernels and are left to the process' own failure."""
+XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+RETIRED_CAUSES = (0, 1)  # NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, _DOUBLE_BIT_ECC_ERROR
+
+
+class GpuHealthSampler:
+    """NVML's health view of this node's GPUs, opened once and sampled with every heartbeat: uncorrected ECC
+    errors (volatile), retired pages and a retirement waiting for a reset, critical Xid events (from an event set
+    drained without waiting) and hardware throttle reasons, per device, with the reasons a device is unhealthy.
+
+    `open()` gives why there is none on a host without NVML or without a GPU, so CPU hosts never pay."""
+
+    def __init__(self, nv: Any):
+        self.nv = nv
+        self.handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+        self.xids: dict[int, list[int]] = {i: [] for i in range(len(self.handles))}
+        self._events: Any = None
+        try:  # Xid events: a set the driver fills; a board or driver without them just has no Xid column
+            self._events = nv.nvmlEventSetCreate()
+            for h in self.handles:
+                nv.nvmlDeviceRegisterEvents(h, XID_EVENT, self._events)
+        except Exception:
+            self._events = None
+
+    @classmethod
+    def open(cls) -> GpuHealthSampler | str:
+        """The sampler, or why there is none (no nvidia-ml-py, no driver, no GPU)."""
+        try:
+            import pynvml  # type: ignore[import-not-found]
+        except ImportError:
+            return "NVML not available on this host (nvidia-ml-py not installed)"
+        try:
+            pynvml.nvmlInit()
+        except Exception as exc:  # no driver / no GPU
+            return f"NVML not available on this host: {exc}"
+        try:
+            sampler = cls(pynvml)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                pynvml.nvmlShutdown()
+            return f"NVML could not list the GPUs: {exc}"
+        if not sampler.handles:
+            sampler.close()
+            return "NVML sees no GPU on this host"
+        return sampler
+
+    def _drain_xids(self) -> None:
+        if self._events is None:
+            return
+        wait = getattr(self.nv, "nvmlEventSetWait_v2", None) or self.nv.nvmlEventSetWait
+        for _ in range(1024):  # bounded: a storm of events is not read forever in one beat
+            try:
+                data = wait(self._events, 0)  # 0 ms: only what already happened
+            except Exception:  # NVML_ERROR_TIMEOUT: nothing more
+                return
+            try:  # handles are ctypes pointers (no equality by value): the device's index names it
+                index = int(self.nv.nvmlDeviceGetIndex(data.device))
+            except Exception:
+                index = next((i for i, h in enumerate(self.handles) if h is data.device), -1)
+            if index in self.xids:
+                self.xids[index].append(int(data.eventData))
+                del self.xids[index][:-16]
+
+    def sample(self) -> dict[str, Any]:
+        """One look at every device (a call a board does not support gives None, not an error)."""
+        nv = self.nv
+        self._drain_xids()
         devices = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        for i, h in enumerate(self.handles):
             dev: dict[str, Any] = {"index": i}
             for name, call in (
-                ("ecc_uncorrected", lambda h=h: pynvml.nvmlDeviceGetTotalEccErrors(
-                    h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)),
-                ("temperature_c", lambda h=h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
-                ("sm_clock_mhz", lambda h=h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
-                ("throttle_reasons", lambda h=h: pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)),
+                ("ecc_uncorrected", lambda h=h: nv.nvmlDeviceGetTotalEccErrors(
+                    h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)),
+                ("temperature_c", lambda h=h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                ("sm_clock_mhz", lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+                ("throttle_reasons", lambda h=h: self._clock_event_reasons(h)),
+                ("retired_pages", lambda h=h: sum(len(nv.nvmlDeviceGetRetiredPages(h, c)) for c in RETIRED_CAUSES)),
+                ("retired_pages_pending", lambda h=h: nv.nvmlDeviceGetRetiredPagesPendingStatus(h)),
             ):
                 try:
                     dev[name] = int(call())
                 except Exception:  # not supported on this board
                     dev[name] = None
-            hw_slowdown = 0x8 | 0x40 | 0x80  # HW slowdown, HW thermal, HW power brake
-            dev["healthy"] = not (dev["ecc_uncorrected"] or ((dev["throttle_reasons"] or 0) & hw_slowdown))
+            critical = [x for x in self.xids[i] if x in CRITICAL_XIDS]
+            dev["xids"] = list(self.xids[i])
+            reasons = []
+            if dev["ecc_uncorrected"]:
+                reasons.append(f"{dev['ecc_uncorrected']} uncorrected ECC error(s)")
+            if dev["retired_pages_pending"]:
+                reasons.append("a page retirement waits for a GPU reset")
+            if critical:
+                reasons.append(f"critical Xid {critical[-1]}")
+            if (dev["throttle_reasons"] or 0) & HW_SLOWDOWN:
+                reasons.append(f"hardware slowdown (clock-event reasons {dev['throttle_reasons']:#x})")
+            dev["reasons"], dev["healthy"] = reasons, not reasons
             devices.append(dev)
         return {"available": True, "devices": devices, "healthy": all(d["healthy"] for d in devices)}
+
+    def _clock_event_reasons(self, h: Any) -> int:
+        # The newer name first (the "throttle" one is deprecated in recent drivers' bindings)
+        fn = getattr(self.nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            self.nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        return int(fn(h))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._events is not None:
+                self.nv.nvmlEventSetFree(self._events)
+        with contextlib.suppress(Exception):
+            self.nv.nvmlShutdown()
+
+
+def gpu_health() -> dict[str, Any]:
+    """One sample of `GpuHealthSampler` (opened and closed), or a clear 'not available' on a host without NVML."""
+    sampler = GpuHealthSampler.open()
+    if isinstance(sampler, str):
+        return {"available": False, "reason": sampler}
+    try:
+        return sampler.sample()
     finally:
-        pynvml.nvmlShutdown()
+        sampler.close()
 
 
 # ------------------------------------------------------------------------------------------ worker side
@@ -227,6 +323,7 @@ class HealthMonitor:
         self._stack_file = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
+        self._gpu: GpuHealthSampler | None = None
 
     def start(self) -> HealthMonitor:
         # With a node publisher the dump goes to a file on this node, which the node's sidecar reads after
@@ -238,11 +335,39 @@ class HealthMonitor:
         faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True)
         if self.handle_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._state["gpu"] = gpu_health()
+        gpu = GpuHealthSampler.open()
+        if isinstance(gpu, str):
+            self._state["gpu"] = {"available": False, "reason": gpu}
+        else:
+            self._gpu = gpu
+            self._sample_gpu()
         self._write()
         if self._client is not None:  # nobody to beat to otherwise
             self._thread.start()
+            if self._gpu is not None:
+                # Its own thread: an NVML call that hangs on a GPU that fell off the bus must not stop the beats
+                # (each beat carries the latest sample, taken every heartbeat interval).
+                threading.Thread(target=self._gpu_loop, name="gpu-health", daemon=True).start()
         return self
+
+    def _sample_gpu(self) -> bool:
+        """One NVML sample into the beat's state; True when a device just turned unhealthy."""
+        assert self._gpu is not None
+        try:
+            sample = self._gpu.sample()
+        except Exception as e:  # NVML itself failed (a driver in trouble): say so, the supervisor judges
+            sample = {"available": False, "reason": f"NVML sample failed: {type(e).__name__}: {e}"}
+        was = (self._state.get("gpu") or {}).get("healthy", True)
+        self._state["gpu"] = sample
+        return was is not False and sample.get("healthy") is False
+
+    def _gpu_loop(self) -> None:
+        while not self._stop.wait(self.policy.heartbeat_interval_s):
+            if self._sample_gpu():
+                logger.error("rank %d: GPU unhealthy: %s", self.rank, "; ".join(
+                    r for d in self._state["gpu"]["devices"] for r in d["reasons"]))
+                with contextlib.suppress(OSError):
+                    self._write()  # news that must not wait for the next beat
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         """While training, a notice means: checkpoint at the next step boundary (the loop agrees on it across
@@ -328,6 +453,9 @@ class HealthMonitor:
             self._write()
         if self._client is not None:
             self._client.drain()  # the last beat (done / failed) must reach the publisher before this exits
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu = None
 
 
 class NullMonitor:
