@@ -125,6 +125,7 @@ def test_a_gpu_nvml_reports_failing_drains_its_node_and_the_job_resumes_on_the_o
     assert bad_node in unhealthy_nodes()
     assert bad_node not in job.placements[1] and len(job.placements[1]) == 2
     committed = [e["step"] for e in events(job, "checkpoint") if e["src"]["attempt"] == 0]
-    assert [e["resumed_from"] for e in events(job, "segment_start")] == [None, max(committed, default=None)]
+    # the drain may come before the first segment started training (no segment_start of attempt 0), or after commits
+    assert events(job, "segment_start")[-1]["resumed_from"] == max(committed, default=None)
     assert [s["state"] for s in job.record.data["segments"]] == ["failed", "completed"]
     assert events(job, "segment_end")[-1]["step"] == STEPS
