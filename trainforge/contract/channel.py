@@ -92,9 +92,10 @@ LOOKBACK_S = 10.0
 """How far the reader's listing reaches back for a node it has no exact cursor for (lost, closed, or known by name
 only): it bounds the clock skew tolerated for such a node, and what a lost node costs the listing."""
 INDEX_INTERVAL_S = 30.0
-STOP_RETRY_S = 5.0  # how long the flush thread still retries a batch once stopping (then close() retries it)
 """A publisher rewrites its hello (`nodes/{node}.json`) with its next seq this often (and at close), so that a
 restarted publisher finds its last seq by listing at most this long a stretch of `up/`."""
+STOP_RETRY_S = 5.0
+"""How long the flush thread still retries a batch once stopping; then close() retries it (same seq, same bytes)."""
 DISCOVER_INTERVAL_S = 1.0
 LIST_PAGE = 1000  # keys per S3 ListObjectsV2 page: a listing of K keys is ceil(K / 1000) requests
 MAX_DATAGRAM = 128 * 1024
@@ -384,6 +385,7 @@ class NodePublisher:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._flusher: threading.Thread | None = None
         self._sock: socket.socket | None = None
         self._lease_deadline = clock() + lease_ttl_s
         self._lease_notified = False
@@ -457,7 +459,8 @@ class NodePublisher:
             self._sock.settimeout(0.2)
             self._threads.append(threading.Thread(target=self._recv_loop, name=f"channel-recv-{self.node}",
                                                   daemon=True))
-        self._threads.append(threading.Thread(target=self._run, name=f"channel-{self.node}", daemon=True))
+        self._flusher = threading.Thread(target=self._run, name=f"channel-{self.node}", daemon=True)
+        self._threads.append(self._flusher)
         for t in self._threads:
             t.start()
         return self
@@ -471,7 +474,7 @@ class NodePublisher:
         for t in self._threads:
             t.join(timeout=timeout)
         self._drain_socket()  # what the ranks sent just before the stop is still in the socket's queue
-        if any(t.is_alive() and t.name == f"channel-{self.node}" for t in self._threads):
+        if self._flusher is not None and self._flusher.is_alive():
             # Its PUT hangs past the timeout: a second writer now would put another batch under the same seq.
             log.error("channel %s: the flush thread is stuck in a write after %.0f s: no closing batch",
                       self.node, timeout)

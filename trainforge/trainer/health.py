@@ -324,6 +324,7 @@ class HealthMonitor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
         self._gpu: GpuHealthSampler | None = None
+        self._gpu_thread: threading.Thread | None = None
 
     def start(self) -> HealthMonitor:
         # With a node publisher the dump goes to a file on this node, which the node's sidecar reads after
@@ -347,7 +348,8 @@ class HealthMonitor:
             if self._gpu is not None:
                 # Its own thread: an NVML call that hangs on a GPU that fell off the bus must not stop the beats
                 # (each beat carries the latest sample, taken every heartbeat interval).
-                threading.Thread(target=self._gpu_loop, name="gpu-health", daemon=True).start()
+                self._gpu_thread = threading.Thread(target=self._gpu_loop, name="gpu-health", daemon=True)
+                self._gpu_thread.start()
         return self
 
     def _sample_gpu(self) -> bool:
@@ -454,8 +456,11 @@ class HealthMonitor:
         if self._client is not None:
             self._client.drain()  # the last beat (done / failed) must reach the publisher before this exits
         if self._gpu is not None:
-            self._gpu.close()
-            self._gpu = None
+            if self._gpu_thread is not None:
+                self._gpu_thread.join(timeout=1.0)
+            # Shut NVML down only once no sample is in flight (one hung on a dead GPU: the process exit frees it)
+            if self._gpu_thread is None or not self._gpu_thread.is_alive():
+                self._gpu.close()
 
 
 class NullMonitor:
