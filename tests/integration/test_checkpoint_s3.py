@@ -1,6 +1,8 @@
 """Checkpoints on a real S3 server (SeaweedFS on loopback): a whole job with TRAINFORGE_STORAGE_URL=s3://…,
-workers on per-job credentials, a killed worker resumed from S3, evaluation and export read from S3, retention
-and garbage collection on S3, `trainforge checkpoints JOB --verify`.
+workers on the per-job identity the flow has the server make at provision (and revoke at the end), whose own
+model code tries to read, list and overwrite another team's checkpoint and is refused by the server (the
+attempts recorded in the job record), a killed worker resumed from S3, evaluation and export read from S3,
+retention and garbage collection on S3, `trainforge checkpoints JOB --verify`.
 
 Run: .venv/bin/python -m pytest tests/integration/test_checkpoint_s3.py -q   (about 2 minutes on 2 cores)
 """
@@ -17,7 +19,7 @@ import yaml
 
 from trainforge.datasets.demo import ensure_demo_dataset
 from trainforge.events import read_events
-from trainforge.infra.storage import PermissionDeniedError, open_store
+from trainforge.infra.storage import open_store
 from trainforge.infra.storage.layout import job_prefix
 from trainforge.registry.jobs import JobStore
 from trainforge.registry.manifest import list_committed, verify
@@ -38,38 +40,102 @@ def small_spec() -> dict:
     return doc
 
 
+ATTACK_MODEL = """
+import json, os
+from pathlib import Path
+
+import boto3
+from botocore.exceptions import ClientError
+
+from trainforge.trainer.models.llama import build_model as reference
+
+
+def build_model(config):
+    # A colleague's model code, on rank 0 of the gang, once: with whatever credentials the platform handed this
+    # process, read, list and overwrite another team's checkpoint through a boto3 client of its own.
+    out = Path(__file__).with_name("attack.json")
+    if os.environ.get("RANK") == "0" and not out.exists():
+        bucket, key = os.environ["ATTACK_TARGET"].split("/", 1)
+        s3 = boto3.client("s3")
+        seen = {"access_key_id": os.environ.get("AWS_ACCESS_KEY_ID")}
+        for name, call in (("read", lambda: s3.get_object(Bucket=bucket, Key=key)["Body"].read()),
+                           ("overwrite", lambda: s3.put_object(Bucket=bucket, Key=key, Body=b"pwned")),
+                           ("list", lambda: s3.list_objects_v2(Bucket=bucket, Prefix=key.rsplit("/", 1)[0])),
+                           ("forge_command", lambda: s3.put_object(
+                               Bucket=bucket, Key=os.environ["ATTACK_OWN_PREFIX"] + "/channel/segment-0/down/x.json",
+                               Body=b"{}"))):
+            try:
+                call()
+                seen[name] = "allowed"
+            except ClientError as e:
+                seen[name] = e.response["Error"]["Code"]
+        out.write_text(json.dumps(seen))
+    return reference(config)
+"""
+
+
 @pytest.fixture
 def s3_job(s3_server, s3_env, monkeypatch):
     bucket = s3_server.make_bucket()
     job_id = "tiny-s3-" + str(int(time.time() * 1000) % 10**8)
-    access, secret = s3_server.add_job_identity(bucket, "demo", job_id, root="platform")
     monkeypatch.setenv("TRAINFORGE_STORAGE_URL", f"s3://{bucket}/platform")
-    monkeypatch.setenv("TRAINFORGE_JOB_S3_ACCESS_KEY_ID", access)
-    monkeypatch.setenv("TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY", secret)
+    # The flow has the server make the job's identity (nothing preset): the stack's setting, on the test server.
+    monkeypatch.setenv("TRAINFORGE_JOB_CREDENTIALS", f"seaweedfs:{s3_server.config_path}")
+    for name in ("TRAINFORGE_JOB_S3_ACCESS_KEY_ID", "TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
     yield bucket, job_id
     s3_server.delete_bucket(bucket)
 
 
-def test_job_on_s3_with_job_credentials_resumes_from_s3(prefect_api, s3_job, monkeypatch):
+def test_job_on_s3_with_job_credentials_resumes_from_s3(prefect_api, s3_server, s3_job, monkeypatch, tmp_path):
     from trainforge.flows.train_job import train_job
 
     bucket, job_id = s3_job
     ensure_demo_dataset()
-    monkeypatch.setenv("TRAINFORGE_FAULT", "kill:rank=1:step=21")
-    result = train_job(copy.deepcopy(small_spec()), "s3-spec.yaml", str(EXAMPLES), job_id, False)
+    admin = open_store(f"s3://{bucket}/platform")
+    victim = f"{job_prefix('vision', 'their-job')}/checkpoints/step-0000000008/manifest.json"
+    admin.put_bytes(victim, b"their checkpoint")
+    (tmp_path / "attack_model.py").write_text(ATTACK_MODEL)
+    monkeypatch.setenv("ATTACK_TARGET", f"{bucket}/platform/{victim}")
+    monkeypatch.setenv("ATTACK_OWN_PREFIX", f"platform/{job_prefix('demo', job_id)}")
+    # durable=1: the kill comes once its checkpoints in flight are committed, however slow the uploads run here
+    monkeypatch.setenv("TRAINFORGE_FAULT", "kill:rank=1:step=21:durable=1")
+    doc = copy.deepcopy(small_spec())
+    doc["code"] = {"entrypoint": "attack_model:build_model", "repo": str(tmp_path)}
+    result = train_job(doc, "s3-spec.yaml", str(EXAMPLES), job_id, False)
     assert result["state"] == "completed"
     record = JobStore().get(job_id)
+
+    # The server refused the job's own code, with the job's own identity (not the platform's keys), and the
+    # other team's checkpoint is untouched; the job's commands cannot be forged from inside the job.
+    seen = json.loads((tmp_path / "attack.json").read_text())
+    job_key = seen.pop("access_key_id")
+    assert job_key.startswith("TFJOB") and job_key != s3_server.access_key
+    assert seen == {"read": "AccessDenied", "overwrite": "AccessDenied", "list": "AccessDenied",
+                    "forge_command": "AccessDenied"}
+    assert admin.get_bytes(victim) == b"their checkpoint"
+    # ... and the attempts are in the job record, as the store refused them.
+    denied = {(e["operation"], e["key"]) for e in record.data["security"]}
+    assert {("GetObject", f"platform/{victim}"), ("PutObject", f"platform/{victim}")} <= denied
+    assert any(op == "ListObjectsV2" for op, _ in denied) and all(e["rank"] == 0 for e in record.data["security"])
+    # The record names the identity and its grant, never a key; the identity is revoked now that the job ended.
+    creds = record.data["iam"]["credentials"]
+    assert creds["isolation"] == "seaweedfs" and creds["identity"] == f"job-demo-{job_id}"
+    from trainforge.home import home
+
+    assert [p for p in home().rglob("*") if p.is_file() and job_key.encode() in p.read_bytes()] == []
+    entry = next(i for i in s3_server.identities().read() if i["name"] == creds["identity"])
+    assert entry["actions"] == [] and entry["credentials"][0]["accessKey"] == job_key
     assert [s["state"] for s in record.data["segments"]] == ["failed", "completed"]
     events, _ = read_events(record.events_path)
     starts = [i for i, e in enumerate(events) if e["type"] == "segment_start"]
     assert len(starts) == 2 and events[starts[0]]["resumed_from"] is None
-    # The resume read back, from S3, the newest checkpoint committed before the kill (step 16 unless its
-    # asynchronous upload was still in flight at step 21, then step 8).
+    # The resume read back, from S3, the newest checkpoint committed before the kill (step 16 once rank 1's
+    # shards of it are durable; step 8 if rank 0's commit of 16 was still in flight when the gang stopped).
     committed_before = [e["step"] for e in events[: starts[1]] if e["type"] == "checkpoint"]
     assert committed_before and events[starts[1]]["resumed_from"] == max(committed_before) >= 8
     assert all("eval_loss" in c for c in record.data["checkpoints"].values())  # evaluation read from S3
 
-    admin = open_store(f"s3://{bucket}/platform")
     prefix = job_prefix("demo", job_id)
     keys = admin.list(prefix + "/")
     assert any(k.endswith("/manifest.json") for k in keys)
@@ -81,22 +147,6 @@ def test_job_on_s3_with_job_credentials_resumes_from_s3(prefect_api, s3_job, mon
         assert verify(admin, ref) == []
         assert ref.manifest["dedup"]["bytes_logical"] > 0
     assert not (JobStore().root.parent / "store" / prefix).exists()  # nothing went to the local default store
-
-    # The workers' handle: the job's own identity, scoped to its prefix; another job's prefix is refused by the
-    # handle and, without the handle's scope, by the server itself.
-    from trainforge.trainer.checkpoint import with_job_credentials
-
-    other = job_prefix("demo", "someone-else")
-    admin.put_bytes(f"{other}/checkpoints/secret.bin", b"not yours")
-    unscoped = with_job_credentials(open_store(f"s3://{bucket}/platform"))
-    worker = unscoped.scoped(prefix)
-    assert worker.list(prefix + "/")
-    with pytest.raises(PermissionDeniedError):
-        worker.get_bytes(f"{other}/checkpoints/secret.bin")
-    with pytest.raises(PermissionDeniedError):
-        unscoped.get_bytes(f"{other}/checkpoints/secret.bin")  # server-side refusal (403)
-    with pytest.raises(PermissionDeniedError):
-        unscoped.put_bytes(f"{other}/checkpoints/evil.bin", b"x")
 
     # CLI: list with status, verify every byte.
     from typer.testing import CliRunner

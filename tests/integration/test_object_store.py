@@ -25,7 +25,7 @@ from trainforge.infra.storage import (
     StorageError,
     open_store,
 )
-from trainforge.infra.storage.iam import render_job_iam_policy
+from trainforge.infra.storage.iam import JobGrant, render_job_iam_policy
 from trainforge.infra.storage.layout import (
     checkpoint_prefix,
     job_key,
@@ -273,19 +273,27 @@ def test_server_enforces_per_job_identity(s3_server, tmp_path):
         mine, other, sibling = job_prefix("cv", "run-1"), job_prefix("cv", "run-2"), job_prefix("cv", "run-10")
         admin.put_bytes(f"{other}/x", b"other")
         admin.put_bytes(f"{sibling}/x", b"sibling")
-        ak, sk = s3_server.add_job_identity(bucket, "cv", "run-1", root="platform")
-        job = admin.with_credentials(ak, sk)
+        admin.put_bytes(f"{mine}/channel/segment-0/down/000000000001.json", b"{}")  # the control plane's command
+        issuer = s3_server.identities()
+        creds = issuer.issue(JobGrant(bucket, "cv", "run-1", "platform"), ttl_s=3600)
+        job = admin.with_credentials(creds.access_key_id, creds.secret_access_key)
         assert job.prefix == ""  # no client-side scope
 
-        job.put_bytes(f"{mine}/a", b"mine", if_none_match=True)
-        assert job.get_bytes(f"{mine}/a") == b"mine"
-        assert job.list(f"{mine}/") == [f"{mine}/a"]
+        a = f"{mine}/checkpoints/step-0000000001/a"
+        job.put_bytes(a, b"mine", if_none_match=True)
+        assert job.get_bytes(a) == b"mine"
+        assert job.list(f"{mine}/checkpoints/") == [a]
         big = tmp_path / "big"
         big.write_bytes(_rand(PART + PART // 2))
-        job.put_file(f"{mine}/big", big)  # multipart inside the prefix is allowed
-        job.delete(f"{mine}/big")
+        job.put_file(f"{mine}/chunks/ab/big", big)  # multipart inside a writable folder is allowed
+        job.delete(f"{mine}/chunks/ab/big")
+        job.put_bytes(f"{mine}/channel/segment-0/up/0000000000001-node-0-000000000001.jsonl", b"{}")
+        job.put_bytes(f"{mine}/channel/segment-0/nodes/node-0.json", b"{}")
+        assert job.get_bytes(f"{mine}/channel/segment-0/down/000000000001.json") == b"{}"  # commands: read only
 
         for attempt in [
+            lambda: job.put_bytes(f"{mine}/channel/segment-0/down/000000000002.json", b"forged"),
+            lambda: job.put_bytes(f"{mine}/job.json", b"x"),  # the job prefix itself is not writable
             lambda: job.put_bytes(f"{other}/x", b"overwrite"),
             lambda: job.put_bytes(f"{sibling}/y", b"x"),
             lambda: job.put_bytes("platform-wide.txt", b"x"),
@@ -301,7 +309,11 @@ def test_server_enforces_per_job_identity(s3_server, tmp_path):
         assert admin.list(f"{other}/") == [f"{other}/x"]
         # What a job's workers actually receive: the server identity plus the client-side scope.
         scoped = job.scoped(mine)
-        assert scoped.list() == [f"{mine}/a"]
+        assert a in scoped.list()
+        # Revoked when the job ends: the same key is refused from then on.
+        issuer.revoke(creds)
+        with pytest.raises(PermissionDeniedError, match="SignatureDoesNotMatch|InvalidAccessKeyId"):
+            job.get_bytes(a)
     finally:
         s3_server.delete_bucket(bucket)
 

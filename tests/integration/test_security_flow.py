@@ -1,8 +1,8 @@
-"""Security, end to end: a job runs with a secret from the file-backed store. The value reaches the workers'
-environment (read from /proc while they run) and nothing else: every file under $TRAINFORGE_HOME (job record,
-events, rank logs, checkpoints + manifests, safetensors export, MLflow database and artifacts, lineage database)
-and the Prefect database (parameters, task runs, logs) is scanned for it — zero hits — and a log line that
-quotes it is redacted. Tenant isolation: a job's scoped handle cannot read or overwrite another team's prefix
+"""Security, end to end: a job runs with a secret from the file-backed store, and its model code prints and logs
+it (value, base64, URL encoding) on every rank. The value reaches the workers' environment and nothing else:
+every file under $TRAINFORGE_HOME (job record, events, rank and agent logs, checkpoints + manifests, safetensors
+export, MLflow database and artifacts, lineage database) and the Prefect database (parameters, task runs, logs)
+is scanned for each spelling — zero hits — and a log line that quotes it is redacted. Tenant isolation: a job's scoped handle cannot read or overwrite another team's prefix
 (local store; and on the real S3 server with separate per-job identities), and the job record carries the per-job
 IAM policy limited to its own prefix.
 
@@ -41,16 +41,23 @@ def files_containing(root: Path, needle: bytes, skip: Path | None = None) -> lis
 
 
 PROBE_MODEL = """
-import hashlib, os
+import base64, hashlib, logging, os, sys
 from pathlib import Path
+from urllib.parse import quote
 from trainforge.trainer.models.llama import build_model as reference
 
 
 def build_model(config):
     # Runs in every worker: record a digest of the injected secret (never the secret itself) and the rank.
-    digest = hashlib.sha256(os.environ.get("DEMO_API_TOKEN", "").encode()).hexdigest()
+    token = os.environ.get("DEMO_API_TOKEN", "")
+    digest = hashlib.sha256(token.encode()).hexdigest()
     if "RANK" in os.environ:  # workers only; evaluation and export build the model outside the gang
         Path(__file__).with_name("probe-rank" + os.environ["RANK"]).write_text(digest)
+        # ... and leak it every everyday way: the platform's captured streams must mask each one.
+        print("debug: token is", token, "b64", base64.b64encode(token.encode()).decode(), "url",
+              quote(token, safe=""), flush=True)
+        print("S3 secret", os.environ.get("AWS_SECRET_ACCESS_KEY", ""), file=sys.stderr, flush=True)
+        logging.getLogger("user.model").warning("calling the API with %s", token)
     return reference(config)
 """
 
@@ -89,14 +96,21 @@ def test_secret_reaches_workers_only(prefect_api, tmp_path):
         handler.close()
     assert "***demo/api-token***" in log_file.read_text()
 
-    # the value is nowhere: record, events, logs, checkpoints, manifests, export, MLflow, lineage, Prefect DB
-    needle = value.encode()
-    assert files_containing(home(), needle, skip=home() / "secrets") == []
-    db_url = prefect.settings.PREFECT_SERVER_DATABASE_CONNECTION_URL.value()
-    prefect_db = Path(db_url.split("///", 1)[1])
+    # the value is nowhere, in none of its spellings, though the model code printed and logged it on every rank:
+    # record, events, rank logs, agent logs, checkpoints, manifests, export, MLflow, lineage, Prefect DB
+    import base64
+    from urllib.parse import quote
+
+    logs = "".join(p.read_text(errors="replace") for p in (home() / "jobs" / job_id / "logs").rglob("*")
+                   if p.is_file())
+    assert "debug: token is ***DEMO_API_TOKEN***" in logs  # the line is kept, the value masked
+    prefect_db = Path(prefect.settings.PREFECT_SERVER_DATABASE_CONNECTION_URL.value().split("///", 1)[1])
     assert prefect_db.is_file()
-    assert files_containing(prefect_db.parent, needle) == []
-    assert files_containing(Path(os.environ["PREFECT_HOME"]), needle) == []
+    for form in (value, base64.b64encode(value.encode()).decode(), quote(value, safe="")):
+        needle = form.encode()
+        assert files_containing(home(), needle, skip=home() / "secrets") == [], form
+        assert files_containing(prefect_db.parent, needle) == [], form
+        assert files_containing(Path(os.environ["PREFECT_HOME"]), needle) == [], form
 
     # the record names the secret, never its value, and carries the job's IAM policy
     record = JobStore().get(job_id).data

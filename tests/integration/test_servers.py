@@ -84,6 +84,13 @@ def test_stack_up_runs_a_job_end_to_end_and_down_leaves_nothing(stack, monkeypat
     assert data["state"] == "completed" and result["flow_run_id"] == str(run.id)
     steps = sorted(c["step"] if isinstance(c, dict) else int(c) for c in data.get("checkpoints", []))
     assert 8 in steps, data.get("checkpoints")
+    # The stack's workers trained on an identity of their own that its SeaweedFS made, revoked when the job ended.
+    identity = data["iam"]["credentials"]
+    assert identity["isolation"] == "seaweedfs", identity
+    from trainforge.infra.storage.credentials import SeaweedFSIdentities
+
+    entries = SeaweedFSIdentities(stack.root / "seaweedfs" / "s3-identities.json").read()
+    assert [e["actions"] for e in entries if e["name"] == identity["identity"]] == [[]]
 
     # MLflow: the run (with metrics) is a row of the server's PostgreSQL database; the model is registered.
     import sqlalchemy as sa

@@ -19,6 +19,7 @@ from trainforge.contract.events import (
     EVENT_TYPES,
     KINDS,
     SCHEMA_VERSION,
+    AccessDenied,
     CheckpointCommitted,
     CheckpointCorrupt,
     CheckpointSkipped,
@@ -83,6 +84,8 @@ SAMPLES = [
            micro_batch_size=4, global_batch_size=16, nodes=["n0", "n1"], after_step=8),
     SegmentStart(step=4, world_size=2, resumed_from=4),
     SegmentEnd(step=10, reason="finished", mode="script"),
+    AccessDenied(operation="PutObject", bucket="ckpts", key="teams/vision/jobs/x/checkpoints/m.json",
+                 src=Sender(job="demo-1", attempt=2, rank=0)),
 ]
 
 

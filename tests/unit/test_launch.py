@@ -36,6 +36,27 @@ def test_platform_s3_credentials_are_replaced_by_the_jobs_own_identity():
     assert plain["AWS_ACCESS_KEY_ID"] == "a"
 
 
+def test_no_way_back_to_the_platforms_identity_or_other_teams_secrets():
+    base = {"AWS_ACCESS_KEY_ID": "platform-admin", "AWS_SECRET_ACCESS_KEY": "admin-secret", "AWS_PROFILE": "admin",
+            "AWS_SHARED_CREDENTIALS_FILE": "/etc/tf/aws", "AWS_ENDPOINT_URL": "http://10.0.0.1:8333",
+            "TRAINFORGE_SECRET_VISION_HF_TOKEN": "theirs", "PATH": "/bin"}
+    sts = {"TRAINFORGE_JOB_S3_ACCESS_KEY_ID": "ASIAJOB", "TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY": "job-secret",
+           "TRAINFORGE_JOB_S3_SESSION_TOKEN": "job-token", "HF_TOKEN": "mine"}
+    env = worker_environment(base, config_path="c", segment_attempt=0, threads_per_worker=1, secrets=sts)
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], env["AWS_SESSION_TOKEN"]) == \
+        ("ASIAJOB", "job-secret", "job-token")
+    assert "AWS_PROFILE" not in env and "AWS_SHARED_CREDENTIALS_FILE" not in env
+    assert "theirs" not in env.values() and env["HF_TOKEN"] == "mine" and env["AWS_ENDPOINT_URL"].endswith(":8333")
+    # Without a job identity the workers keep the platform's keys (the warned-about `none` mode), never others'
+    # secrets; the offline evaluate/export process gets no credentials at all.
+    plain = worker_environment(base, config_path="c", segment_attempt=0, threads_per_worker=1)
+    assert "TRAINFORGE_SECRET_VISION_HF_TOKEN" not in plain
+    from trainforge.infra.storage.credentials import without_platform_credentials
+
+    offline = without_platform_credentials({**base, **sts})
+    assert set(offline) == {"AWS_ENDPOINT_URL", "PATH", "HF_TOKEN"}
+
+
 def test_allocator_environment_preloads_jemalloc_only_when_asked_and_installed():
     from trainforge.infra.launch import JEMALLOC_PATHS, allocator_environment
 

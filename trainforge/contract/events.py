@@ -373,18 +373,32 @@ class SegmentEnd(_Event):
     mode: Literal["script"] | None = None
 
 
+class AccessDenied(_Event):
+    """The object store refused a request a worker made with the job's own identity (a read or write outside its
+    grant: another team's checkpoints, the channel's commands). Recorded by the flow in the job record's
+    `security` list; the refusal itself is the server's."""
+
+    type: Literal["access_denied"] = "access_denied"
+    operation: str
+    """The S3 API call (GetObject, PutObject, ListObjectsV2, ...)."""
+    bucket: str | None = None
+    key: str | None = None
+    """The object key or listing prefix asked for."""
+    code: str = "AccessDenied"
+
+
 # ---- the union ----------------------------------------------------------------------------------------------------
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     Metrics, RankMetrics, MetricsMeta, System, Profile, StackDump, Heartbeat, CheckpointStaged, CheckpointCommitted,
     CheckpointCorrupt, CheckpointSkipped, FailureReport, Divergence, Notice, FaultDetected, Recovered, Resize,
-    SegmentStart, SegmentEnd,
+    SegmentStart, SegmentEnd, AccessDenied,
 )
 
 SegmentEvent = Annotated[
     Metrics | RankMetrics | MetricsMeta | System | Profile | StackDump | Heartbeat | CheckpointStaged
     | CheckpointCommitted | CheckpointCorrupt | CheckpointSkipped | FailureReport | Divergence | Notice
-    | FaultDetected | Recovered | Resize | SegmentStart | SegmentEnd,
+    | FaultDetected | Recovered | Resize | SegmentStart | SegmentEnd | AccessDenied,
     Field(discriminator="type"),
 ]
 

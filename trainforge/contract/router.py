@@ -15,6 +15,7 @@ table test (tests/unit/test_event_router.py) covers every routing rule without a
                                                           FaultDetected(preemption | resize) is the incident
     StackDump (a rank's stacks, text in artifacts/)    -> Log (info)
     Profile (a rank's profiler window is uploaded)     -> Log (info)
+    AccessDenied (the store refused the job's identity) -> Log (warning) + RecordSecurity (the job record)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from trainforge.contract.events import (
+    AccessDenied,
     CheckpointCommitted,
     CheckpointCorrupt,
     Divergence,
@@ -66,7 +68,14 @@ class RecordResume:
     step: int
 
 
-RoutedAction = TrackMetrics | StartBookkeeping | Log | RecordResume
+@dataclass(frozen=True, slots=True)
+class RecordSecurity:
+    """Something the job's code tried and the platform refused: kept in the job record's `security` list."""
+
+    entry: dict[str, object]
+
+
+RoutedAction = TrackMetrics | StartBookkeeping | Log | RecordResume | RecordSecurity
 
 
 def _no_rows(event: SegmentEvent) -> list[MetricRow]:
@@ -116,6 +125,13 @@ class EventRouter:
             case StackDump():
                 actions.append(Log("info", f"stacks of rank {event.rank} (restart {event.restart}) dumped"
                                            + (f": {event.artifact}" if event.artifact else "")))
+            case AccessDenied():
+                rank = event.src.rank if event.src is not None else None
+                actions.append(Log("warning", f"access denied by the object store to rank {rank}: "
+                                              f"{event.operation} s3://{event.bucket}/{event.key or ''} ({event.code})"))
+                actions.append(RecordSecurity({"event": "access_denied", "rank": rank, "operation": event.operation,
+                                               "bucket": event.bucket, "key": event.key, "code": event.code,
+                                               "time": event.time}))
             case Profile():
                 actions.append(Log("info", f"profile of steps {event.start_step}:{event.end_step} from rank "
                                            f"{event.rank}: {event.trace}"))

@@ -22,13 +22,20 @@ from pydantic import BeforeValidator
 
 from trainforge.contract.config import SegmentConfig
 from trainforge.contract.evaluation import EvaluationScheduler, concurrency_from
-from trainforge.contract.router import EventRouter, Log, RecordResume, StartBookkeeping, TrackMetrics
+from trainforge.contract.router import (
+    EventRouter,
+    Log,
+    RecordResume,
+    RecordSecurity,
+    StartBookkeeping,
+    TrackMetrics,
+)
 from trainforge.events import read_typed_events
 from trainforge.registry.jobs import JobRecord, JobStore, is_job_id, new_job_id
 from trainforge.registry.lineage import LineageStore, parse_target
 from trainforge.registry.secrets import job_access_policy, redact, resolve_secrets
 from trainforge.spec import JobSpec, parse_spec
-from trainforge.tasks import prepare, steps
+from trainforge.tasks import job_credentials, prepare, steps
 from trainforge.tasks.checkpoints import CheckpointCorrupt
 from trainforge.tasks.driver import SegmentDriver
 from trainforge.tasks.provision import release_gang
@@ -154,6 +161,10 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     allocation = _provision(jobspec, record, plan, "provisioned")
     pump = _EventPump(jobspec, record, str(config_path), config, run_id)
     try:
+        # The workers' own identity on the object store, made by the server now that the gang is admitted (a
+        # failure to make it fails the job here, before any worker starts): tasks/job_credentials.py.
+        record.update(iam={**record.data.get("iam", {}),
+                           "credentials": job_credentials.issue(config, jobspec.max_runtime_s)})
         # One retry loop for the flow and the chaos drills: the driver asks the SegmentController after every
         # segment (retry / re-provision / resize / preempted / finish / give up); a failed segment's retries are
         # Prefect task retries of train-segment, decided by the same controller.
@@ -178,6 +189,7 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
             raise JobFailed(report) from exc
         raise
     finally:
+        job_credentials.revoke(record.job_id)
         release_gang(record.job_id)
 
 
@@ -332,7 +344,8 @@ class _EventPump:
         events, self.offset, problems = read_typed_events(self.record.events_path, self.offset)
         for problem in problems:  # a worker of another version, or a corrupt line: said, and the rest still read
             self.log.warning("ignored an event: %s", problem)
-        rows = []
+        rows: list[Any] = []
+        security: list[dict[str, Any]] = []
         for ev in events:
             for action in self.router.route(ev, self.committed):  # the routing rules: trainforge/contract/router.py
                 match action:
@@ -346,6 +359,10 @@ class _EventPump:
                         self.log.info("%s", action.message)
                     case RecordResume():
                         LineageStore().record_resume(self.record.job_id, action.step)
+                    case RecordSecurity():
+                        security.append(action.entry)
+        if security:  # one record write per poll, however many refusals the poll brought
+            self.record.update(security=[*self.record.data.get("security", []), *security][-1000:])
         if rows:
             self.tracker.log_metrics(self.run_id, rows)
         self.observer.check_stalled(time.time())

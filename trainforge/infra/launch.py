@@ -12,6 +12,7 @@ from trainforge.contract.script_env import jax_script_env as jax_script_env
 from trainforge.contract.script_env import script_environment as script_environment
 from trainforge.contract.script_env import tf_script_env as tf_script_env
 from trainforge.contract.script_env import torch_script_env as torch_script_env
+from trainforge.infra.storage.credentials import KEY_ENV, SECRET_ENV, TOKEN_ENV, without_platform_credentials
 
 WORKER_MODULE = "trainforge.trainer.worker"
 
@@ -57,13 +58,19 @@ def worker_environment(base: dict[str, str], *, config_path: str, segment_attemp
         "OMP_NUM_THREADS": str(threads_per_worker),
         "PYTHONUNBUFFERED": "1",
     })
+    # Every team's env-store secrets stay with the control plane: the job's own are injected by name below.
+    env = {k: v for k, v in env.items() if not k.startswith("TRAINFORGE_SECRET_")}
     env.update(secrets or {})
-    job_key, job_secret = env.get("TRAINFORGE_JOB_S3_ACCESS_KEY_ID"), env.get("TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY")
+    job_key, job_secret = env.get(KEY_ENV), env.get(SECRET_ENV)
     if job_key and job_secret:
         # Least privilege: with a per-job identity, the platform's own object-store credentials never reach user
-        # code; everything the workers do in S3 goes through the job's prefix-scoped identity.
-        env.update({"AWS_ACCESS_KEY_ID": job_key, "AWS_SECRET_ACCESS_KEY": job_secret})
-        env.pop("AWS_SESSION_TOKEN", None)
+        # code; everything the workers do in S3 goes through the job's own identity (credentials.py).
+        token = env.get(TOKEN_ENV)
+        env = without_platform_credentials(env)
+        env.update({KEY_ENV: job_key, SECRET_ENV: job_secret, "AWS_ACCESS_KEY_ID": job_key,
+                    "AWS_SECRET_ACCESS_KEY": job_secret})
+        if token:  # STS session credentials
+            env.update({TOKEN_ENV: token, "AWS_SESSION_TOKEN": token})
     return env
 
 

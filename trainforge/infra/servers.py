@@ -30,6 +30,7 @@ from typing import Any
 from trainforge._optional import require
 from trainforge.home import home
 from trainforge.infra.procs import pid_alive
+from trainforge.infra.storage.credentials import PID_FILE, SeaweedFSIdentities
 from trainforge.infra.storage.seaweedfs import LOOPBACK, _free_ports, find_weed
 
 BIN = Path(sys.executable).parent
@@ -209,10 +210,12 @@ class ServerStack:
         access = old.get("access_key") or "tf-admin-" + secrets.token_hex(6)
         secret = old.get("secret_key") or secrets.token_urlsafe(24)
         config = d / "s3-identities.json"
-        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"identities": [{"name": "admin", "credentials": [{"accessKey": access, "secretKey": secret}],
-                                       "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}, f)
+        identities = SeaweedFSIdentities(config)
+        # Per-job identities (and revoked ones' tombstones) survive a restart of the stack: running jobs keep
+        # their access, revoked keys stay refused.
+        jobs = [i for i in identities.read() if i.get("name") != "admin"]
+        identities.write([{"name": "admin", "credentials": [{"accessKey": access, "secretKey": secret}],
+                           "actions": ["Admin", "Read", "Write", "List", "Tagging"]}, *jobs])
         names = ["master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc"]
         ports = dict(zip([*names, "admin"], _free_ports(len(names)), strict=True))
         ports["admin.grpc"] = ports["admin"] + 10_000
@@ -227,6 +230,7 @@ class ServerStack:
         endpoint = f"http://{LOOPBACK}:{ports['s3']}"
         self._spawn("seaweedfs", cmd, env, state, endpoint=endpoint, access_key=access, secret_key=secret,
                     sock_dir=sock)
+        (d / PID_FILE).write_text(str(state["seaweedfs"]["pid"]))  # the job-credential issuer reloads it
         self._wait_s3(state, timeout_s)
 
     def _s3_client(self, state: dict[str, Any]) -> Any:
@@ -344,6 +348,8 @@ class ServerStack:
             "TRAINFORGE_STORAGE_URL": "s3://trainforge/platform",
             "AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ACCESS_KEY_ID": s3["access_key"],
             "AWS_SECRET_ACCESS_KEY": s3["secret_key"], "AWS_REGION": "us-east-1",
+            # Each job's workers get their own identity on this server, limited to the job (credentials.py).
+            "TRAINFORGE_JOB_CREDENTIALS": f"seaweedfs:{self.root / 'seaweedfs' / 's3-identities.json'}",
             "MLFLOW_TRACKING_URI": state["mlflow"]["url"],
             # Experiments store artifacts through the tracking server (proxied into s3://mlflow/artifacts).
             "TRAINFORGE_ARTIFACT_ROOT": "mlflow-artifacts:/trainforge",

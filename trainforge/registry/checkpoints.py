@@ -20,6 +20,7 @@ from typing import Any
 
 from trainforge.contract.config import SegmentConfig
 from trainforge.infra.storage import ObjectStore, open_store
+from trainforge.infra.storage.credentials import without_platform_credentials
 from trainforge.registry.manifest import (
     CheckpointRef,
     list_committed,
@@ -80,7 +81,9 @@ def _run_offline(args: list[str], timeout_s: float) -> dict[str, Any]:
 
 
 def _single_thread_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
+    """The offline process runs the user's model code on local files only: no object-store credentials, no
+    secrets (infra/storage/credentials.py `without_platform_credentials`)."""
+    return {**without_platform_credentials(os.environ), "OMP_NUM_THREADS": "1"}
 
 
 def evaluate(config_path: Path, config: JobLocation, step: int, batches: int,

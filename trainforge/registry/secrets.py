@@ -27,10 +27,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainforge.contract.masking import MIN_SECRET_LEN as MIN_SECRET_LEN
+from trainforge.contract.masking import StreamMasker as _StreamMasker
+from trainforge.contract.masking import mask_stream as _mask_stream
+from trainforge.contract.masking import secret_forms as secret_forms
 from trainforge.home import home
-
-MIN_SECRET_LEN = 4
-"""Shorter values are not redacted (they would mangle ordinary text); the store refuses them instead."""
 
 
 class SecretNotFound(LookupError):
@@ -135,24 +136,6 @@ _LOCK = threading.Lock()
 _INSTALLED = False
 
 
-def secret_forms(value: str) -> list[str]:
-    """The spellings of a secret that leak as often as the value itself, the way CI systems mask them: the value,
-    its base64 (standard and URL-safe alphabets, with and without padding: an `Authorization: Basic` header, a
-    Kubernetes Secret) and its URL encoding (`quote`, `quote_plus`: a token in a query string). Longest first;
-    forms shorter than MIN_SECRET_LEN are left out. Not covered: the value inside a longer encoded string
-    (`base64("user:" + value)` shares no characters with `base64(value)` beyond the first block)."""
-    import base64
-    from urllib.parse import quote, quote_plus
-
-    if len(value) < MIN_SECRET_LEN:
-        return []
-    raw = value.encode()
-    forms = {value, quote(value, safe=""), quote_plus(value)}
-    for enc in (base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()):
-        forms |= {enc, enc.rstrip("=")}
-    return sorted((f for f in forms if len(f) >= MIN_SECRET_LEN), key=lambda f: (-len(f), f))
-
-
 def register_secret(name: str, value: str) -> None:
     if len(value) >= MIN_SECRET_LEN:
         with _LOCK:
@@ -181,65 +164,21 @@ def redact(text: str) -> str:
     return mask(text, values)
 
 
-class StreamMasker:
-    """Masks a byte stream chunk by chunk (a captured stdout/stderr pumped to a file). A secret split across two
-    chunks is still masked: a match may only start in the part of the buffer from which the longest spelling
-    fits, the rest (at most `longest - 1` bytes) is held, unmasked, until the next chunk or `flush`. The result is
-    the same however the stream is cut. `values`: spelling -> name (default: every registered secret, all forms)."""
+class StreamMasker(_StreamMasker):
+    __doc__ = _StreamMasker.__doc__
 
     def __init__(self, values: Mapping[str, str] | None = None):
+        """`values`: spelling -> name (default: every registered secret, all its forms)."""
         with _LOCK:
-            source = dict(_VALUES if values is None else values)
-        spellings = sorted((v.encode() for v in source), key=lambda v: (-len(v), v))
-        self._labels = {v.encode(): f"***{n}***".encode() for v, n in source.items()}
-        # an alternation tries its branches in order: longest first, so a value is masked whole
-        self._pattern = re.compile(b"|".join(re.escape(v) for v in spellings)) if spellings else None
-        self._keep = max((len(v) for v in spellings), default=1) - 1
-        self._held = b""
-
-    def _take(self, data: bytes, final: bool) -> bytes:
-        if self._pattern is None:
-            self._held = b""
-            return data
-        safe = len(data) if final else len(data) - self._keep  # a match starting at or after this may grow
-        out, pos = [], 0
-        for m in self._pattern.finditer(data):
-            if m.start() >= safe:
-                break
-            out += [data[pos:m.start()], self._labels[m.group()]]
-            pos = m.end()
-        cut = max(pos, safe)
-        out.append(data[pos:cut])
-        self._held = data[cut:]
-        return b"".join(out)
-
-    def feed(self, chunk: bytes) -> bytes:
-        """The masked bytes that are safe to write now."""
-        return self._take(self._held + chunk, final=False)
-
-    def flush(self) -> bytes:
-        """What is held back, masked (end of the stream)."""
-        return self._take(self._held, final=True)
+            super().__init__(dict(_VALUES if values is None else values))
 
 
 def mask_stream(source: Any, sink: Any, values: Mapping[str, str] | None = None, chunk: int = 65536) -> int:
-    """Pump a binary readable (a pipe) into a binary writable (the platform's log file) through a StreamMasker,
-    flushing each chunk so `logs -f` keeps up. Returns the bytes written. Ends at EOF."""
-    masker, written = StreamMasker(values), 0
-    read = getattr(source, "read1", source.read)
-    while True:
-        data = read(chunk)
-        if not data:
-            break
-        out = masker.feed(data)
-        if out:
-            sink.write(out)
-            sink.flush()
-            written += len(out)
-    tail = masker.flush()
-    sink.write(tail)
-    sink.flush()
-    return written + len(tail)
+    """contract.masking.mask_stream, by default with every registered secret."""
+    if values is None:
+        with _LOCK:
+            values = dict(_VALUES)
+    return _mask_stream(source, sink, values, chunk)
 
 
 def redact_obj(obj: Any) -> Any:

@@ -106,12 +106,18 @@ def train_segment(record: JobRecord, config_path: str, config: SegmentConfig, np
     out the controller's decision (tier 2: a fresh gang without the nodes the attempt lost, or the same gang)."""
     from trainforge.registry.jobs import JobStore
     from trainforge.registry.secrets import resolve_secrets
+    from trainforge.tasks import job_credentials
 
     if before_attempt is not None:
         before_attempt()
     # Re-read the record: a retry must see the segments the failed attempt appended, and the new allocation.
     fresh = JobStore(record.folder.parent).get(record.job_id)
     secrets = resolve_secrets(fresh.data.get("spec", {}).get("secrets", []))  # into the workers' env only
+    # The workers mask these in everything they print (trainer/output_mask.py); the object-store keys always.
+    masked = ",".join(sorted(secrets))
+    secrets.update(job_credentials.worker_env(fresh.job_id))  # the job's own S3 identity, if one was issued
+    if masked:
+        secrets["TRAINFORGE_MASKED_ENV"] = masked
     # The gang this segment runs on (an elastic job's size may have changed since the flow submitted it).
     allocation = fresh.data.get("allocation") or {}
     return run_segment(fresh, Path(config_path), config, nproc=allocation.get("workers", nproc),

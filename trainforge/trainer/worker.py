@@ -21,6 +21,7 @@ from trainforge.contract.config import ENV_VAR, SegmentConfig
 from trainforge.contract.events import Divergence
 from trainforge.contract.script_env import script_environment
 from trainforge.events import event_sink, rank_client, worker_sender
+from trainforge.trainer import output_mask
 from trainforge.trainer.health import HealthPolicy, current_monitor, start_monitor
 from trainforge.trainer.inbox import NoticeWatch, rank_inbox
 
@@ -58,8 +59,8 @@ def write_failure(cfg: SegmentConfig, rank: int, exc: BaseException) -> None:
         "attempt": attempt,
         "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
         "kind": classify(exc),
-        "exception": f"{type(exc).__name__}: {exc}",
-        "traceback": "".join(traceback.format_exception(exc))[-8000:],
+        "exception": output_mask.start_from_env().mask(f"{type(exc).__name__}: {exc}"),
+        "traceback": output_mask.start_from_env().mask("".join(traceback.format_exception(exc)))[-8000:],
         "time": time.time(),
     }
     if hasattr(exc, "step") and type(exc).__name__ == "DivergenceError":
@@ -131,11 +132,16 @@ def start_health(cfg: SegmentConfig, rank: int) -> HealthPolicy:
 
 
 def main() -> int:
+    output_mask.start_from_env()  # before anything prints: the job's secrets never reach a captured stream
     cfg = SegmentConfig.load(os.environ[ENV_VAR])
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     policy = start_health(cfg, rank)
     watch_notices(cfg, rank)
+    if os.environ.get("TRAINFORGE_JOB_S3_ACCESS_KEY_ID"):  # the job's own identity: report what it is refused
+        from trainforge.trainer import store_audit
+
+        store_audit.install(event_sink(cfg.run_dir, True, worker_sender(cfg.job_id, rank)).publish)
     # Imported here so a broken torch install is reported like any other failure.
     try:
         if cfg.script_mode:
@@ -159,9 +165,12 @@ def main() -> int:
         write_failure(cfg, rank, exc)
         traceback.print_exc()
         sys.stderr.flush()
+        output_mask.start_from_env().close()
         os._exit(1)  # peers may be blocked in a collective: don't wait for a clean interpreter exit
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    output_mask.start_from_env().close()
+    sys.exit(code)

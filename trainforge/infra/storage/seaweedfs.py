@@ -3,15 +3,14 @@
 Used by the test fixture (tests/fixtures/s3.py), the storage benchmark and the S3 demo. It always binds
 127.0.0.1 only and turns telemetry off; every port is chosen free, so parallel sessions do not collide.
 Credentials live in an `-s3.config` identities file (mode 0600, inside the data folder): one admin identity,
-plus per-job identities added at run time (the server reloads the file on SIGHUP) whose Read/Write/List
-actions are limited to the job's prefix, which SeaweedFS enforces.
+plus per-job identities added at run time (credentials.SeaweedFSIdentities: the server reloads the file on
+SIGHUP to the pid in `weed.pid`) whose Read/Write/List actions are a job's grant, which SeaweedFS enforces.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import secrets
 import shutil
@@ -20,12 +19,17 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from trainforge.infra.storage.iam import render_seaweedfs_identity
+from trainforge.infra.storage.credentials import (
+    PID_FILE,
+    CredentialError,
+    JobCredentials,
+    SeaweedFSIdentities,
+)
+from trainforge.infra.storage.iam import JobGrant
 
 LOOPBACK = "127.0.0.1"
 _ADMIN_GRPC_OFFSET = 10_000  # weed 4.48's mini worker dials admin.port + 10000 whatever admin.port.grpc says
@@ -102,7 +106,6 @@ class SeaweedFSServer:
             "credentials": [{"accessKey": self.access_key, "secretKey": self._secret_key}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"],
         }]
-        self._lock = threading.Lock()
         self.proc: subprocess.Popen[bytes] | None = None
         self.ports: dict[str, int] = {}
         self.endpoint = ""
@@ -168,6 +171,8 @@ class SeaweedFSServer:
                 cmd, cwd=self.data_dir, env=env, stdin=subprocess.DEVNULL, stdout=logf,
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
             )
+        # Whoever edits the identities file (a flow issuing a job's credentials) reloads this pid.
+        (self.data_dir / PID_FILE).write_text(str(self.proc.pid))
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -192,6 +197,7 @@ class SeaweedFSServer:
 
     def stop(self, term_timeout: float = 15.0, kill_timeout: float = 5.0) -> None:
         proc, self.proc = self.proc, None
+        (self.data_dir / PID_FILE).unlink(missing_ok=True)
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -212,45 +218,29 @@ class SeaweedFSServer:
 
     # ---- identities --------------------------------------------------------------------------------------
 
+    def identities(self) -> SeaweedFSIdentities:
+        """The identities file as an issuer of per-job credentials (what the flow uses at provision)."""
+        return SeaweedFSIdentities(self.config_path, endpoint=self.endpoint or None)
+
     def _write_config(self) -> None:
-        tmp = self.config_path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"identities": self._identities}, f)
-        os.replace(tmp, self.config_path)
+        self.identities().write(self._identities)
 
     def add_identity(self, identity: dict[str, Any], timeout: float = 15.0) -> None:
         """Add an `-s3.config` identity and reload the server (SIGHUP); returns once its key is accepted."""
-        from botocore.exceptions import ClientError
-
-        with self._lock:
-            self._identities.append(identity)
-            self._write_config()
-            if self.proc is None:
-                return
-            self.proc.send_signal(signal.SIGHUP)
         cred = identity["credentials"][0]
-        client = self.client(cred["accessKey"], cred["secretKey"], max_attempts=1, timeout=2.0)
-        deadline = time.monotonic() + timeout
-        while True:
+        issuer = SeaweedFSIdentities(self.config_path, endpoint=self.endpoint or None, reload_timeout_s=timeout)
+        issuer.put(identity)
+        if self.proc is not None:
             try:
-                client.list_buckets()
-                return
-            except ClientError as e:
-                code = e.response.get("Error", {}).get("Code")
-                if code not in ("InvalidAccessKeyId", "SignatureDoesNotMatch"):
-                    return  # the key is known; this identity just may not list buckets
-            if time.monotonic() > deadline:
-                raise SeaweedFSError(f"identity {identity['name']!r} not loaded within {timeout}s")
-            time.sleep(0.1)
+                issuer._wait(JobCredentials(identity["name"], cred["accessKey"], cred["secretKey"]), accepted=True)
+            except CredentialError as e:
+                raise SeaweedFSError(str(e)) from None
 
     def add_job_identity(self, bucket: str, team: str, job: str, *, root: str = "") -> tuple[str, str]:
-        """Credentials (access key, secret) that the server lets act only under the job's prefix."""
-        access_key = "tf-job-" + secrets.token_hex(8)
-        secret_key = secrets.token_urlsafe(24)
-        self.add_identity(render_seaweedfs_identity(f"job-{team}-{job}-{access_key[-6:]}", access_key,
-                                                    secret_key, bucket, team, job, root=root))
-        return access_key, secret_key
+        """Credentials (access key, secret) the server lets do only what a job's workers do (iam.JobGrant), made
+        the way the flow makes them at provision."""
+        creds = self.identities().issue(JobGrant(bucket, team, job, root), ttl_s=24 * 3600)
+        return creds.access_key_id, creds.secret_access_key
 
     # ---- clients -----------------------------------------------------------------------------------------
 
