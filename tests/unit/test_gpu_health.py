@@ -30,6 +30,7 @@ def fake_nvml(monkeypatch):  # type: ignore[no-untyped-def]
     spec.loader.exec_module(module)
     monkeypatch.setitem(sys.modules, "pynvml", module)
     monkeypatch.delenv("TRAINFORGE_FAKE_NVML", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # every GPU of the fake node, unless a test narrows
     return module
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 # Script mode's per-rank environment is computed on the worker; it lives in the contract, below both sides.
@@ -72,6 +72,26 @@ def worker_environment(base: dict[str, str], *, config_path: str, segment_attemp
         if token:  # STS session credentials
             env.update({TOKEN_ENV: token, "AWS_SESSION_TOKEN": token})
     return env
+
+
+def device_environment(gpu_type: str, gpus: Sequence[int] | None, base: Mapping[str, str]) -> dict[str, str]:
+    """What makes a node's workers see only the accelerators the scheduler allocated to their job there:
+    CUDA_VISIBLE_DEVICES from the allocation's GPU indices on the node (the scheduler never gives one GPU to two
+    jobs: its free-GPU bitmasks, infra/scheduler/state.py). The indices are the node's own, 0..gpus_per_node-1;
+    where the host already narrows what the platform may use (CUDA_VISIBLE_DEVICES set for it, by an operator
+    or a device plugin), index i is the i-th device of that list. Nothing for CPU jobs or a placement without
+    indices."""
+    if gpu_type == "cpu" or not gpus:
+        return {}
+    host = base.get("CUDA_VISIBLE_DEVICES")
+    if host is not None:
+        visible = [d.strip() for d in host.split(",") if d.strip()]
+        if max(gpus) >= len(visible):
+            raise ValueError(f"the scheduler allocated GPU {max(gpus)} of this node but the platform's "
+                             f"CUDA_VISIBLE_DEVICES={host!r} lists {len(visible)}: describe the node with "
+                             f"{len(visible)} GPUs in the cluster description, or widen CUDA_VISIBLE_DEVICES")
+        return {"CUDA_VISIBLE_DEVICES": ",".join(visible[g] for g in gpus)}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}
 
 
 # Debian/Ubuntu (libjemalloc2) and RPM locations of jemalloc's shared library.

@@ -70,7 +70,8 @@ def provision_gang(job_id: str, spec: JobSpec, layout: dict[str, Any],
     with watching_queue(scheduler, job_id, on_wait):
         allocation = scheduler.request(request, timeout_s=PROVISION_TIMEOUT_S)
     return allocation_dict(spec, layout, sizes, job_id, allocation.num_gpus,
-                           [name for name, _ in allocation.nodes], repr(allocation))
+                           [name for name, _ in allocation.nodes], repr(allocation),
+                           devices={name: list(gpus) for name, gpus in allocation.nodes})
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +139,11 @@ def watching_queue(scheduler: Any, job_id: str, on_wait: Callable[[QueueWait], N
 
 
 def allocation_dict(spec: JobSpec, layout: dict[str, Any], sizes: list[int], job_id: str, gpus: int,
-                    nodes: list[str], placement: str = "") -> dict[str, Any]:
+                    nodes: list[str], placement: str = "", devices: dict[str, list[int]] | None = None
+                    ) -> dict[str, Any]:
     """What a segment runs on: the largest valid size within the GPUs granted (the scheduler may grant an elastic
-    job a size whose dp does not divide the batch: the extra GPUs stay idle until the next resize)."""
+    job a size whose dp does not divide the batch: the extra GPUs stay idle until the next resize). `devices`:
+    node -> the GPU indices the scheduler gave the job there (its workers see only those)."""
     fitting = [s for s in sizes if s <= gpus]
     if not fitting:
         raise RuntimeError(f"job {job_id}: the scheduler granted {gpus} GPUs, fewer than the smallest size the job "
@@ -149,6 +152,8 @@ def allocation_dict(spec: JobSpec, layout: dict[str, Any], sizes: list[int], job
     per_node = min(spec.resources.gpus_per_node, world)
     used_nodes = nodes[: math.ceil(world / per_node)] if nodes else []
     return {"job_id": job_id, "workers": world, "gpus": gpus, "nodes": used_nodes, "sizes": sizes,
+            "gpu_type": spec.resources.gpu_type.value,
+            "devices": {n: (devices or {}).get(n, []) for n in used_nodes} if devices else {},
             "layout": layout_for(layout, world, spec.training.global_batch_size), "placement": placement}
 
 

@@ -104,6 +104,9 @@ def train_segment(record: JobRecord, config_path: str, config: SegmentConfig, np
                   before_attempt: Callable[[], Any] | None = None) -> SegmentResult:
     """One attempt of a segment. `before_attempt` (the driver's) runs first: after a failed attempt it carries
     out the controller's decision (tier 2: a fresh gang without the nodes the attempt lost, or the same gang)."""
+    import os
+
+    from trainforge.infra.launch import device_environment
     from trainforge.registry.jobs import JobStore
     from trainforge.registry.secrets import resolve_secrets
     from trainforge.tasks import job_credentials
@@ -112,16 +115,20 @@ def train_segment(record: JobRecord, config_path: str, config: SegmentConfig, np
         before_attempt()
     # Re-read the record: a retry must see the segments the failed attempt appended, and the new allocation.
     fresh = JobStore(record.folder.parent).get(record.job_id)
-    secrets = resolve_secrets(fresh.data.get("spec", {}).get("secrets", []))  # into the workers' env only
+    extra = resolve_secrets(fresh.data.get("spec", {}).get("secrets", []))  # into the workers' env only
     # The workers mask these in everything they print (trainer/output_mask.py); the object-store keys always.
-    masked = ",".join(sorted(secrets))
-    secrets.update(job_credentials.worker_env(fresh.job_id))  # the job's own S3 identity, if one was issued
+    masked = ",".join(sorted(extra))
+    extra.update(job_credentials.worker_env(fresh.job_id))  # the job's own S3 identity, if one was issued
     if masked:
-        secrets["TRAINFORGE_MASKED_ENV"] = masked
+        extra["TRAINFORGE_MASKED_ENV"] = masked
     # The gang this segment runs on (an elastic job's size may have changed since the flow submitted it).
     allocation = fresh.data.get("allocation") or {}
+    nodes = allocation.get("nodes") or []
+    if len(nodes) == 1:  # the local launch: its workers see only the GPUs the scheduler gave this job here
+        extra.update(device_environment(allocation.get("gpu_type", "cpu"),
+                                        (allocation.get("devices") or {}).get(nodes[0]), dict(os.environ)))
     return run_segment(fresh, Path(config_path), config, nproc=allocation.get("workers", nproc),
-                       max_restarts=max_restarts, cancel=cancel, extra_env=secrets,
+                       max_restarts=max_restarts, cancel=cancel, extra_env=extra,
                        scheduler_status=_scheduler_status(fresh.job_id) if spec else None,
                        layout=allocation.get("layout"), sizes=allocation.get("sizes"))
 

@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,26 @@ XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 RETIRED_CAUSES = (0, 1)  # NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, _DOUBLE_BIT_ECC_ERROR
 
 
+def visible_nvml_indices(count: int, env: Mapping[str, str] | None = None) -> list[int]:
+    """The NVML indices of the GPUs this process may use. NVML ignores CUDA_VISIBLE_DEVICES and lists every GPU
+    of the node, other tenants' included; the worker's devices are the ones the scheduler allocated to its job
+    (infra/launch.py `device_environment`), so only those are sampled and reported. Numeric entries are NVML
+    indices; UUID or MIG names (no index to read) leave the whole node."""
+    env = os.environ if env is None else env
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return list(range(count))
+    entries = [e.strip() for e in value.split(",") if e.strip()]
+    if not all(e.isdigit() for e in entries):
+        return list(range(count))
+    picked: list[int] = []
+    for e in entries:  # CUDA stops at the first invalid entry; so does this
+        if int(e) >= count:
+            break
+        picked.append(int(e))
+    return picked
+
+
 class GpuHealthSampler:
     """NVML's health view of this node's GPUs, opened once and sampled with every heartbeat: uncorrected ECC
     errors (volatile), retired pages and a retirement waiting for a reset, critical Xid events (from an event set
@@ -179,8 +200,9 @@ class GpuHealthSampler:
 
     def __init__(self, nv: Any):
         self.nv = nv
-        self.handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
-        self.xids: dict[int, list[int]] = {i: [] for i in range(len(self.handles))}
+        self.indices = visible_nvml_indices(nv.nvmlDeviceGetCount())
+        self.handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
+        self.xids: dict[int, list[int]] = {i: [] for i in self.indices}
         self._events: Any = None
         try:  # Xid events: a set the driver fills; a board or driver without them just has no Xid column
             self._events = nv.nvmlEventSetCreate()
@@ -223,7 +245,7 @@ class GpuHealthSampler:
             try:  # handles are ctypes pointers (no equality by value): the device's index names it
                 index = int(self.nv.nvmlDeviceGetIndex(data.device))
             except Exception:
-                index = next((i for i, h in enumerate(self.handles) if h is data.device), -1)
+                index = next((i for i, h in zip(self.indices, self.handles, strict=True) if h is data.device), -1)
             if index in self.xids:
                 self.xids[index].append(int(data.eventData))
                 del self.xids[index][:-16]
@@ -233,7 +255,7 @@ class GpuHealthSampler:
         nv = self.nv
         self._drain_xids()
         devices = []
-        for i, h in enumerate(self.handles):
+        for i, h in zip(self.indices, self.handles, strict=True):
             dev: dict[str, Any] = {"index": i}
             for name, call in (
                 ("ecc_uncorrected", lambda h=h: nv.nvmlDeviceGetTotalEccErrors(

@@ -36,7 +36,10 @@ class NvmlSource:
 
         pynvml.nvmlInit()
         self.nv = pynvml
-        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        from trainforge.trainer.health import visible_nvml_indices
+
+        # Only this job's GPUs: NVML lists every GPU of the node, other tenants' included.
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in visible_nvml_indices(pynvml.nvmlDeviceGetCount())]
         if not self.handles:
             raise RuntimeError("NVML sees no GPU")
         self.mem_peak = [0] * len(self.handles)
