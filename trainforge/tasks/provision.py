@@ -153,7 +153,7 @@ def allocation_dict(spec: JobSpec, layout: dict[str, Any], sizes: list[int], job
     used_nodes = nodes[: math.ceil(world / per_node)] if nodes else []
     return {"job_id": job_id, "workers": world, "gpus": gpus, "nodes": used_nodes, "sizes": sizes,
             "gpu_type": spec.resources.gpu_type.value,
-            "devices": {n: (devices or {}).get(n, []) for n in used_nodes} if devices else {},
+            "devices": {n: devices.get(n, []) for n in used_nodes} if devices else {},
             "layout": layout_for(layout, world, spec.training.global_batch_size), "placement": placement}
 
 

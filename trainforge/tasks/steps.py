@@ -126,7 +126,7 @@ def train_segment(record: JobRecord, config_path: str, config: SegmentConfig, np
     nodes = allocation.get("nodes") or []
     if len(nodes) == 1:  # the local launch: its workers see only the GPUs the scheduler gave this job here
         extra.update(device_environment(allocation.get("gpu_type", "cpu"),
-                                        (allocation.get("devices") or {}).get(nodes[0]), dict(os.environ)))
+                                        (allocation.get("devices") or {}).get(nodes[0]), os.environ))
     return run_segment(fresh, Path(config_path), config, nproc=allocation.get("workers", nproc),
                        max_restarts=max_restarts, cancel=cancel, extra_env=extra,
                        scheduler_status=_scheduler_status(fresh.job_id) if spec else None,

@@ -21,7 +21,7 @@ import sys
 import threading
 from collections.abc import Mapping
 
-from trainforge.contract.masking import MIN_SECRET_LEN, StreamMasker, spellings
+from trainforge.contract.masking import MIN_SECRET_LEN, StreamMasker, mask_stream, spellings
 
 MASKED_ENV = "TRAINFORGE_MASKED_ENV"
 ALWAYS_MASKED = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY",
@@ -32,13 +32,6 @@ def masked_values(env: Mapping[str, str]) -> dict[str, str]:
     """{secret value: its variable's name} for every variable $TRAINFORGE_MASKED_ENV names, and the S3 secrets."""
     names = [n.strip() for n in env.get(MASKED_ENV, "").split(",") if n.strip()] + list(ALWAYS_MASKED)
     return {env[n]: n for n in names if len(env.get(n, "")) >= MIN_SECRET_LEN}
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 class OutputMask:
@@ -53,10 +46,6 @@ class OutputMask:
         self.fds = fds
         self._saved: list[tuple[int, int]] = []
         self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def active(self) -> bool:
-        return self._proc is not None
 
     def mask(self, text: str) -> str:
         m = StreamMasker(self._spellings)
@@ -97,18 +86,12 @@ class OutputMask:
 
 
 def _pump(read_end: int, real: int, values: Mapping[str, str]) -> None:
-    masker = StreamMasker(values)
-    try:
-        while True:
-            data = os.read(read_end, 65536)
-            if not data:
-                break
-            out = masker.feed(data)
-            if out:
-                _write_all(real, out)
-        _write_all(real, masker.flush())
-    except OSError:
-        pass  # the real stream is gone (torchrun's file closed): nothing left to protect
+    # Unbuffered reads (each returns what the pipe holds: a line printed is passed on at once); buffered writes,
+    # flushed per chunk by mask_stream, so a short write is never lost.
+    # An OSError: the real stream is gone (torchrun's file closed), nothing left to protect.
+    with contextlib.suppress(OSError), os.fdopen(read_end, "rb", buffering=0) as source, \
+            os.fdopen(real, "wb") as sink:
+        mask_stream(source, sink, values)
 
 
 def _pump_main(argv: list[str]) -> int:
@@ -135,6 +118,12 @@ def start_from_env(env: Mapping[str, str] | None = None) -> OutputMask:
 
 def current() -> OutputMask | None:
     return _CURRENT
+
+
+def close() -> None:
+    """Let the pump write out what it holds before this process exits (no-op when nothing was started)."""
+    if _CURRENT is not None:
+        _CURRENT.close()
 
 
 if __name__ == "__main__":

@@ -54,13 +54,14 @@ def write_failure(cfg: SegmentConfig, rank: int, exc: BaseException) -> None:
     """The rank's failure report: through the node's publisher to the control plane (which keeps it in the job's
     failures/ folder), or into run_dir/failures when the worker has no publisher."""
     attempt = os.environ.get("TRAINFORGE_SEGMENT_ATTEMPT", "0")
+    mask = output_mask.start_from_env().mask  # what the report quotes is masked like the rank's own output
     report = {
         "rank": rank,
         "attempt": attempt,
         "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
         "kind": classify(exc),
-        "exception": output_mask.start_from_env().mask(f"{type(exc).__name__}: {exc}"),
-        "traceback": output_mask.start_from_env().mask("".join(traceback.format_exception(exc)))[-8000:],
+        "exception": mask(f"{type(exc).__name__}: {exc}"),
+        "traceback": mask("".join(traceback.format_exception(exc)))[-8000:],
         "time": time.time(),
     }
     if hasattr(exc, "step") and type(exc).__name__ == "DivergenceError":
@@ -165,12 +166,12 @@ def main() -> int:
         write_failure(cfg, rank, exc)
         traceback.print_exc()
         sys.stderr.flush()
-        output_mask.start_from_env().close()
+        output_mask.close()
         os._exit(1)  # peers may be blocked in a collective: don't wait for a clean interpreter exit
     return 0
 
 
 if __name__ == "__main__":
     code = main()
-    output_mask.start_from_env().close()
+    output_mask.close()
     sys.exit(code)

@@ -156,16 +156,16 @@ class SeaweedFSIdentities:
         self.put({"name": creds.identity, "credentials": [{"accessKey": access_key,
                                                             "secretKey": creds.secret_access_key}],
                   "actions": seaweedfs_actions(grant)})
-        self._wait(creds, accepted=True)
+        self.wait_for(creds, accepted=True)
         return creds
 
     def revoke(self, credentials: JobCredentials) -> None:
         # A tombstone, not a removal: see the module docstring.
         self.put({"name": credentials.identity, "actions": [],
                   "credentials": [{"accessKey": credentials.access_key_id, "secretKey": secrets.token_urlsafe(30)}]})
-        self._wait(credentials, accepted=False)
+        self.wait_for(credentials, accepted=False)
 
-    def _wait(self, creds: JobCredentials, *, accepted: bool) -> None:
+    def wait_for(self, creds: JobCredentials, *, accepted: bool) -> None:
         """Until the server accepts (or refuses) the key: a signed request tells, whatever the identity may do."""
         if not self.endpoint:
             return

@@ -232,7 +232,7 @@ class SeaweedFSServer:
         issuer.put(identity)
         if self.proc is not None:
             try:
-                issuer._wait(JobCredentials(identity["name"], cred["accessKey"], cred["secretKey"]), accepted=True)
+                issuer.wait_for(JobCredentials(identity["name"], cred["accessKey"], cred["secretKey"]), accepted=True)
             except CredentialError as e:
                 raise SeaweedFSError(str(e)) from None
 
