@@ -124,6 +124,9 @@ class NetworkLayout:
         """The job ended: every sandbox of it, to remove."""
         return list(self._jobs.pop(job, {}).values())
 
+    def jobs(self) -> list[str]:
+        return sorted(self._jobs)
+
     def sandboxes(self, job: str) -> dict[str, Sandbox]:
         return dict(self._jobs.get(job, {}))
 
