@@ -100,3 +100,33 @@ def test_addresses_stay_unique_through_any_sequence_of_open_and_close(ops) -> No
             assert len(set(links)) == len(links)
     for x, y in itertools.combinations({b.job for h in HOSTS for b in layout.on_host(h.name)}, 2):
         assert job_tag(x) != job_tag(y)
+
+
+class _Shell:
+    """Records what SandboxNetwork asks each host to run; fails the sandbox creation on one host."""
+
+    def __init__(self, fail_on: str) -> None:
+        self.fail_on, self.calls = fail_on, []
+
+    def run(self, host, command, *, stdin=None, check=True):
+        from trainforge.infra.network.netns import HostCommandError
+
+        self.calls.append((host, command, stdin))
+        if host == self.fail_on and command.startswith("ip netns add"):
+            raise HostCommandError(f"host {host}: `{command}` failed (exit 1): RTNETLINK answers: File exists")
+        return ""
+
+
+def test_a_failed_open_leaves_no_sandbox_allocated_or_made() -> None:
+    from trainforge.infra.network.netns import HostCommandError, SandboxNetwork
+
+    shell = _Shell(fail_on="n1")
+    net = SandboxNetwork(NetworkLayout(HOSTS), shell)  # type: ignore[arg-type]
+    with pytest.raises(HostCommandError, match="n1"):
+        net.open("j", ["n0", "n1"])
+    assert net.layout.sandboxes("j") == {}
+    removed = [host for host, cmd, _ in shell.calls if "ip netns del" in cmd]
+    assert sorted(removed) == ["n0", "n1"]
+    # The filters were put back without the job: the last ruleset each host got names no job set.
+    last = {host: stdin for host, cmd, stdin in shell.calls if cmd == "nft -f -"}
+    assert set(last) == {h.name for h in HOSTS} and not any("set job_" in rules for rules in last.values())

@@ -8,6 +8,7 @@ a control-plane restart converges instead of failing.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import subprocess
 from collections.abc import Sequence
@@ -62,17 +63,19 @@ class SandboxNetwork:
         is on every host, so the filter is in place before the first worker starts."""
         before = set(self.layout.sandboxes(job))
         boxes = self.layout.open(job, list(hosts))
-        made: list[Sandbox] = []
+        new = [box for host, box in boxes.items() if host not in before]
         try:
-            for host, box in boxes.items():
-                if host not in before:
-                    self._create(box)
-                    made.append(box)
+            for box in new:
+                self._create(box)
             self._apply_all()
         except Exception:
-            for box in made:
+            # Nothing half-made stays: the new sandboxes go (a partly created one too: removal tolerates
+            # missing parts), the layout forgets them, and the filters go back to what they were.
+            for box in new:
                 self._remove(box)
-            self.layout.shrink(job, [b.host for b in made])
+            self.layout.shrink(job, [box.host for box in new])
+            with contextlib.suppress(HostCommandError):
+                self._apply_all()
             raise
         return boxes
 

@@ -118,7 +118,10 @@ class NetworkLayout:
     def shrink(self, job: str, hosts: list[str]) -> list[Sandbox]:
         """Take `job` off `hosts`; returns the sandboxes to remove."""
         have = self._jobs.get(job, {})
-        return [have.pop(h) for h in hosts if h in have]
+        gone = [have.pop(h) for h in hosts if h in have]
+        if not have:
+            self._jobs.pop(job, None)  # no sandbox left: no (empty, unrenderable) address set either
+        return gone
 
     def close(self, job: str) -> list[Sandbox]:
         """The job ended: every sandbox of it, to remove."""
@@ -162,7 +165,7 @@ class NetworkLayout:
         recreates it in one transaction, so no packet sees half a policy)."""
         self._host_index(host)
         cidr = self.sandbox_cidr
-        jobs = sorted(self._jobs)
+        jobs = sorted(job for job, boxes in self._jobs.items() if boxes)
         lines = [f"table inet {NFT_TABLE}", f"delete table inet {NFT_TABLE}", f"table inet {NFT_TABLE} {{"]
         for job in jobs:
             members = sorted(s.address for s in self._jobs[job].values())
