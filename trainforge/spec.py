@@ -127,6 +127,14 @@ class ActivationCheckpointing(StrEnum):
 # --------------------------------------------------------------------------------------------- code
 
 
+REMOTE_REPO = re.compile(r"^(https?://|ssh://|git://|file://|[\w.-]+@[\w.-]+:)")
+
+
+def is_remote_repo(repo: str) -> bool:
+    """A repository fetched at submit (a URL, or scp-like `git@host:path`), as opposed to a local path."""
+    return bool(REMOTE_REPO.match(repo))
+
+
 class CodeSpec(_Model):
     """The user's code: where it lives, which commit, how it is run."""
 
@@ -137,6 +145,9 @@ class CodeSpec(_Model):
     """Git repository URL (https://, ssh://, git@) or a local path; `.` is the directory of the spec file."""
     commit: str | None = None
     """Git commit to run. Omitted: pinned to the repository's HEAD at submit time, and recorded."""
+    auth: str | None = None
+    """Name of the secret for a private repository: a token for https (`token` or `user:token`), a private key for
+    ssh. Its value is handed to git only, never logged or recorded."""
     mode: Literal["managed", "script"] = "managed"
     """`managed`: the platform runs the training loop on your model. `script`: your own training script runs
     with the distributed environment injected (RANK/WORLD_SIZE/MASTER_ADDR, JAX_* or TF_CONFIG)."""
@@ -610,7 +621,10 @@ class JobSpec(_Model):
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the spec: the identity of this configuration."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        doc = self.model_dump(mode="json")
+        if doc["code"].get("auth") is None:  # added later: unset, it keeps the hashes (and resumes) of older jobs
+            doc["code"].pop("auth", None)
+        canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 

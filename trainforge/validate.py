@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,15 @@ from trainforge.plan.hardware import gpu_spec
 from trainforge.plan.layout import Layout, layout_problems
 from trainforge.plan.memory import estimate_memory
 from trainforge.plan.model import ModelShape, shape_from_spec
-from trainforge.spec import JobSpec, PipelineSchedule, Problem, SpecError, parse_spec, read_document
+from trainforge.spec import (
+    JobSpec,
+    PipelineSchedule,
+    Problem,
+    SpecError,
+    is_remote_repo,
+    parse_spec,
+    read_document,
+)
 
 GiB = 2**30
 
@@ -271,9 +278,6 @@ def _combination_problems(spec: JobSpec) -> list[Problem]:
     return out
 
 
-_GIT_URL = re.compile(r"^(https?://|ssh://|git@|git://)")
-
-
 def _code_problems(spec: JobSpec, base_dir: Path) -> list[Problem]:
     code = spec.code
     module, sep, func = code.entrypoint.partition(":")
@@ -282,7 +286,7 @@ def _code_problems(spec: JobSpec, base_dir: Path) -> list[Problem]:
     ):
         return [Problem("code.entrypoint", "managed mode needs `package.module:function`", code.entrypoint,
                         "e.g. trainforge.trainer.models.llama:build_model (or use mode: script for a script)")]
-    if _GIT_URL.match(code.repo):
+    if is_remote_repo(code.repo):
         return [Problem("code.repo", "a remote repository is fetched at submit time; its entrypoint was not "
                         "checked here", code.repo, "use --strict only where the repository is reachable",
                         "not-checked")]
@@ -290,6 +294,11 @@ def _code_problems(spec: JobSpec, base_dir: Path) -> list[Problem]:
         return _local_code_problems(code.entrypoint, code.mode, (base_dir / code.repo).resolve(), module)
     except (OSError, ValueError) as exc:  # a path the OS refuses (too long, NUL byte)
         return [Problem("code.repo", f"cannot be read: {exc}", code.repo, "give a readable local directory")]
+
+
+def local_code_problems(entrypoint: str, mode: str, repo: Path) -> list[Problem]:
+    """The entrypoint's checks against a tree on disk (a local repository, or a fetched commit's tree)."""
+    return _local_code_problems(entrypoint, mode, repo, entrypoint.partition(":")[0])
 
 
 def _local_code_problems(entrypoint: str, mode: str, repo: Path, module: str) -> list[Problem]:

@@ -35,7 +35,7 @@ from trainforge.registry.jobs import JobRecord, JobStore, is_job_id, new_job_id
 from trainforge.registry.lineage import LineageStore, parse_target
 from trainforge.registry.secrets import job_access_policy, redact, resolve_secrets
 from trainforge.spec import JobSpec, parse_spec
-from trainforge.tasks import job_credentials, prepare, steps
+from trainforge.tasks import code_source, job_credentials, prepare, steps
 from trainforge.tasks.checkpoints import CheckpointCorrupt
 from trainforge.tasks.driver import SegmentDriver
 from trainforge.tasks.provision import release_gang
@@ -138,6 +138,11 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     resolve_secrets(jobspec.secrets)  # a missing secret fails here too; the values are registered for redaction
     if jobspec.init_from:  # the parent must be in lineage and not quarantined
         LineageStore().check_usable(parse_target(jobspec.init_from), must_exist=True)
+    # The code before anything else is resolved or recorded: an unreachable repository or an unknown commit is a
+    # clear error here. A resume runs the commit the job first ran, not a HEAD that moved since.
+    # (A local working tree runs in place, resumed or not: the edit-and-run loop.)
+    code = steps.fetch_code(jobspec, base_dir,
+                            _recorded_commit(job_id) if resume and code_source.is_remote(jobspec.code.repo) else None)
     dataset = steps.resolve_dataset(jobspec, base_dir)
     for warning in dataset.get("warnings", []):
         log.warning(warning)
@@ -145,15 +150,15 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     record = _open_record(jobspec, job_id or (None if resume else _new_job_id(jobspec)), resume, doc, source)
     init_weights = steps.resolve_init_weights(jobspec, str(record.folder)) if jobspec.init_from else None
     config = prepare.worker_config(jobspec, record.job_id, record.folder, Path(base_dir), dataset, plan,
-                                   prepare.code_commit(prepare.code_dir(jobspec, Path(base_dir)), jobspec.code.commit),
-                                   init_weights)
+                                   code.commit, init_weights, code_path=code.path)
     config_path = config.write(record.folder / "worker-config.json")
     lineage = _lineage(jobspec, dataset, config.code_commit, record.job_id)
     run_id = record.data.get("mlflow_run_id") or _start_tracking(jobspec, record, plan, dataset, lineage)
-    record.update(dataset=dataset, plan=plan, mlflow_run_id=run_id, code_commit=config.code_commit,
+    record.update(dataset=dataset, plan=plan, mlflow_run_id=run_id, code_commit=config.code_commit, code_repo=code.repo,
                   config_hash=jobspec.config_hash(), flow_run_id=_flow_run_id(), state="running",
                   iam=job_access_policy(config.storage_url, jobspec.team, record.job_id))
     LineageStore().record_job(record.job_id, team=jobspec.team, dataset=dataset, code_commit=config.code_commit,
+                              code_repo=code.repo,
                               config_hash=jobspec.config_hash(), mlflow_run_id=run_id,
                               fine_tuned_from=parse_target(jobspec.init_from) if jobspec.init_from else None)
     log.info("job %s: dataset %s@%s (%s), layout %s", record.job_id, dataset["name"], dataset["version"][:12],
@@ -234,6 +239,17 @@ def _run_segment(spec: JobSpec, record: JobRecord, config_path: Path, config: Se
         future.wait(POLL_S)
     pump.poll()
     return future.result()
+
+
+def _recorded_commit(job_id: str | None) -> str | None:
+    """The full commit id a job being resumed ran (None for a local working tree run in place)."""
+    if not job_id:
+        return None
+    try:
+        commit = JobStore().get(job_id).data.get("code_commit") or ""
+    except LookupError:
+        return None
+    return commit if code_source.FULL_SHA.fullmatch(commit) else None
 
 
 def _open_record(spec: JobSpec, job_id: str | None, resume: bool, doc: dict[str, Any], source: str) -> JobRecord:

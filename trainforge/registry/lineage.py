@@ -295,7 +295,8 @@ class LineageStore:
         return node
 
     def record_job(self, job_id: str, *, team: str, dataset: Mapping[str, Any], code_commit: str = "",
-                   config_hash: str = "", mlflow_run_id: str = "", fine_tuned_from: str | None = None) -> str:
+                   config_hash: str = "", mlflow_run_id: str = "", fine_tuned_from: str | None = None,
+                   code_repo: str = "") -> str:
         """A job and what it trains on. `dataset` is the flow's resolved dataset (name, version, license, ref,
         path, and the manifest when known); `fine_tuned_from` a node id (checkpoint or model) it starts from."""
         manifest = dataset.get("manifest") or _read_manifest(dataset.get("path", ""))
@@ -306,7 +307,7 @@ class LineageStore:
         node = job_id_node(job_id)
         with self.engine.begin() as conn:
             self._upsert_node(conn, node, "job", job_id, team=team, license=dataset.get("license", ""),
-                              attrs={"code_commit": code_commit, "config_hash": config_hash,
+                              attrs={"code_commit": code_commit, "code_repo": code_repo, "config_hash": config_hash,
                                      "mlflow_run_id": mlflow_run_id, "dataset_ref": dataset.get("ref", "")})
             self._edge(conn, node, "trained-on", ds)
             if fine_tuned_from:

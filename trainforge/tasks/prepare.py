@@ -99,7 +99,8 @@ def storage_url() -> str:
 
 
 def worker_config(spec: JobSpec, job_id: str, run_dir: Path, base_dir: Path, dataset: dict[str, Any],
-                  plan: dict[str, Any], commit: str, init_weights: str | None = None) -> SegmentConfig:
+                  plan: dict[str, Any], commit: str, init_weights: str | None = None,
+                  code_path: str | None = None) -> SegmentConfig:
     """The job's SegmentConfig from what the flow resolved once (the validated spec, the dataset, the plan)."""
     interval = spec.checkpoint.interval_steps
     if interval == "auto":
@@ -107,7 +108,7 @@ def worker_config(spec: JobSpec, job_id: str, run_dir: Path, base_dir: Path, dat
     return SegmentConfig.build(spec, ResolvedDataset.from_resolution(dataset), plan, job_id=job_id,
                                run_dir=str(run_dir), storage_url=storage_url(),
                                staging_dir=str(home() / "staging" / job_id),
-                               code_dir=str(code_dir(spec, base_dir)), code_commit=commit,
+                               code_dir=code_path or str(code_dir(spec, base_dir)), code_commit=commit,
                                checkpoint_interval=int(interval), init_weights=init_weights)
 
 

@@ -22,7 +22,7 @@ from trainforge.plan.layout import Layout
 from trainforge.registry.jobs import JobRecord
 from trainforge.spec import JobSpec
 from trainforge.tasks import checkpoints as ckpt
-from trainforge.tasks import prepare
+from trainforge.tasks import code_source, prepare
 from trainforge.tasks.provision import report_checkpoint
 from trainforge.tasks.segment import SegmentResult, run_segment
 from trainforge.validate import ValidationReport
@@ -32,6 +32,12 @@ from trainforge.validate import ValidationReport
 def validate(doc: dict[str, Any], source: str, base_dir: str, cluster: ClusterSpec | None = None) -> ValidationReport:
     """The spec and the layout it resolved (handed to `plan`, so one submit resolves the layout once)."""
     return prepare.validate_report(doc, source, Path(base_dir), cluster)
+
+
+@task(name="fetch-code", cache_policy=NO_CACHE)
+def fetch_code(spec: JobSpec, base_dir: str, pinned: str | None = None) -> code_source.CodeCheckout:
+    """code.repo fetched and its commit checked out (or a local working tree run in place): tasks/code_source.py."""
+    return code_source.fetch_code(spec, Path(base_dir), pinned)
 
 
 @task(name="resolve-dataset", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
