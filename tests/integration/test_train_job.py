@@ -79,12 +79,67 @@ def test_job_trains_commits_evaluates_and_registers(prefect_api, demo_data):
 
     tensors = load_file(model["path"])  # safetensors alone, no torch, no pickle
     assert sum(t.size for t in tensors.values()) == model["parameters"] > 1_000_000
+    _registered_model_loads_in_mlflow_and_transformers(model)
 
     run = Tracker().client.get_run(result["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert len(Tracker().client.get_metric_history(run.info.run_id, "loss")) == 24
     assert "eval_loss" in run.data.metrics
     assert not any("secret" in k.lower() and v for k, v in run.data.params.items() if "name" not in k)
+
+
+def _registered_model_loads_in_mlflow_and_transformers(model: dict) -> None:
+    """The registered version is a real MLflow model (pyfunc through its alias, no pickle) and carries a Hugging
+    Face folder that transformers loads with the same logits."""
+    import mlflow.artifacts
+    import mlflow.pyfunc
+
+    uri = f"models:/{model['model_name']}@candidate"
+    import os
+
+    env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    tracker_uri = Tracker().uri
+    mlflow.set_tracking_uri(tracker_uri)  # what a user of the registry does (or MLFLOW_TRACKING_URI)
+    mlflow.set_registry_uri(tracker_uri)
+    try:
+        _load_and_compare(uri, model, mlflow)
+    finally:  # mlflow keeps the URIs in the environment too: put back what the session had
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _load_and_compare(uri: str, model: dict, mlflow) -> None:
+    import json
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from trainforge.trainer.models.llama import build_model
+
+    pyfunc = mlflow.pyfunc.load_model(uri)
+    tokens = np.random.default_rng(0).integers(0, 256, (2, 16)).astype(np.int64)
+    got = pyfunc.predict(tokens)
+    meta = json.loads((Path(model["path"]).parent / "config.json").read_text())
+    reference = build_model({**meta["model"], "max_seq_len": meta["seq_len"]})
+    reference.load_state_dict({k: torch.from_numpy(v) for k, v in load_file(model["path"]).items()})
+    with torch.no_grad():
+        expected = reference.eval()(torch.from_numpy(tokens))[:, -1, :].numpy()
+    assert got.shape == (2, meta["model"]["vocab"]) and np.array_equal(got, expected)
+
+    folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
+    assert (folder / "MLmodel").is_file() and "loader_module: trainforge.trainer.mlflow_model" in (
+        folder / "MLmodel").read_text()
+    assert not list(folder.rglob("*.pkl")) and not list(folder.rglob("*.pt"))
+    hf = LlamaForCausalLM.from_pretrained(folder / "hf").eval()
+    with torch.no_grad():
+        hf_logits = hf(torch.from_numpy(tokens)).logits[:, -1, :].numpy()
+    # The same math in another implementation (attention kernels, op order): equal to float32 rounding.
+    np.testing.assert_allclose(hf_logits, expected, rtol=0, atol=1e-4)
 
 
 def test_killed_worker_resumes_exactly_from_last_committed_checkpoint(prefect_api, demo_data, monkeypatch,

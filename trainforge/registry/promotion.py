@@ -97,8 +97,7 @@ def promote(job: str, *, step: int | None = None, best: bool = False, alias: str
     tracker = Tracker()
     run_id = record.data["mlflow_run_id"]
     artifact_path = f"models/step-{step}"
-    tracker.log_artifact(run_id, out / "model.safetensors", artifact_path)
-    tracker.log_artifact(run_id, out / "config.json", artifact_path)
+    tracker.log_artifacts(run_id, out, artifact_path)  # the folder is the MLflow model (MLmodel, weights, hf/)
     name = f"{record.data['team']}.{record.data['name']}"
     tags = version_tags(record, step, ref.prefix, metrics[step], who)
     version = tracker.register_model(name, tracker.artifact_uri(run_id, artifact_path), run_id, tags, alias=None)

@@ -150,7 +150,9 @@ def resolve_init_weights(spec: JobSpec, run_dir: Path) -> str | None:
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(out)))
         except Exception as exc:
             raise InitWeightsError(f"init_from {spec.init_from!r}: model version not readable: {exc}") from None
-        found = sorted(local.rglob("model.safetensors")) if local.is_dir() else [local]
+        # trainforge's own names: the top-level file, not the Hugging Face copy under hf/
+        found = sorted(local.rglob("model.safetensors"), key=lambda p: (len(p.parts), str(p))) \
+            if local.is_dir() else [local]
         if not found:
             raise InitWeightsError(f"init_from {spec.init_from!r}: the model version has no model.safetensors")
         return str(found[0])

@@ -222,8 +222,7 @@ def promote(spec: JobSpec, record_folder: str, config_path: str, config: Segment
     out = Path(record_folder) / "export" / f"step-{step}"
     exported = ckpt.export_safetensors(Path(config_path), config, step, out)
     tracker = Tracker()
-    tracker.log_artifact(run_id, out / "model.safetensors", "model")
-    tracker.log_artifact(run_id, out / "config.json", "model")
+    tracker.log_artifacts(run_id, out, "model")  # the folder is the MLflow model (MLmodel, weights, hf/)
     name = f"{spec.team}.{spec.name}"
     tags = {**lineage, "trainforge.step": str(step), **{f"metric.{k}": f"{v:.6g}" for k, v in metrics.items()
                                                           if isinstance(v, int | float)}}

@@ -1,5 +1,6 @@
 """Single-process jobs on a committed checkpoint, run by control-plane tasks as subprocesses (so the flow never
-imports torch): `evaluate` (held-out loss and perplexity) and `export` (consolidated safetensors + config).
+imports torch): `evaluate` (held-out loss and perplexity) and `export` (consolidated safetensors + config, a
+Hugging Face Llama folder, and the MLmodel that makes the folder an MLflow pyfunc model: mlflow_model.py).
 
   python -m trainforge.trainer.offline evaluate --config job.json --checkpoint DIR [--batches N]
   python -m trainforge.trainer.offline export   --config job.json --checkpoint DIR --out DIR
@@ -24,6 +25,9 @@ from trainforge.datasets.sampler import SampleOrder
 from trainforge.datasets.shards import ShardReader
 from trainforge.trainer.checkpoint import load_model_weights
 from trainforge.trainer.loop import build_model
+from trainforge.trainer.mlflow_model import write_mlmodel
+from trainforge.trainer.models.hf_llama import save_hf_folder
+from trainforge.trainer.models.llama import Llama
 
 
 def _model(cfg: SegmentConfig, checkpoint: Path) -> torch.nn.Module:
@@ -62,8 +66,14 @@ def export(cfg: SegmentConfig, checkpoint: Path, out: Path) -> dict[str, object]
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt", "job_id": cfg.job_id})
     (out / "config.json").write_text(json.dumps({"entrypoint": cfg.entrypoint, "model": cfg.model_args(),
                                                  "seq_len": cfg.training.seq_len}, indent=1))
-    return {"files": ["model.safetensors", "config.json"], "tensors": len(tensors),
-            "parameters": sum(t.numel() for t in tensors.values())}
+    files = ["model.safetensors", "config.json"]
+    if isinstance(model, Llama) and not cfg.model_args()["experts"]:
+        # transformers' Llama layout beside trainforge's (a second copy of the weights, permuted and renamed).
+        save_hf_folder(tensors, cfg.model_args(), out / "hf", max_seq_len=cfg.training.seq_len,
+                       metadata={"job_id": cfg.job_id})
+        files += ["hf/config.json", "hf/model.safetensors"]
+    files += write_mlmodel(out, vocab=cfg.model_args()["vocab"], job_id=cfg.job_id)
+    return {"files": files, "tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values())}
 
 
 def main(argv: list[str] | None = None) -> int:
