@@ -76,6 +76,12 @@ def test_the_pinned_commit_is_checked_out_not_head(repo, tmp_path) -> None:
     again = fetch_code(parse_spec(_spec(url, short)), tmp_path)
     assert again.path == got.path and Path(got.path).stat().st_ino == Path(again.path).stat().st_ino
 
+    # A full commit id whose tree is already exported runs it without fetching (the repository may be gone).
+    moved = Path(str(repo["bare"])).rename(tmp_path / "moved.git")
+    cached = fetch_code(parse_spec(_spec(url, str(repo["pinned"]))), tmp_path)
+    assert cached.path == got.path and cached.commit == repo["pinned"]
+    moved.rename(Path(str(repo["bare"])))
+
     unpinned = fetch_code(parse_spec(_spec(url)), tmp_path)
     assert unpinned.commit == repo["head"], "no commit pinned: HEAD at submit is pinned and recorded"
     assert "HEAD ran" in (Path(unpinned.path) / "tinymodel" / "model.py").read_text()

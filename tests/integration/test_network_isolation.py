@@ -167,7 +167,10 @@ def test_another_job_cannot_reach_a_gang_across_hosts(tmp_path: Path) -> None:
             b_h3 = subprocess.Popen([*net.exec_prefix(b[h3]), sys.executable, "-c",
                                      "import socket,time;s=socket.create_server(('0.0.0.0',29500));"
                                      "s.settimeout(20);s.accept()"])
-            time.sleep(0.5)
+            deadline = time.monotonic() + 20  # bounded wait for B's listener, not a fixed sleep
+            while 29500 not in _listening_ports(net.exec_prefix(b[h3])):
+                assert time.monotonic() < deadline and b_h3.poll() is None, "B's listener did not start"
+                time.sleep(0.05)
             b_own = _probe(net.exec_prefix(b[h3]), {"service": ("tcp", rig.bridge_address, service_port, None)})
             b_own |= _probe(["ip", "netns", "exec", b[h2].netns],
                             {"peer": ("tcp", b[h3].address, 29500, b[h2].address)})

@@ -34,7 +34,7 @@ from trainforge.events import read_typed_events
 from trainforge.registry.jobs import JobRecord, JobStore, is_job_id, new_job_id
 from trainforge.registry.lineage import LineageStore, parse_target
 from trainforge.registry.secrets import job_access_policy, redact, resolve_secrets
-from trainforge.spec import JobSpec, parse_spec
+from trainforge.spec import JobSpec, is_remote_repo, parse_spec
 from trainforge.tasks import code_source, job_credentials, prepare, steps
 from trainforge.tasks.checkpoints import CheckpointCorrupt
 from trainforge.tasks.driver import SegmentDriver
@@ -142,7 +142,7 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     # clear error here. A resume runs the commit the job first ran, not a HEAD that moved since.
     # (A local working tree runs in place, resumed or not: the edit-and-run loop.)
     code = steps.fetch_code(jobspec, base_dir,
-                            _recorded_commit(job_id) if resume and code_source.is_remote(jobspec.code.repo) else None)
+                            _recorded_commit(job_id) if resume and is_remote_repo(jobspec.code.repo) else None)
     dataset = steps.resolve_dataset(jobspec, base_dir)
     for warning in dataset.get("warnings", []):
         log.warning(warning)

@@ -57,13 +57,9 @@ class CodeCheckout:
     repo: str  # the repository as the spec names it (credentials stripped)
 
 
-def is_remote(repo: str) -> bool:
-    return is_remote_repo(repo)
-
-
-def public_url(repo: str) -> str:
-    """The URL with any user:password@ removed (never recorded or printed)."""
-    return re.sub(r"^(\w+://)[^/@]+@", r"\1", repo)
+def public_url(text: str) -> str:
+    """A URL (or a git message quoting one) with any user:password@ removed (never recorded or printed)."""
+    return re.sub(r"(\w+://)[^/@\s]+@", r"\1", text)
 
 
 def fetch_code(spec: JobSpec, base_dir: Path, pinned: str | None = None) -> CodeCheckout:
@@ -71,10 +67,14 @@ def fetch_code(spec: JobSpec, base_dir: Path, pinned: str | None = None) -> Code
     passes the commit the job first ran)."""
     code = spec.code
     pin = code.commit or pinned
-    if not is_remote(code.repo) and not pin:
+    if not is_remote_repo(code.repo) and not pin:
         local = (base_dir / code.repo).resolve()
         return CodeCheckout(path=str(local), commit=code_commit(local, None), repo=code.repo)
-    source = code.repo if is_remote(code.repo) else str((base_dir / code.repo).resolve())
+    source = code.repo if is_remote_repo(code.repo) else str((base_dir / code.repo).resolve())
+    cached = _cache() / "trees" / pin if FULL_SHA.fullmatch(pin or "") else None
+    if cached is not None and cached.is_dir():  # a full commit id names its files: no fetch needed
+        _check_entrypoint(spec, cached)
+        return CodeCheckout(path=str(cached), commit=str(pin), repo=public_url(code.repo))
     env = _git_env()
     with _credentials(spec, source, env):
         mirror = _mirror_path(source)
@@ -170,15 +170,11 @@ def _fetch(mirror: Path, source: str, env: dict[str, str], name: str) -> str:
                       public_url(source), "check that the repository is reachable from here", name) from None
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or ["git fetch failed"])[-1]
-        raise _reject("code.repo", f"cannot fetch {public_url(source)}: {_scrub(why)}", public_url(source),
+        raise _reject("code.repo", f"cannot fetch {public_url(source)}: {public_url(why)}", public_url(source),
                       "check the URL and that this machine can reach it; a private repository needs code.auth "
                       "naming a token (https) or a private key (ssh)", name)
     fetch_head = (mirror / "FETCH_HEAD").read_text().split()
     return fetch_head[0]
-
-
-def _scrub(text: str) -> str:
-    return re.sub(r"(\w+://)[^/@\s]+@", r"\1", text)
 
 
 def _resolve(mirror: Path, pin: str, source: str, name: str) -> str:

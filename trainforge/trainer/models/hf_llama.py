@@ -49,6 +49,12 @@ def _halves_to_pairs(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.view(heads, 2, rows // heads // 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
+def _rope_heads(suffix: str, config: dict[str, Any]) -> int | None:
+    """How many heads a tensor's rows hold when its rows carry rotary dims (q and k), else None."""
+    return {"attention.wq.weight": config["num_attention_heads"],
+            "attention.wk.weight": config["num_key_value_heads"]}.get(suffix)
+
+
 def hf_config(model: dict[str, Any], *, max_seq_len: int, rope_theta: float = 10000.0,
               norm_eps: float = 1e-5, dtype: str = "float32") -> dict[str, Any]:
     """transformers' LlamaConfig for the spec's resolved model numbers (`SegmentConfig.model_args()`)."""
@@ -67,7 +73,6 @@ def hf_config(model: dict[str, Any], *, max_seq_len: int, rope_theta: float = 10
 
 def to_hf(state: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """trainforge state dict -> transformers tensors (q/k rows permuted per head)."""
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     out: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
         if key in _TOP:
@@ -77,17 +82,14 @@ def to_hf(state: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, t
         layer, _, suffix = rest.partition(".")
         if prefix != "layers" or suffix not in _LAYER:
             raise HFFormatError(f"tensor {key!r} has no Hugging Face Llama counterpart")
-        if suffix == "attention.wq.weight":
+        if (heads := _rope_heads(suffix, config)) is not None:
             tensor = _pairs_to_halves(tensor, heads)
-        elif suffix == "attention.wk.weight":
-            tensor = _pairs_to_halves(tensor, kv_heads)
         out[f"model.layers.{layer}.{_LAYER[suffix]}"] = tensor.contiguous()
     return out
 
 
 def from_hf(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """transformers tensors -> trainforge state dict (the inverse of `to_hf`)."""
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     top = {v: k for k, v in _TOP.items()}
     layer_names = {v: k for k, v in _LAYER.items()}
     if config.get("tie_word_embeddings") and "lm_head.weight" not in tensors:
@@ -103,10 +105,8 @@ def from_hf(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[st
                 continue  # older exports carry the rotary table; trainforge recomputes it
             raise HFFormatError(f"tensor {key!r} is not part of a Llama model")
         suffix = layer_names[parts[3]]
-        if suffix == "attention.wq.weight":
+        if (heads := _rope_heads(suffix, config)) is not None:
             tensor = _halves_to_pairs(tensor, heads)
-        elif suffix == "attention.wk.weight":
-            tensor = _halves_to_pairs(tensor, kv_heads)
         out[f"layers.{parts[2]}.{suffix}"] = tensor.contiguous()
     return out
 
