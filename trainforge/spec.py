@@ -135,6 +135,15 @@ def is_remote_repo(repo: str) -> bool:
     return bool(REMOTE_REPO.match(repo))
 
 
+WEIGHTS_FOLDER_PREFIXES = ("s3://", "gs://", "file://", "/", "./", "../", "~")
+
+
+def is_weights_folder(init_from: str) -> bool:
+    """`init_from` names a Hugging Face folder (a path or an object-store prefix), not a checkpoint (`JOB@STEP`)
+    or a registered model version (`models:/team.name/3`)."""
+    return init_from.startswith(WEIGHTS_FOLDER_PREFIXES) or init_from.endswith("/")
+
+
 class CodeSpec(_Model):
     """The user's code: where it lives, which commit, how it is run."""
 
@@ -575,8 +584,10 @@ class JobSpec(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
     """Free-form labels recorded with the run (project, experiment, ...)."""
     init_from: str | None = Field(default=None, max_length=512)
-    """Fine-tune from this model version (`models:/team.name/3`) or committed checkpoint (`JOB@STEP`). Recorded in
-    lineage as fine-tuned-from (a quarantined parent is refused); the trainer's weight loading is separate."""
+    """Fine-tune from this model version (`models:/team.name/3`), committed checkpoint (`JOB@STEP`) or Hugging Face
+    Llama folder (a path such as `./models/base/`, relative to the spec, or an `s3://bucket/prefix/`; its
+    config.json must match the model section). Recorded in lineage as fine-tuned-from (a quarantined parent is
+    refused); the workers load the weights before step 0."""
 
     @field_validator("env")
     @classmethod

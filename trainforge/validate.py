@@ -25,9 +25,11 @@ from trainforge.spec import (
     Problem,
     SpecError,
     is_remote_repo,
+    is_weights_folder,
     parse_spec,
     read_document,
 )
+from trainforge.trainer.models.hf_config import HF_CONFIG, HFFormatError, folder_problems, read_hf_config
 
 GiB = 2**30
 
@@ -113,6 +115,8 @@ def semantic_problems(
         except ValueError as exc:
             problems.append(Problem("model", str(exc), None,
                                     "set model.preset (e.g. llama-7b) or layers/hidden/heads/vocab"))
+    if shape is not None and spec.init_from and is_weights_folder(spec.init_from):
+        problems += _init_folder_problems(spec.init_from, shape, spec.model.experts, base_dir)
     if shape is not None:
         shape_problems = _shape_problems(shape)
         problems += shape_problems
@@ -132,6 +136,27 @@ def _dataset_problems(spec: JobSpec, base_dir: Path, dataset_checker: DatasetChe
         found = Problem("dataset.ref", f"cannot be resolved: {exc}", spec.dataset.ref,
                         "give a catalog:// name or a file:// path to a dataset version folder")
     return [] if found is None else [found]
+
+
+def _init_folder_problems(init_from: str, shape: ModelShape, experts: int, base_dir: Path) -> list[Problem]:
+    """A local Hugging Face folder is read here (config.json only); a remote prefix is read at submit, still before
+    the gang is provisioned (tasks/init_folder.py)."""
+    if "://" in init_from and not init_from.startswith("file://"):
+        return [Problem("init_from", "a remote Hugging Face folder is read at submit time; its config.json was not "
+                        "checked here", init_from, "use --strict only where the prefix is readable", "not-checked")]
+    folder = Path(os.path.expanduser(init_from.removeprefix("file://")))
+    folder = folder if folder.is_absolute() else base_dir / folder
+    if not (folder / HF_CONFIG).is_file():
+        return [Problem("init_from", f"{folder} has no {HF_CONFIG}: not a Hugging Face model folder", init_from,
+                        "point init_from at the folder holding config.json and model.safetensors (relative to "
+                        "the spec file), or at JOB@STEP / models:/NAME/VERSION")]
+    try:
+        config = read_hf_config(folder)
+    except HFFormatError as exc:
+        return [Problem("init_from", str(exc), init_from, "start from a Llama model folder")]
+    numbers = {k: getattr(shape, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")}
+    fix = "set the model section to the folder's numbers, or start from another folder"
+    return [Problem("init_from", p, init_from, fix) for p in folder_problems(config, numbers, experts)]
 
 
 def _shape_problems(shape: ModelShape) -> list[Problem]:

@@ -34,7 +34,7 @@ from trainforge.events import read_typed_events
 from trainforge.registry.jobs import JobRecord, JobStore, is_job_id, new_job_id
 from trainforge.registry.lineage import LineageStore, parse_target
 from trainforge.registry.secrets import job_access_policy, redact, resolve_secrets
-from trainforge.spec import JobSpec, is_remote_repo, parse_spec
+from trainforge.spec import JobSpec, is_remote_repo, is_weights_folder, parse_spec
 from trainforge.tasks import code_source, job_credentials, prepare, steps
 from trainforge.tasks.checkpoints import CheckpointCorrupt
 from trainforge.tasks.driver import SegmentDriver
@@ -136,7 +136,7 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     jobspec = checked.spec
     assert jobspec is not None
     resolve_secrets(jobspec.secrets)  # a missing secret fails here too; the values are registered for redaction
-    if jobspec.init_from:  # the parent must be in lineage and not quarantined
+    if jobspec.init_from and not is_weights_folder(jobspec.init_from):  # the parent must be in lineage, usable
         LineageStore().check_usable(parse_target(jobspec.init_from), must_exist=True)
     # The code before anything else is resolved or recorded: an unreachable repository or an unknown commit is a
     # clear error here. A resume runs the commit the job first ran, not a HEAD that moved since.
@@ -148,9 +148,9 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
         log.warning(warning)
     plan = steps.plan(jobspec, dataset, layout=checked.layout)
     record = _open_record(jobspec, job_id or (None if resume else _new_job_id(jobspec)), resume, doc, source)
-    init_weights = steps.resolve_init_weights(jobspec, str(record.folder)) if jobspec.init_from else None
+    init = steps.resolve_init_weights(jobspec, str(record.folder), str(base_dir)) if jobspec.init_from else None
     config = prepare.worker_config(jobspec, record.job_id, record.folder, Path(base_dir), dataset, plan,
-                                   code.commit, init_weights, code_path=code.path)
+                                   code.commit, init.path if init else None, code_path=code.path)
     config_path = config.write(record.folder / "worker-config.json")
     lineage = _lineage(jobspec, dataset, config.code_commit, record.job_id)
     run_id = record.data.get("mlflow_run_id") or _start_tracking(jobspec, record, plan, dataset, lineage)
@@ -160,7 +160,7 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     LineageStore().record_job(record.job_id, team=jobspec.team, dataset=dataset, code_commit=config.code_commit,
                               code_repo=code.repo,
                               config_hash=jobspec.config_hash(), mlflow_run_id=run_id,
-                              fine_tuned_from=parse_target(jobspec.init_from) if jobspec.init_from else None)
+                              fine_tuned_from=init.parent if init else None)
     log.info("job %s: dataset %s@%s (%s), layout %s", record.job_id, dataset["name"], dataset["version"][:12],
              dataset["license"], plan["layout"])
     allocation = _provision(jobspec, record, plan, "provisioned")

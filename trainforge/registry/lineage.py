@@ -61,7 +61,7 @@ from sqlalchemy.exc import IntegrityError
 from trainforge.home import home
 
 ENV_URL = "TRAINFORGE_LINEAGE_URL"
-NODE_KINDS = ("dataset", "job", "checkpoint", "model")
+NODE_KINDS = ("dataset", "job", "checkpoint", "model", "weights")  # weights: a base model from outside
 EDGE_KINDS = ("trained-on", "produced-by", "resumed-from", "fine-tuned-from", "promoted-as")
 STATUSES = ("active", "withdrawn", "quarantined")
 
@@ -141,6 +141,11 @@ def checkpoint_id(job_id: str, step: int) -> str:
 
 def model_id(name: str, version: str | int) -> str:
     return f"model:{name}/{version}"
+
+
+def weights_id(source: str, sha256: str) -> str:
+    """A base model from outside the platform (a Hugging Face folder): where it was read, and what it held."""
+    return f"weights:{source}@{sha256[:16]}"
 
 
 def parse_target(text: str) -> str:
@@ -314,6 +319,20 @@ class LineageStore:
                 self._require(conn, fine_tuned_from)
                 self.check_usable(fine_tuned_from)
                 self._edge(conn, node, "fine-tuned-from", fine_tuned_from)
+        return node
+
+    def record_weights(self, source: str, sha256: str, *, license: str = "",
+                       file_list: Iterable[tuple[str, str]] = ()) -> str:
+        """A Hugging Face folder a job starts from (`init_from`): its source, content hash, license and files, so
+        a legal query finds every job and model built on it and withdrawing it blocks them."""
+        node = weights_id(source, sha256)
+        with self.engine.begin() as conn:
+            self._upsert_node(conn, node, "weights", source, sha256[:16], license=license,
+                              attrs={"source": source, "sha256": sha256})
+            known = {r.path for r in conn.execute(select(files.c.path).where(files.c.node == node))}
+            rows = [{"node": node, "path": p, "sha256": h} for p, h in dict(file_list).items() if p not in known]
+            if rows:
+                conn.execute(insert(files), rows)
         return node
 
     def record_checkpoint(self, job_id: str, step: int, *, team: str = "", attrs: Mapping[str, Any] | None = None

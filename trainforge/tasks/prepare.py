@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from trainforge.plan.job import (
 from trainforge.registry.checkpoints import export_safetensors
 from trainforge.registry.jobs import JobStore
 from trainforge.registry.tracking import Tracker
-from trainforge.spec import JobSpec, Problem, SpecError
+from trainforge.spec import JobSpec, Problem, SpecError, is_weights_folder
 from trainforge.validate import ValidationReport, validate_document
 
 
@@ -112,21 +113,43 @@ def worker_config(spec: JobSpec, job_id: str, run_dir: Path, base_dir: Path, dat
                                checkpoint_interval=int(interval), init_weights=init_weights)
 
 
-class InitWeightsError(ValueError):
-    """`init_from` names weights that cannot be found or read."""
+class InitWeightsError(JobRejected):
+    """`init_from` names weights that cannot be found or read (nothing was allocated)."""
 
 
-def resolve_init_weights(spec: JobSpec, run_dir: Path) -> str | None:
+@dataclass(frozen=True)
+class InitWeights:
+    path: str
+    """One safetensors file of the parent's weights in trainforge's names, loaded by every worker before step 0."""
+    parent: str
+    """The lineage node the job is fine-tuned from (checkpoint, model version, or outside weights)."""
+
+
+def resolve_init_weights(spec: JobSpec, run_dir: Path, base_dir: Path | None = None) -> InitWeights | None:
     """Fine-tuning: materialise the parent's weights as one safetensors file the workers load before step 0.
 
     `JOB@STEP` exports that committed checkpoint of an earlier job (verified against its manifest);
-    `models:/team.name/3` (or `team.name/3`) downloads the registered model version's safetensors from MLflow."""
+    `models:/team.name/3` (or `team.name/3`) downloads the registered model version's safetensors from MLflow;
+    a Hugging Face Llama folder (a path, relative to the spec's folder, or an `s3://` prefix) is checked against
+    the model section, converted, and recorded in lineage as outside weights (tasks/init_folder.py)."""
     if not spec.init_from:
         return None
-    from trainforge.registry.lineage import parse_target
+    from trainforge.registry.lineage import LineageStore, parse_target
 
-    target = parse_target(spec.init_from)
     out = run_dir / "init"
+    if is_weights_folder(spec.init_from):
+        from trainforge.tasks import init_folder
+
+        try:
+            path, weights = init_folder.materialise(spec, base_dir or run_dir, out)
+        except init_folder.FolderError as exc:
+            raise InitWeightsError(f"init_from {spec.init_from!r}: {exc}") from None
+        store = LineageStore()
+        node = store.record_weights(weights.source, weights.sha256, license=weights.license,
+                                    file_list=[(f"{weights.source.rstrip('/')}/{n}", h) for n, h in weights.files])
+        store.check_usable(node)  # withdrawn base weights (the same content from the same place) are refused
+        return InitWeights(str(path), node)
+    target = parse_target(spec.init_from)
     if target.startswith("checkpoint:"):
         job, _, step = target.removeprefix("checkpoint:").rpartition("@")
         try:
@@ -140,7 +163,7 @@ def resolve_init_weights(spec: JobSpec, run_dir: Path) -> str | None:
             export_safetensors(config_path, json.loads(config_path.read_text()), int(step), out)
         except Exception as exc:
             raise InitWeightsError(f"init_from {spec.init_from!r}: cannot export step {step} of {job}: {exc}") from None
-        return str(out / "model.safetensors")
+        return InitWeights(str(out / "model.safetensors"), target)
     if target.startswith("model:"):
         name, _, version = target.removeprefix("model:").rpartition("/")
         try:
@@ -155,6 +178,6 @@ def resolve_init_weights(spec: JobSpec, run_dir: Path) -> str | None:
             if local.is_dir() else [local]
         if not found:
             raise InitWeightsError(f"init_from {spec.init_from!r}: the model version has no model.safetensors")
-        return str(found[0])
+        return InitWeights(str(found[0]), target)
     raise InitWeightsError(f"init_from {spec.init_from!r} names a {target.split(':')[0]}, not a checkpoint "
                            "(JOB@STEP) or a model version (models:/name/N)")

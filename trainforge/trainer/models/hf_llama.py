@@ -17,8 +17,17 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-HF_CONFIG = "config.json"
-HF_WEIGHTS = "model.safetensors"
+from trainforge.trainer.models.hf_config import (
+    HF_CONFIG,
+    HF_WEIGHTS,
+    HFFormatError,
+    check_config,
+    model_args_of,
+    read_hf_config,
+)
+
+__all__ = ["HF_CONFIG", "HF_WEIGHTS", "HFFormatError", "check_config", "from_hf", "hf_config", "load_hf_folder",
+           "model_args_of", "read_hf_config", "save_hf_folder", "to_hf"]
 
 _LAYER = {  # trainforge suffix after layers.N. -> transformers suffix after model.layers.N.
     "attention.wq.weight": "self_attn.q_proj.weight",
@@ -33,10 +42,6 @@ _LAYER = {  # trainforge suffix after layers.N. -> transformers suffix after mod
 }
 _TOP = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
         "output.weight": "lm_head.weight"}
-
-
-class HFFormatError(ValueError):
-    """A folder that is not a Llama checkpoint trainforge can read, or a model it cannot write as one."""
 
 
 def _pairs_to_halves(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -122,28 +127,11 @@ def save_hf_folder(state: dict[str, torch.Tensor], model: dict[str, Any], out: P
     return config
 
 
-def model_args_of(config: dict[str, Any]) -> dict[str, int]:
-    """The spec's model numbers a Hugging Face Llama config describes (what `init_from` checks the spec against)."""
-    return {"layers": config["num_hidden_layers"], "hidden": config["hidden_size"],
-            "heads": config["num_attention_heads"],
-            "kv_heads": config.get("num_key_value_heads") or config["num_attention_heads"],
-            "ffn_hidden": config["intermediate_size"], "vocab": config["vocab_size"]}
-
-
-def read_hf_config(folder: Path) -> dict[str, Any]:
-    path = folder / HF_CONFIG
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise HFFormatError(f"{path}: not a readable Hugging Face config ({exc})") from None
-    if config.get("model_type") != "llama":
-        raise HFFormatError(f"{path}: model_type is {config.get('model_type')!r}; only Llama models are read")
-    return config
-
-
 def load_hf_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """A Hugging Face Llama folder's weights in trainforge's names (no pickle: safetensors files only)."""
     config = read_hf_config(folder)
+    if problems := check_config(config):
+        raise HFFormatError(f"{folder / HF_CONFIG}: " + "; ".join(problems))
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise HFFormatError(f"{folder}: no .safetensors weights (pickled .bin weights are not loaded)")
