@@ -324,7 +324,7 @@ class LineageStore:
     def record_weights(self, source: str, sha256: str, *, license: str = "",
                        file_list: Iterable[tuple[str, str]] = ()) -> str:
         """A Hugging Face folder a job starts from (`init_from`): its source, content hash, license and files, so
-        a legal query finds every job and model built on it and withdrawing it blocks them."""
+        a legal query finds every job and model built on it (only dataset versions can be withdrawn today)."""
         node = weights_id(source, sha256)
         with self.engine.begin() as conn:
             self._upsert_node(conn, node, "weights", source, sha256[:16], license=license,

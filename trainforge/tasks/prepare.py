@@ -147,7 +147,6 @@ def resolve_init_weights(spec: JobSpec, run_dir: Path, base_dir: Path | None = N
         store = LineageStore()
         node = store.record_weights(weights.source, weights.sha256, license=weights.license,
                                     file_list=[(f"{weights.source.rstrip('/')}/{n}", h) for n, h in weights.files])
-        store.check_usable(node)  # withdrawn base weights (the same content from the same place) are refused
         return InitWeights(str(path), node)
     target = parse_target(spec.init_from)
     if target.startswith("checkpoint:"):

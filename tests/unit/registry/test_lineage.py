@@ -189,3 +189,18 @@ def test_withdrawn_tags():
     assert tags[WITHDRAWN_TAG] == "code@v3,web@v1"
     assert tags[f"{WITHDRAWN_TAG}_by"] == "b" and len(tags[f"{WITHDRAWN_TAG}_why"]) == 500
     assert tags[f"{WITHDRAWN_TAG}_at"] == "1970-01-01 00:03:20 UTC"
+
+
+def test_outside_weights_are_a_node_with_their_license_and_files(store: LineageStore) -> None:
+    """init_from a Hugging Face folder: the weights node carries the card's license and the files read, and what is
+    fine-tuned from it finds it upstream (a legal query) while it finds them downstream."""
+    files = [("s3://b/llama/config.json", "c" * 64), ("s3://b/llama/model.safetensors", "w" * 64)]
+    node = store.record_weights("s3://b/llama/", "f" * 64, license="llama2", file_list=files)
+    assert store.record_weights("s3://b/llama/", "f" * 64, license="llama2", file_list=files) == node  # retried
+    assert node != store.record_weights("s3://b/llama/", "e" * 64)  # other content at the same place: another node
+    store.record_job("FT", team="nlp", dataset=ds("code", "v1cccc", "MIT", ["shard-0.arrow"]), fine_tuned_from=node)
+    store.record_checkpoint("FT", 4, team="nlp")
+    store.record_promotion("FT", 4, "nlp.ft", 1, team="nlp")
+    [weights] = [n for n in store.upstream("model:nlp.ft/1") if n.kind == "weights"]
+    assert weights.id == node and weights.license == "llama2"
+    assert {"job:FT", "checkpoint:FT@4", "model:nlp.ft/1"} <= ids(store.downstream([node]))
