@@ -15,6 +15,7 @@ import difflib
 import hashlib
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -135,13 +136,22 @@ def is_remote_repo(repo: str) -> bool:
     return bool(REMOTE_REPO.match(repo))
 
 
-WEIGHTS_FOLDER_PREFIXES = ("s3://", "gs://", "file://", "/", "./", "../", "~")
+WEIGHTS_FOLDER_PREFIXES = ("s3://", "file://", "/", "./", "../", "~")
 
 
 def is_weights_folder(init_from: str) -> bool:
-    """`init_from` names a Hugging Face folder (a path or an object-store prefix), not a checkpoint (`JOB@STEP`)
-    or a registered model version (`models:/team.name/3`)."""
+    """`init_from` names a Hugging Face folder (a path or an `s3://` prefix), not a checkpoint (`JOB@STEP`) or a
+    registered model version (`models:/team.name/3`)."""
     return init_from.startswith(WEIGHTS_FOLDER_PREFIXES) or init_from.endswith("/")
+
+
+def weights_folder_location(init_from: str, base_dir: Path) -> str:
+    """Where a weights folder is: an `s3://` prefix (ending in `/`), or an absolute path with a relative one taken
+    against the spec's folder. The one reading of `init_from` for validation and for the fetch at submit."""
+    if init_from.startswith("s3://"):
+        return init_from.rstrip("/") + "/"
+    path = Path(os.path.expanduser(init_from.removeprefix("file://")))
+    return str((path if path.is_absolute() else base_dir / path).resolve())
 
 
 class CodeSpec(_Model):
@@ -588,6 +598,17 @@ class JobSpec(_Model):
     Llama folder (a path such as `./models/base/`, relative to the spec, or an `s3://bucket/prefix/`; its
     config.json must match the model section). Recorded in lineage as fine-tuned-from (a quarantined parent is
     refused); the workers load the weights before step 0."""
+
+    @field_validator("init_from")
+    @classmethod
+    def _init_from_scheme(cls, v: str | None) -> str | None:
+        if v and "://" in v and not v.startswith(("s3://", "file://")):  # gs://, hf://, https://: not read
+            scheme = v.split("://", 1)[0]
+            shown = scheme if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,15}", scheme) else _short(scheme)
+            raise FieldProblem(f"{shown}:// folders are not read", None,
+                               "copy the folder to an s3:// prefix or a local path, or name a committed "
+                               "checkpoint (JOB@STEP) or model version (models:/team.name/3)", v)
+        return v
 
     @field_validator("env")
     @classmethod

@@ -28,8 +28,15 @@ from trainforge.spec import (
     is_weights_folder,
     parse_spec,
     read_document,
+    weights_folder_location,
 )
-from trainforge.trainer.models.hf_config import HF_CONFIG, HFFormatError, folder_problems, read_hf_config
+from trainforge.trainer.models.hf_config import (
+    HF_CONFIG,
+    HFFormatError,
+    folder_problems,
+    read_hf_config,
+    shape_numbers,
+)
 
 GiB = 2**30
 
@@ -141,11 +148,11 @@ def _dataset_problems(spec: JobSpec, base_dir: Path, dataset_checker: DatasetChe
 def _init_folder_problems(init_from: str, shape: ModelShape, experts: int, base_dir: Path) -> list[Problem]:
     """A local Hugging Face folder is read here (config.json only); a remote prefix is read at submit, still before
     the gang is provisioned (tasks/init_folder.py)."""
-    if "://" in init_from and not init_from.startswith("file://"):
+    location = weights_folder_location(init_from, base_dir)
+    if location.startswith("s3://"):
         return [Problem("init_from", "a remote Hugging Face folder is read at submit time; its config.json was not "
                         "checked here", init_from, "use --strict only where the prefix is readable", "not-checked")]
-    folder = Path(os.path.expanduser(init_from.removeprefix("file://")))
-    folder = folder if folder.is_absolute() else base_dir / folder
+    folder = Path(location)
     if not (folder / HF_CONFIG).is_file():
         return [Problem("init_from", f"{folder} has no {HF_CONFIG}: not a Hugging Face model folder", init_from,
                         "point init_from at the folder holding config.json and model.safetensors (relative to "
@@ -154,9 +161,8 @@ def _init_folder_problems(init_from: str, shape: ModelShape, experts: int, base_
         config = read_hf_config(folder)
     except HFFormatError as exc:
         return [Problem("init_from", str(exc), init_from, "start from a Llama model folder")]
-    numbers = {k: getattr(shape, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")}
     fix = "set the model section to the folder's numbers, or start from another folder"
-    return [Problem("init_from", p, init_from, fix) for p in folder_problems(config, numbers, experts)]
+    return [Problem("init_from", p, init_from, fix) for p in folder_problems(config, shape_numbers(shape), experts)]
 
 
 def _shape_problems(shape: ModelShape) -> list[Problem]:

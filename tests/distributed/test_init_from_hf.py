@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainforge.spec import parse_spec
-from trainforge.tasks.init_folder import FolderError, folder_source, materialise
+from trainforge.tasks.init_folder import FolderError, materialise
 from trainforge.trainer.loop import load_init_weights
 from trainforge.trainer.models.llama import build_model
 from trainforge.validate import validate_document
@@ -103,12 +103,6 @@ def test_a_folder_of_another_model_is_refused_by_field(tmp_path: Path) -> None:
     config.write_text(config.read_text().replace('"rope_theta": 10000.0', '"rope_theta": 500000.0'))
     with pytest.raises(FolderError, match="rope_theta"):
         materialise(_spec(str(tmp_path / "tiny-llama")), tmp_path, tmp_path / "run")
-
-
-def test_folder_source_is_canonical(tmp_path: Path) -> None:
-    assert folder_source("s3://b/p", tmp_path) == "s3://b/p/"
-    assert folder_source("./m/", tmp_path) == str((tmp_path / "m").resolve())
-    assert folder_source("file:///abs/m", tmp_path) == "/abs/m"
 
 
 def test_validate_reads_a_local_folder_before_anything_runs(tmp_path: Path) -> None:

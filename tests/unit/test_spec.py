@@ -22,6 +22,7 @@ from trainforge.spec import (
     Priority,
     Problem,
     SpecError,
+    is_weights_folder,
     json_schema,
     load_spec,
     looks_like_secret,
@@ -29,6 +30,7 @@ from trainforge.spec import (
     parse_text,
     read_document,
     secretish_key,
+    weights_folder_location,
 )
 from trainforge.validate import validate_document
 
@@ -377,3 +379,16 @@ def test_validate_document_never_raises(doc):
     for p in report.problems:
         assert p.path and p.message.strip() and not (isinstance(p.value, float) and math.isnan(p.value))
     json.dumps(report.to_dict(), allow_nan=False, default=str)
+
+
+def test_init_from_folders_are_read_one_way(tmp_path):
+    """A Hugging Face folder vs a checkpoint or model version, and where the folder is (validate and submit share it)."""
+    assert all(is_weights_folder(v) for v in ("s3://b/m", "./m", "../m", "/abs/m", "~/m", "file:///m", "models/base/"))
+    assert not any(is_weights_folder(v) for v in ("job-1@8", "models:/nlp.m/3", "nlp.m/3", "checkpoint:j@2"))
+    assert weights_folder_location("s3://b/p", tmp_path) == "s3://b/p/"
+    assert weights_folder_location("./m/", tmp_path) == str((tmp_path / "m").resolve())
+    assert weights_folder_location("file:///abs/m", tmp_path) == "/abs/m"
+    for scheme in ("gs", "hf", "https"):
+        [problem] = _problems({**TINY, "init_from": f"{scheme}://bucket/model/"})
+        assert problem.path == "init_from" and f"{scheme}:// folders are not read" in problem.message
+        assert "s3://" in problem.fix

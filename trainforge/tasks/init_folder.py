@@ -10,7 +10,6 @@ load, and recorded in lineage as a `weights:` node with its content hash and the
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +19,13 @@ import yaml
 from safetensors.torch import save_file
 
 from trainforge.plan.model import shape_from_spec
-from trainforge.spec import JobSpec
+from trainforge.spec import JobSpec, weights_folder_location
 from trainforge.trainer.models.hf_config import (
     HF_CONFIG,
     HFFormatError,
     folder_problems,
     read_hf_config,
+    shape_numbers,
 )
 
 # What is fetched of a remote folder: the config, the model card (its license) and the safetensors weights.
@@ -49,23 +49,9 @@ class FolderWeights:
     """(path under the source, sha256) of every file read."""
 
 
-def folder_source(init_from: str, base_dir: Path) -> str:
-    """The folder's canonical source: an `s3://` prefix as given, a path made absolute against the spec's folder."""
-    if init_from.startswith("s3://"):
-        return init_from.rstrip("/") + "/"
-    path = Path(os.path.expanduser(init_from.removeprefix("file://")))
-    return str((base_dir / path).resolve() if not path.is_absolute() else path.resolve())
-
-
-def spec_model_numbers(spec: JobSpec) -> dict[str, int]:
-    shape = shape_from_spec(spec.model, spec.name)
-    return {"layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads, "kv_heads": shape.kv_heads,
-            "ffn_hidden": shape.ffn_hidden, "vocab": shape.vocab}
-
-
 def config_problems(config: dict[str, Any], spec: JobSpec) -> list[str]:
     """Why this folder's model is not the spec's (each with how to fix it); empty when it loads exactly."""
-    return folder_problems(config, spec_model_numbers(spec), spec.model.experts)
+    return folder_problems(config, shape_numbers(shape_from_spec(spec.model, spec.name)), spec.model.experts)
 
 
 def fetch(source: str, dst: Path) -> Path:
@@ -87,9 +73,9 @@ def fetch(source: str, dst: Path) -> Path:
         dst.mkdir(parents=True, exist_ok=True)
         for key in keys:
             store.get_file(key, dst / key)
+    except FolderError:
+        raise
     except (StorageError, OSError, ValueError) as exc:
-        if isinstance(exc, FolderError):
-            raise
         raise FolderError(f"{source}: cannot be read ({exc}); check the prefix and that the platform's S3 "
                           "credentials may read it") from None
     return dst
@@ -124,7 +110,7 @@ def materialise(spec: JobSpec, base_dir: Path, out: Path) -> tuple[Path, FolderW
     """Fetch, check and convert the spec's `init_from` folder into `out/model.safetensors` (trainforge's names).
     Raises FolderError with what to fix; nothing is left in `out` on failure."""
     assert spec.init_from
-    source = folder_source(spec.init_from, base_dir)
+    source = weights_folder_location(spec.init_from, base_dir)
     downloaded = out / "hf"
     try:
         return _convert(spec, source, fetch(source, downloaded), out)

@@ -37,6 +37,15 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     return config
 
 
+MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
+"""The spec's model numbers a folder is checked against (ModelShape's attributes of the same names)."""
+
+
+def shape_numbers(shape: Any) -> dict[str, int]:
+    """A resolved model shape's numbers under the spec's field names, to compare with `model_args_of`."""
+    return {k: int(getattr(shape, k)) for k in MODEL_FIELDS}
+
+
 def model_args_of(config: dict[str, Any]) -> dict[str, int]:
     """The spec's model numbers a Hugging Face Llama config describes (what `init_from` checks the spec against)."""
     try:
