@@ -2,7 +2,7 @@
 checkpoint, and `trainforge submit --resume JOB` continues the same job from it. Covers Ctrl-C on the CLI and a
 cancel through the Prefect API (what the UI's Cancel button does).
 
-Run: .venv/bin/python -m pytest tests/integration/test_cancel_resume.py   (about 2 minutes on 2 cores)
+Run: .venv/bin/python -m pytest tests/integration/test_cancel_resume.py   (about 3 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ from trainforge.registry.jobs import JobStore
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-STEPS_CTRL_C = 160
+STEPS_CTRL_C = 48
+# Rank 0 sleeps this long in every step of the first segment attempt only (trainer/faults.py `slow`; the resume is
+# submitted without it): the first commit comes after 8 slow steps and Ctrl-C then has 40 s of training left to land
+# in however slowly this test process notices the commit, while the resume runs the rest at full speed.
+SLOW_FIRST_ATTEMPT = "slow:rank=0:step=0:ms=1000"
 
 
 def spec_file(tmp_path: Path, steps: int = 48) -> Path:
@@ -75,11 +79,12 @@ def cli(*args: str) -> list[str]:
 
 def test_ctrl_c_stops_every_worker_and_resume_continues(tmp_path, _isolated_home):
     ensure_demo_dataset()
-    # Long enough that Ctrl-C lands mid-training even when this test process is slow to notice the first
-    # commit on a loaded machine (a 48-step job once finished first in CI); the resume runs what is left.
+    # Ctrl-C must land mid-training even when this test process is slow to notice the first commit on a loaded
+    # machine (a 48-step job at full speed once finished first in CI): the first attempt runs slowed down.
     spec = spec_file(tmp_path, steps=STEPS_CTRL_C)
     env = {**os.environ, "TRAINFORGE_HOME": str(_isolated_home), "PREFECT_HOME": str(tmp_path / "prefect")}
-    proc = subprocess.Popen(cli("submit", str(spec), "--json"), env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cli("submit", str(spec), "--json"), env={**env, "TRAINFORGE_FAULT": SLOW_FIRST_ATTEMPT},
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         job_id = wait_for(lambda: [r.job_id for r in JobStore().list()], 120, "the job record")[0]
