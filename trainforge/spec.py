@@ -218,17 +218,36 @@ class DatasetSpec(_Model):
     num_workers: Int = Field(default=0, ge=0, le=32)
     """DataLoader worker processes per rank that read and preprocess each step's batch ahead of the training
     step (pipelined; at most 2 batches per worker wait in memory). 0 = read in the training process."""
+    tokenizer: str | None = None
+    """The tokenizer the data must have been tokenized with: `byte-level`, or the path (relative to the spec's
+    folder) of a Hugging Face `tokenizer.json` or of a model folder holding one. Checked against the dataset
+    version's tokenizer by content before anything is allocated (`validate` for local versions, submit for the
+    others). Omitted: whatever the version used, except that a Hugging Face `init_from` folder shipping a
+    `tokenizer.json` must match it (a model reading ids of another vocabulary learns nothing it was taught)."""
 
     @model_serializer(mode="wrap")
     def _omit_default_pipeline(self, handler: Any) -> Any:
-        # absent == default: specs written before online preprocessing keep their config_hash
+        # absent == default: specs written before online preprocessing (or the tokenizer check) keep their
+        # config_hash
         d = handler(self)
         if isinstance(d, dict):
             if not d.get("transforms"):
                 d.pop("transforms", None)
             if not d.get("num_workers"):
                 d.pop("num_workers", None)
+            if d.get("tokenizer") is None:
+                d.pop("tokenizer", None)
         return d
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_name(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise FieldProblem("is empty", fix="write byte-level, or the path of a tokenizer.json")
+        if v is not None and "://" in v and not v.startswith("file://"):
+            raise FieldProblem(f"tokenizer {_short(v)} is not a local file",
+                               fix="name a tokenizer.json on disk (relative to the spec file), or byte-level")
+        return v
 
     @field_validator("transforms")
     @classmethod

@@ -137,12 +137,14 @@ def semantic_problems(
 
 
 def _dataset_problems(spec: JobSpec, base_dir: Path, dataset_checker: DatasetChecker) -> list[Problem]:
+    from trainforge.datasets.tokenizer_match import spec_tokenizer_problems
+
     try:
         found = dataset_checker(spec, base_dir)
     except (OSError, ValueError) as exc:  # e.g. a file:// path the OS refuses (too long, NUL byte)
         found = Problem("dataset.ref", f"cannot be resolved: {exc}", spec.dataset.ref,
                         "give a catalog:// name or a file:// path to a dataset version folder")
-    return [] if found is None else [found]
+    return spec_tokenizer_problems(spec, base_dir) + ([] if found is None else [found])
 
 
 def _init_folder_problems(init_from: str, shape: ModelShape, experts: int, base_dir: Path) -> list[Problem]:
@@ -427,9 +429,15 @@ def _accumulation_problems(spec: JobSpec, layout: Layout) -> list[Problem]:
 
 def default_dataset_checker() -> DatasetChecker:
     def check(spec: JobSpec, base_dir: Path) -> Problem | None:
-        from trainforge.datasets.refs import check_reference
+        """The reference resolves, and (where it did) to data tokenized as the job expects."""
+        from trainforge.datasets.refs import check_reference, resolve_reference
+        from trainforge.datasets.tokenizer_match import tokenizer_problem
 
-        return check_reference(spec.dataset.ref, base_dir)
+        found = check_reference(spec.dataset.ref, base_dir)
+        if found is not None:
+            return found
+        ds = resolve_reference(spec.dataset.ref, base_dir)
+        return tokenizer_problem(spec, ds.manifest.tokenizer, base_dir, f"dataset {ds.name}@{ds.version[:12]}")
 
     return check
 

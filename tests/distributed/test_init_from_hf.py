@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.made_tokenizers import make_tokenizer
+from trainforge.datasets.tokenizer import pretrained_id
 from trainforge.spec import parse_spec
 from trainforge.tasks.init_folder import FolderError, materialise
 from trainforge.trainer.loop import load_init_weights
@@ -86,6 +88,16 @@ def test_an_s3_prefix_is_fetched_without_its_pickles(tmp_path: Path, s3_server, 
         _assert_same_logits(hf, weights)
         with pytest.raises(FolderError, match="has no config.json"):
             materialise(_spec(f"s3://{bucket}/models/absent/"), tmp_path, tmp_path / "run3")
+        # A folder shipping a tokenizer.json is fetched with it and checked against the data's tokenizer here,
+        # at submit, since validate could not read the prefix
+        text = make_tokenizer(tmp_path / "tok" / "tokenizer.json")
+        store.put_file("models/tiny/tokenizer.json", tmp_path / "tok" / "tokenizer.json")
+        with pytest.raises(FolderError, match="another vocabulary") as clash:
+            materialise(spec, tmp_path, tmp_path / "run4", ("byte-level-v1", "dataset demo-text@0123"))
+        assert "byte-level" in str(clash.value) and "--tokenizer" in str(clash.value)
+        assert not (tmp_path / "run4" / "model.safetensors").exists()
+        _, same = materialise(spec, tmp_path, tmp_path / "run5", (pretrained_id(text), "dataset chat@0123"))
+        assert "tokenizer.json" in {name for name, _ in same.files} and same.sha256 != got.sha256
     finally:
         s3_server.delete_bucket(bucket)
 

@@ -72,13 +72,6 @@ class Market(StrEnum):
     spot = "spot"
 
 
-class Tokenizer(StrEnum):
-    """Tokenizers `datasets build` can use."""
-
-    byte = "byte"
-    bpe = "bpe"
-
-
 class Shell(StrEnum):
     """Shells `completion` writes a script for."""
 

@@ -18,11 +18,21 @@ import typer
 from rich.markup import escape
 
 from trainforge.cli import app, new_typer
-from trainforge.commands.choices import Tokenizer
 from trainforge.commands.common import EXIT_INVALID, EXIT_UNREADABLE, console, err_console, fail, print_json
 
 datasets_app = new_typer("Build, list, show and tag versioned datasets.")
 app.add_typer(datasets_app, name="datasets")
+
+
+def _tokenizer_option(value: str) -> str:
+    """--tokenizer: byte, bpe, or an existing tokenizer.json (or a folder holding one); anything else is a usage
+    error naming the option, before the source is read."""
+    from trainforge.datasets.tokenizer import tokenizer_file
+
+    if value in ("byte", "bpe") or tokenizer_file(Path(value)).is_file():
+        return value
+    raise typer.BadParameter(f"'{value}' is not byte, bpe or the path of a Hugging Face tokenizer.json (or of a "
+                             "model folder holding one)")
 
 
 def _split(ref: str) -> tuple[str, str]:
@@ -43,8 +53,9 @@ def build(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Leave bad rows out instead of failing."),
     max_shard_mb: float = typer.Option(64.0, help="Upper bound on a shard's size."),
     gate: bool = typer.Option(True, "--gate/--no-gate", help="Run the quality gate before moving the branch."),
-    tokenizer: Tokenizer = typer.Option(Tokenizer.byte, help="byte: built in; bpe: trained on SOURCE, saved with "
-                                        "the version."),
+    tokenizer: str = typer.Option("byte", callback=_tokenizer_option, help="byte: built in; bpe: trained on SOURCE; or the path of a Hugging "
+                                  "Face tokenizer.json (or a model folder holding one). bpe and a file are saved "
+                                  "with the version, and their digest is part of its id."),
     vocab_size: int = typer.Option(8192, help="BPE vocabulary size (--tokenizer bpe)."),
     as_json: bool = typer.Option(False, "--json", help="Print the version's summary (or the error) as JSON."),
 ) -> None:
@@ -54,6 +65,7 @@ def build(
     Examples:
       trainforge datasets build corpus.jsonl --out catalog://web-text --license CC-BY-4.0
       trainforge datasets build docs/ --out catalog://docs@staging --license MIT --tokenizer bpe
+      trainforge datasets build chat.jsonl --out catalog://chat --license MIT --tokenizer ./llama-folder/
     """
     from trainforge.datasets.build import BuildConfig, BuildError, build_dataset, build_version_dir
     from trainforge.datasets.catalog import CatalogError, EmbeddedCatalog
@@ -61,7 +73,7 @@ def build(
     if seq_len < 1:
         fail(f"--seq-len must be positive, got {seq_len}", EXIT_UNREADABLE)
     cfg = BuildConfig(license=license, seq_len=seq_len, text_field=text_field, num_workers=workers, pack=pack,
-                      skip_bad=skip_bad, max_shard_bytes=int(max_shard_mb * 2**20), tokenizer=tokenizer.value,
+                      skip_bad=skip_bad, max_shard_bytes=int(max_shard_mb * 2**20), tokenizer=tokenizer,
                       vocab_size=vocab_size)
     report: dict[str, Any] | None = None
     try:

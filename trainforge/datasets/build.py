@@ -71,7 +71,8 @@ class BuildConfig:
     """Skip bad rows (counted in the provenance) instead of failing the build."""
     provenance: dict[str, Any] = field(default_factory=dict)
     tokenizer: str = "byte"
-    """"byte" (built-in byte-level) or "bpe" (a byte-level BPE trained on this source, saved with the version)."""
+    """"byte" (built-in byte-level), "bpe" (a byte-level BPE trained on this source, saved with the version), or the
+    path of a pretrained Hugging Face tokenizer.json (or of a model folder holding one), saved with the version."""
     vocab_size: int = 8192
     """Size of the BPE vocabulary to train (tokenizer "bpe"; a small corpus may yield fewer ids)."""
 
@@ -92,18 +93,32 @@ class TokenizerChoice:
 
 
 def choose_tokenizer(files: list[Path], cfg: BuildConfig) -> TokenizerChoice:
-    """Byte-level, or train the BPE (offline, before any worker starts) on the source's good documents."""
+    """Byte-level, a pretrained tokenizer.json, or train the BPE (offline, before any worker starts) on the source's
+    good documents."""
     if cfg.tokenizer == "byte":
         return TokenizerChoice(tokenizer.NAME, tokenizer.VOCAB_SIZE, "uint16", tokenizer.PAD)
     if cfg.tokenizer != "bpe":
-        raise BuildError(f"unknown tokenizer {cfg.tokenizer!r}: use 'byte' or 'bpe'")
+        return pretrained_tokenizer(Path(cfg.tokenizer))
     try:
         text = tokenizer.train_bpe((d for d in iter_documents(files, cfg.text_field) if isinstance(d, str)),
                                    cfg.vocab_size)
     except ValueError as exc:
         raise BuildError(str(exc)) from None
-    enc = tokenizer.BpeEncoder(text)
+    enc = tokenizer.JsonTokenizer(text)
     return TokenizerChoice(tokenizer.bpe_id(text), enc.vocab_size, np.dtype(enc.dtype).name, tokenizer.BPE_PAD, text)
+
+
+def pretrained_tokenizer(path: Path) -> TokenizerChoice:
+    """A Hugging Face tokenizer.json used as it is; its content digest is the manifest's tokenizer id."""
+    if not tokenizer.tokenizer_file(path).exists():
+        raise BuildError(f"tokenizer {path}: no such file; use 'byte', 'bpe' or the path of a Hugging Face "
+                         "tokenizer.json (or of a model folder holding one)")
+    try:
+        text = tokenizer.read_tokenizer_json(path)
+        enc = tokenizer.JsonTokenizer(text, where=str(tokenizer.tokenizer_file(path)))
+    except tokenizer.TokenizerError as exc:
+        raise BuildError(str(exc)) from None
+    return TokenizerChoice(tokenizer.pretrained_id(text), enc.vocab_size, np.dtype(enc.dtype).name, enc.pad, text)
 
 
 def source_files(source: Path) -> list[Path]:
@@ -196,13 +211,13 @@ def _parquet(path: Path, name: str, text_field: str) -> Iterator[str | BadRow]:
             yield _check_text(name, row, value)
 
 
-_worker_bpe: tokenizer.BpeEncoder | None = None
+_worker_bpe: tokenizer.JsonTokenizer | None = None
 
 
 def _init_worker(tokenizer_json: str | None) -> None:
-    """Pool initializer: load this build's BPE once per worker process (None: byte-level)."""
+    """Pool initializer: load this build's tokenizer.json once per worker process (None: byte-level)."""
     global _worker_bpe
-    _worker_bpe = tokenizer.BpeEncoder(tokenizer_json) if tokenizer_json is not None else None
+    _worker_bpe = tokenizer.JsonTokenizer(tokenizer_json) if tokenizer_json is not None else None
 
 
 def encode_batch(texts: list[str]) -> list[np.ndarray]:

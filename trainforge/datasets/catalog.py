@@ -172,7 +172,7 @@ class EmbeddedCatalog:
             return
         for shard in manifest.shards:
             self.store.put_file(f"{prefix}/{shard.file}", folder / shard.file)
-        if tokenizer.is_bpe(manifest.tokenizer):  # the trained BPE travels with the version
+        if tokenizer.ships_json(manifest.tokenizer):  # a BPE or pretrained tokenizer travels with the version
             self.store.put_file(f"{prefix}/{tokenizer.TOKENIZER_FILE}", folder / tokenizer.TOKENIZER_FILE)
         # the manifest is the commit point; ObjectExistsError: committed concurrently with identical content
         with contextlib.suppress(ObjectExistsError):
@@ -264,7 +264,7 @@ class EmbeddedCatalog:
             data = self.store.get_bytes(self._manifest_key(name, version))
             source = {"store_url": self.store.url, "prefix": f"{name}/versions/{version}"}
             _atomic_write(folder / SOURCE_FILE, json.dumps(source).encode())
-            if tokenizer.is_bpe(json.loads(data)["tokenizer"]):
+            if tokenizer.ships_json(json.loads(data)["tokenizer"]):
                 _atomic_write(folder / tokenizer.TOKENIZER_FILE,
                               self.store.get_bytes(f"{name}/versions/{version}/{tokenizer.TOKENIZER_FILE}"))
             _atomic_write(folder / MANIFEST_FILE, data)

@@ -60,7 +60,7 @@ def _frames(ds: ResolvedDataset, reader: ShardReader, cfg: GateConfig) -> tuple[
     n = ds.manifest.num_samples
     idx = np.arange(n) if n <= cfg.max_samples else np.linspace(0, n - 1, cfg.max_samples).astype(np.int64)
     samples = reader.get(idx.tolist())
-    pad = tokenizer.pad_id(ds.manifest.tokenizer)
+    pad = tokenizer.pad_id(ds.manifest.tokenizer, ds.path)
     nonpad = samples != pad if pad is not None else np.ones_like(samples, bool)
     hashes = [int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little", signed=True)
               for row in samples]

@@ -1,9 +1,11 @@
 """Tokenizers. Built in: byte-level (ids 0-255 are bytes; 256.. are special tokens; no vocabulary file).
-Optional: a byte-level BPE trained offline with the `tokenizers` library (below)."""
+Optional, both through the `tokenizers` library and saved with the version as `tokenizer.json`: a byte-level BPE
+trained offline on the source, or a pretrained Hugging Face tokenizer (the `tokenizer.json` a model folder ships)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -63,42 +65,126 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> str:
 
 
 def bpe_id(tokenizer_json: str) -> str:
-    return BPE_PREFIX + hashlib.sha256(tokenizer_json.encode()).hexdigest()
+    return BPE_PREFIX + _digest(tokenizer_json)
+
+
+def pretrained_id(tokenizer_json: str) -> str:
+    return PRETRAINED_PREFIX + _digest(tokenizer_json)
+
+
+def _digest(tokenizer_json: str) -> str:
+    return hashlib.sha256(tokenizer_json.encode()).hexdigest()
 
 
 def is_bpe(name: str) -> bool:
     return name.startswith(BPE_PREFIX)
 
 
-def pad_id(name: str) -> int | None:
-    """The padding id of the tokenizer a manifest names (None: unknown tokenizer)."""
-    return PAD if name == NAME else BPE_PAD if is_bpe(name) else None
+def is_pretrained(name: str) -> bool:
+    return name.startswith(PRETRAINED_PREFIX)
 
 
-class BpeEncoder:
-    """Encode with a trained BPE (given its JSON): <bos> ids... <eos>, like the byte-level `encode`."""
+def ships_json(name: str) -> bool:
+    """True when the tokenizer a manifest names travels with the version as its `tokenizer.json`."""
+    return is_bpe(name) or is_pretrained(name)
 
-    def __init__(self, tokenizer_json: str):
+
+def pad_id(name: str, version_dir: Path | None = None) -> int | None:
+    """The padding id of the tokenizer a manifest names (None: unknown; a pretrained one is read from the version
+    folder, where its file travels)."""
+    if name == NAME:
+        return PAD
+    if is_bpe(name):
+        return BPE_PAD
+    if is_pretrained(name) and version_dir is not None and (version_dir / TOKENIZER_FILE).is_file():
+        return load_tokenizer(version_dir).pad
+    return None
+
+
+# ------------------------------------------------------------------------------------------- pretrained
+# A Hugging Face tokenizer.json, used as it is. A document is encoded as [BOS] ids EOS: the begin-of-text token
+# only where the tokenizer has one (GPT-2's has not), the end-of-text token always, because packed samples tell
+# documents apart by it. Both are found by name among the file's special tokens (the names below are the ones
+# Llama 2/3, Mistral, GPT-2/NeoX, Gemma and trainforge's own BPE use); the post-processor's templates are not
+# applied, so what a sample holds does not depend on how a given file configures them. Padding (--no-pack) uses
+# the pad token, else the end-of-text token, as transformers' fine-tuning recipes do.
+PRETRAINED_PREFIX = "hf:sha256:"
+BOS_NAMES = ("<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>")
+EOS_NAMES = ("<eos>", "</s>", "<|end_of_text|>", "<|endoftext|>")
+PAD_NAMES = ("<pad>", "<|pad|>", "[PAD]", "<|finetune_right_pad_id|>")
+
+
+class TokenizerError(ValueError):
+    """A tokenizer.json that cannot be used (unreadable, not a tokenizer, no end-of-text token)."""
+
+
+def tokenizer_file(path: Path) -> Path:
+    """`path` itself, or the tokenizer.json inside a folder (a Hugging Face model folder ships one)."""
+    return path / TOKENIZER_FILE if path.is_dir() else path
+
+
+def read_tokenizer_json(path: Path) -> str:
+    """The text of a tokenizer.json (or of a folder's), refused with a readable reason if it is not one."""
+    file = tokenizer_file(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+        doc = json.loads(text)
+    except FileNotFoundError:
+        raise TokenizerError(f"{file}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{file} is not a readable tokenizer.json ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
+        raise TokenizerError(f"{file} is not a Hugging Face tokenizer.json (no 'model' section)")
+    return text
+
+
+def same_tokenizer(manifest_tokenizer: str, tokenizer_json: str) -> bool:
+    """Whether a manifest's tokenizer id names exactly this tokenizer.json (a trained BPE's file, or a pretrained
+    one: the content digest decides, whichever prefix the build gave it)."""
+    return ships_json(manifest_tokenizer) and manifest_tokenizer.rsplit(":", 1)[1] == _digest(tokenizer_json)
+
+
+class JsonTokenizer:
+    """Encode with a tokenizer.json (a trained BPE or a pretrained tokenizer): [BOS] ids... EOS, like the
+    byte-level `encode`."""
+
+    def __init__(self, tokenizer_json: str, where: str = TOKENIZER_FILE):
         from tokenizers import Tokenizer
 
-        self._tok = Tokenizer.from_str(tokenizer_json)
-        self.vocab_size = self._tok.get_vocab_size()
+        try:
+            self._tok = Tokenizer.from_str(tokenizer_json)
+        except Exception as exc:  # the Rust library's errors are plain Exceptions
+            raise TokenizerError(f"{where} cannot be loaded by the tokenizers library: {exc}") from None
+        specials = {t["content"]: int(t["id"]) for t in json.loads(tokenizer_json).get("added_tokens") or []
+                    if isinstance(t, dict) and t.get("special") and "content" in t and "id" in t}
+        eos = _first(specials, EOS_NAMES)
+        if eos is None:
+            raise TokenizerError(f"{where} has no end-of-text special token (one of {', '.join(EOS_NAMES)}): packed "
+                                 "samples could not tell documents apart")
+        self.bos, self.eos = _first(specials, BOS_NAMES), eos
+        pad = _first(specials, PAD_NAMES)
+        self.pad = eos if pad is None else pad
+        self.vocab_size = max(self._tok.get_vocab_size(with_added_tokens=True), *(i + 1 for i in specials.values()))
         self.dtype = np.uint16 if self.vocab_size <= 1 << 16 else np.uint32
+        self._head = [] if self.bos is None else [self.bos]
 
     def encode(self, text: str) -> np.ndarray:
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        return np.array([BPE_BOS, *ids, BPE_EOS], dtype=self.dtype)
+        return np.array([*self._head, *ids, self.eos], dtype=self.dtype)
 
     def decode(self, ids: np.ndarray | list[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
-def load_bpe(version_dir: Path) -> BpeEncoder:
-    """The BPE saved with a dataset version, checked against the manifest's tokenizer id."""
-    import json
+def _first(specials: dict[str, int], names: tuple[str, ...]) -> int | None:
+    return next((specials[n] for n in names if n in specials), None)
 
-    text = (version_dir / TOKENIZER_FILE).read_text()
+
+def load_tokenizer(version_dir: Path) -> JsonTokenizer:
+    """The tokenizer.json saved with a dataset version (a trained BPE or a pretrained one), checked against the
+    manifest's tokenizer id."""
+    text = (version_dir / TOKENIZER_FILE).read_text(encoding="utf-8")
     want = json.loads((version_dir / "manifest.json").read_text())["tokenizer"]
-    if bpe_id(text) != want:
+    if not same_tokenizer(want, text):
         raise ValueError(f"{version_dir / TOKENIZER_FILE} does not match the manifest's tokenizer {want}")
-    return BpeEncoder(text)
+    return JsonTokenizer(text)

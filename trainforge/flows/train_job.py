@@ -148,7 +148,7 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
         log.warning(warning)
     plan = steps.plan(jobspec, dataset, layout=checked.layout)
     record = _open_record(jobspec, job_id or (None if resume else _new_job_id(jobspec)), resume, doc, source)
-    init = steps.resolve_init_weights(jobspec, str(record.folder), str(base_dir)) if jobspec.init_from else None
+    init = steps.resolve_init_weights(jobspec, str(record.folder), str(base_dir), dataset) if jobspec.init_from else None
     config = prepare.worker_config(jobspec, record.job_id, record.folder, Path(base_dir), dataset, plan,
                                    code.commit, init.path if init else None, code_path=code.path)
     config_path = config.write(record.folder / "worker-config.json")

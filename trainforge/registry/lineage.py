@@ -162,13 +162,23 @@ def parse_target(text: str) -> str:
     return "job:" + text
 
 
+# manifests whose tokenizer travels as the version's tokenizer.json (datasets/tokenizer.py: ships_json); written
+# out here because the lineage store does not import the data pipeline
+_TOKENIZER_FILE_PREFIXES = ("bpe:sha256:", "hf:sha256:")
+
+
 def dataset_files_of(manifest: Mapping[str, Any], path: str = "") -> list[tuple[str, str]]:
-    """(path, sha256) of what a dataset version contains: its shards (under its path) and, where its provenance
-    lists them, the source files and folder it was built from (so a query by source file or prefix finds it)."""
+    """(path, sha256) of what a dataset version contains: its shards (under its path), the tokenizer.json it was
+    tokenized with (a BPE or pretrained one; its sha256 is the digest in the manifest's tokenizer id) and, where its
+    provenance lists them, the source files and folder it was built from (so a query by source file or prefix finds
+    it)."""
     out = []
     base = path.rstrip("/")
     for shard in manifest.get("shards", []):
         out.append((f"{base}/{shard['file']}" if base else shard["file"], shard.get("sha256", "")))
+    tok = str(manifest.get("tokenizer", ""))
+    if tok.startswith(_TOKENIZER_FILE_PREFIXES):
+        out.append((f"{base}/tokenizer.json" if base else "tokenizer.json", tok.rsplit(":", 1)[1]))
     prov = manifest.get("provenance") or {}
     if isinstance(prov.get("source"), str) and ("/" in prov["source"] or "://" in prov["source"]):
         out.append((prov["source"], ""))
@@ -288,11 +298,12 @@ class LineageStore:
 
     def record_dataset(self, name: str, version: str, *, license: str, ref: str = "", path: str = "",
                        provenance: Mapping[str, Any] | None = None,
-                       file_list: Iterable[tuple[str, str]] = ()) -> str:
+                       file_list: Iterable[tuple[str, str]] = (), tokenizer: str = "") -> str:
         node = dataset_id(name, version)
+        attrs = {"ref": ref, "path": path, "provenance": dict(provenance or {}), **({"tokenizer": tokenizer}
+                                                                                  if tokenizer else {})}
         with self.engine.begin() as conn:
-            self._upsert_node(conn, node, "dataset", name, version, license=license,
-                              attrs={"ref": ref, "path": path, "provenance": dict(provenance or {})})
+            self._upsert_node(conn, node, "dataset", name, version, license=license, attrs=attrs)
             known = {r.path for r in conn.execute(select(files.c.path).where(files.c.node == node))}
             rows = [{"node": node, "path": p, "sha256": s} for p, s in dict(file_list).items() if p not in known]
             if rows:
@@ -308,7 +319,8 @@ class LineageStore:
         ds = self.record_dataset(dataset["name"], dataset["version"], license=dataset.get("license", ""),
                                  ref=dataset.get("ref", ""), path=dataset.get("path", ""),
                                  provenance=manifest.get("provenance") if manifest else None,
-                                 file_list=dataset_files_of(manifest, dataset.get("path", "")) if manifest else ())
+                                 file_list=dataset_files_of(manifest, dataset.get("path", "")) if manifest else (),
+                                 tokenizer=str(manifest.get("tokenizer", "")) if manifest else "")
         node = job_id_node(job_id)
         with self.engine.begin() as conn:
             self._upsert_node(conn, node, "job", job_id, team=team, license=dataset.get("license", ""),

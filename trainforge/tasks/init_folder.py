@@ -1,8 +1,9 @@
 """`init_from` a Hugging Face Llama folder: a local path or an `s3://bucket/prefix/`, read once per submit.
 
-The folder is fetched (an object-store prefix: its config.json, model card and safetensors files only; pickled
-`.bin` weights are never read), checked against the spec's model section (validate.py checks a local folder
-before anything is allocated; a remote one is checked here, still before the gang is provisioned), converted to
+The folder is fetched (an object-store prefix: its config.json, model card, tokenizer.json and safetensors files
+only; pickled `.bin` weights are never read), checked against the spec's model section and, where it ships a
+tokenizer.json, against the dataset's tokenizer (validate.py checks a local folder before anything is allocated; a
+remote one is checked here, still before the gang is provisioned), converted to
 trainforge's tensor names (trainer/models/hf_llama.py) as the one safetensors file every fine-tune's workers
 load, and recorded in lineage as a `weights:` node with its content hash and the license its model card names.
 """
@@ -18,6 +19,8 @@ from typing import Any
 import yaml
 from safetensors.torch import save_file
 
+from trainforge.datasets.tokenizer import TOKENIZER_FILE
+from trainforge.datasets.tokenizer_match import folder_tokenizer_problem
 from trainforge.plan.model import shape_from_spec
 from trainforge.spec import JobSpec, weights_folder_location
 from trainforge.trainer.models.hf_config import (
@@ -28,9 +31,10 @@ from trainforge.trainer.models.hf_config import (
     shape_numbers,
 )
 
-# What is fetched of a remote folder: the config, the model card (its license) and the safetensors weights.
+# What is fetched of a remote folder: the config, the model card (its license), the tokenizer and the safetensors
+# weights.
 _FETCHED_SUFFIXES = (".safetensors", ".safetensors.index.json")
-_FETCHED_NAMES = (HF_CONFIG, "README.md")
+_FETCHED_NAMES = (HF_CONFIG, "README.md", TOKENIZER_FILE)
 
 
 class FolderError(ValueError):
@@ -106,14 +110,22 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def materialise(spec: JobSpec, base_dir: Path, out: Path) -> tuple[Path, FolderWeights]:
+def materialise(spec: JobSpec, base_dir: Path, out: Path, data_tokenizer: tuple[str, str] | None = None
+                ) -> tuple[Path, FolderWeights]:
     """Fetch, check and convert the spec's `init_from` folder into `out/model.safetensors` (trainforge's names).
-    Raises FolderError with what to fix; nothing is left in `out` on failure."""
+    `data_tokenizer` is (the dataset version's tokenizer id, its name for messages): a folder whose tokenizer.json
+    is another is refused (datasets/tokenizer_match.py). Raises FolderError with what to fix; nothing is left in
+    `out` on failure."""
     assert spec.init_from
     source = weights_folder_location(spec.init_from, base_dir)
     downloaded = out / "hf"
     try:
-        return _convert(spec, source, fetch(source, downloaded), out)
+        folder = fetch(source, downloaded)
+        if data_tokenizer is not None:
+            clash = folder_tokenizer_problem(spec, data_tokenizer[0], folder, data_tokenizer[1])
+            if clash is not None:
+                raise FolderError(f"{clash.message}. Fix: {clash.fix}")
+        return _convert(spec, source, folder, out)
     finally:
         shutil.rmtree(downloaded, ignore_errors=True)  # a remote folder's copy: converted or refused, not kept
 
@@ -129,7 +141,8 @@ def _convert(spec: JobSpec, source: str, folder: Path, out: Path) -> tuple[Path,
         state, _ = load_hf_folder(folder)
     except HFFormatError as exc:
         raise FolderError(str(exc)) from None
-    read = sorted(p.name for p in folder.iterdir() if p.name == HF_CONFIG or p.name.endswith(_FETCHED_SUFFIXES))
+    read = sorted(p.name for p in folder.iterdir()  # what the job depends on: the weights and the vocabulary
+                  if p.name in (HF_CONFIG, TOKENIZER_FILE) or p.name.endswith(_FETCHED_SUFFIXES))
     files = tuple((name, _sha256(folder / name)) for name in read)
     content = hashlib.sha256("".join(f"{n}\0{h}\n" for n, h in files).encode()).hexdigest()
     target = out / "model.safetensors"

@@ -14,6 +14,7 @@ from typing import Any
 
 from trainforge.contract.config import ResolvedDataset, SegmentConfig
 from trainforge.datasets.refs import resolve_reference
+from trainforge.datasets.tokenizer_match import tokenizer_problem
 from trainforge.home import home
 from trainforge.plan.cluster import ClusterSpec
 from trainforge.plan.job import auto_checkpoint_interval
@@ -50,6 +51,9 @@ def validate_spec(doc: dict[str, Any], source: str, base_dir: Path, cluster: Clu
 
 def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
     ds = resolve_reference(spec.dataset.ref, base_dir)
+    mismatch = tokenizer_problem(spec, ds.manifest.tokenizer, base_dir, f"dataset {ds.name}@{ds.version[:12]}")
+    if mismatch is not None:  # every scheme, lakeFS and remote catalogs too: validate saw only the local ones
+        raise JobRejected(str(SpecError([mismatch], spec.name)))
     license_ = ds.license
     warnings = []
     if spec.dataset.license and spec.dataset.license != ds.license:
@@ -125,13 +129,15 @@ class InitWeights:
     """The lineage node the job is fine-tuned from (checkpoint, model version, or outside weights)."""
 
 
-def resolve_init_weights(spec: JobSpec, run_dir: Path, base_dir: Path | None = None) -> InitWeights | None:
+def resolve_init_weights(spec: JobSpec, run_dir: Path, base_dir: Path | None = None,
+                         dataset: dict[str, Any] | None = None) -> InitWeights | None:
     """Fine-tuning: materialise the parent's weights as one safetensors file the workers load before step 0.
 
     `JOB@STEP` exports that committed checkpoint of an earlier job (verified against its manifest);
     `models:/team.name/3` (or `team.name/3`) downloads the registered model version's safetensors from MLflow;
     a Hugging Face Llama folder (a path, relative to the spec's folder, or an `s3://` prefix) is checked against
-    the model section, converted, and recorded in lineage as outside weights (tasks/init_folder.py)."""
+    the model section (and, where it ships a tokenizer.json, against the tokenizer of `dataset`, the flow's
+    resolved dataset), converted, and recorded in lineage as outside weights (tasks/init_folder.py)."""
     if not spec.init_from:
         return None
     from trainforge.registry.lineage import LineageStore, parse_target
@@ -141,7 +147,7 @@ def resolve_init_weights(spec: JobSpec, run_dir: Path, base_dir: Path | None = N
         from trainforge.tasks import init_folder
 
         try:
-            path, weights = init_folder.materialise(spec, base_dir or run_dir, out)
+            path, weights = init_folder.materialise(spec, base_dir or run_dir, out, _data_tokenizer(dataset))
         except init_folder.FolderError as exc:
             raise InitWeightsError(f"init_from {spec.init_from!r}: {exc}") from None
         store = LineageStore()
@@ -180,3 +186,13 @@ def resolve_init_weights(spec: JobSpec, run_dir: Path, base_dir: Path | None = N
         return InitWeights(str(found[0]), target)
     raise InitWeightsError(f"init_from {spec.init_from!r} names a {target.split(':')[0]}, not a checkpoint "
                            "(JOB@STEP) or a model version (models:/name/N)")
+
+
+def _data_tokenizer(dataset: dict[str, Any] | None) -> tuple[str, str] | None:
+    """(tokenizer id, name for messages) of a resolved dataset, from its version folder's manifest."""
+    if not dataset or not dataset.get("path"):
+        return None
+    manifest = Path(dataset["path"]) / "manifest.json"
+    if not manifest.is_file():
+        return None
+    return json.loads(manifest.read_text())["tokenizer"], f"dataset {dataset['name']}@{str(dataset['version'])[:12]}"

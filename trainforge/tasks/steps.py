@@ -46,10 +46,11 @@ def resolve_dataset(spec: JobSpec, base_dir: str) -> dict[str, Any]:
 
 
 @task(name="resolve-init-weights", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def resolve_init_weights(spec: JobSpec, run_dir: str, base_dir: str) -> prepare.InitWeights | None:
+def resolve_init_weights(spec: JobSpec, run_dir: str, base_dir: str,
+                         dataset: dict[str, Any] | None = None) -> prepare.InitWeights | None:
     """Fine-tuning: the parent checkpoint, model version or Hugging Face folder as one safetensors file for the
-    workers, and the lineage node it is."""
-    return prepare.resolve_init_weights(spec, Path(run_dir), Path(base_dir))
+    workers, and the lineage node it is (a folder's tokenizer checked against `dataset`'s)."""
+    return prepare.resolve_init_weights(spec, Path(run_dir), Path(base_dir), dataset)
 
 
 @task(name="plan", cache_policy=NO_CACHE)

@@ -42,7 +42,7 @@ def test_bpe_build_saves_the_tokenizer_and_encodes_with_it(tmp_path, workers):
     m = ds.manifest
     saved = (ds.path / tokenizer.TOKENIZER_FILE).read_text()
     assert m.tokenizer == tokenizer.bpe_id(saved) and tokenizer.is_bpe(m.tokenizer)
-    enc = tokenizer.load_bpe(ds.path)  # checked against the manifest's id
+    enc = tokenizer.load_tokenizer(ds.path)  # checked against the manifest's id
     assert m.vocab_size == enc.vocab_size <= 400 and m.token_dtype == "uint16"
     got = ShardReader(ds.path, m).get(range(m.num_samples))
     want = tokenizer.pack([enc.encode(d) for d in DOCS], 32)
@@ -72,7 +72,7 @@ def test_bpe_version_id_is_deterministic(tmp_path):
 def test_bpe_in_a_standalone_folder_and_a_remote_catalog(tmp_path):
     src = _jsonl(tmp_path / "a.jsonl")
     ds = build_version_dir(src, tmp_path / "v1", "v1", _cfg(num_workers=1))
-    assert tokenizer.load_bpe(ds.path).vocab_size == ds.manifest.vocab_size
+    assert tokenizer.load_tokenizer(ds.path).vocab_size == ds.manifest.vocab_size
     from trainforge.infra.storage import LocalObjectStore
 
     store = LocalObjectStore(tmp_path / "bucket").scoped("teams/nlp/datasets")
@@ -81,7 +81,7 @@ def test_bpe_in_a_standalone_folder_and_a_remote_catalog(tmp_path):
     r = build_dataset(src, "v1", _cfg(num_workers=1), catalog=remote)
     assert r.version == ds.version  # same content, same id, whichever way it was built
     assert store.exists(f"teams/nlp/datasets/v1/versions/{r.version}/{tokenizer.TOKENIZER_FILE}")
-    assert tokenizer.load_bpe(r.path).vocab_size == ds.manifest.vocab_size  # materialized with the version
+    assert tokenizer.load_tokenizer(r.path).vocab_size == ds.manifest.vocab_size  # materialized with the version
 
 
 def test_bpe_vocab_too_small_is_a_build_error(tmp_path):
