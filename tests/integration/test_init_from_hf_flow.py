@@ -1,6 +1,7 @@
-"""A train-job flow run fine-tuned from a Hugging Face folder that transformers wrote (`init_from: ./folder/`): the
-workers start from exactly its weights, the job trains and registers, and lineage puts the folder (content hash,
-the model card's license) upstream of the registered model.
+"""The fine-tune example (examples/tiny-cpu-finetune.yaml) as a train-job flow run, from the Hugging Face folder
+that transformers wrote (`init_from: models/tiny-llama/`, made by examples/models/make_tiny_llama.py): the workers
+start from exactly its weights, the job trains and registers, and lineage puts the folder (content hash, the model
+card's license) upstream of the registered model.
 
 Run: .venv/bin/python -m pytest tests/integration/test_init_from_hf_flow.py   (one flow run, about 40 seconds)
 """
@@ -8,14 +9,13 @@ Run: .venv/bin/python -m pytest tests/integration/test_init_from_hf_flow.py   (o
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from tests.integration.test_train_job import run_flow, small_spec
+from tests.integration.test_train_job import EXAMPLES, run_flow
 from trainforge.datasets.demo import ensure_demo_dataset
-from trainforge.plan.model import preset
 from trainforge.registry.jobs import JobStore
 from trainforge.registry.lineage import LineageStore
 
@@ -23,33 +23,29 @@ transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def test_a_job_fine_tunes_from_a_transformers_folder(prefect_api, tmp_path: Path) -> None:
+def test_the_fine_tune_example_starts_from_its_transformers_folder(prefect_api) -> None:
     from safetensors.torch import load_file
 
     from trainforge.trainer.models.hf_llama import load_hf_folder
 
     ensure_demo_dataset()
-    tiny = preset("tiny")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=tiny.vocab, hidden_size=tiny.hidden, intermediate_size=tiny.ffn_hidden,
-        num_hidden_layers=tiny.layers, num_attention_heads=tiny.heads, num_key_value_heads=tiny.kv_heads,
-        max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False)
-    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "base", safe_serialization=True)
-    (tmp_path / "base" / "README.md").write_text("---\nlicense: mit\n---\nA base model.\n")
-    (tmp_path / "spec").mkdir()
-    doc = small_spec(max_steps=8)
-    doc.update(name="tiny-hf-ft", init_from="../base/")  # relative to the spec's folder
+    # examples/tiny-cpu-finetune.yaml as shipped (init_from: models/tiny-llama/, relative to the spec's folder),
+    # shortened to one checkpoint interval
+    doc = yaml.safe_load((EXAMPLES / "tiny-cpu-finetune.yaml").read_text())
+    doc["training"].update(max_steps=8, global_batch_size=8, seq_len=64)
+    doc["checkpoint"]["interval_steps"] = 8
+    doc["evaluation"]["batches"] = 2
+    base = EXAMPLES / "models" / "tiny-llama"
 
-    result = run_flow(doc, base_dir=tmp_path / "spec")
+    result = run_flow(doc, base_dir=EXAMPLES)
     assert result["state"] == "completed" and sorted(result["checkpoints"]) == [8]
     worker_config = json.loads((JobStore().get(result["job_id"]).folder / "worker-config.json").read_text())
     started_from = load_file(worker_config["init_weights"])
-    expected, _ = load_hf_folder(tmp_path / "base")
+    expected, _ = load_hf_folder(base)
     assert started_from.keys() == expected.keys()
     assert all(torch.equal(started_from[k], v) for k, v in expected.items())
 
     model = result["model"]
     [weights] = [n for n in LineageStore().upstream(f"model:{model['model_name']}/{model['version']}")
                  if n.kind == "weights"]
-    assert weights.license == "mit" and weights.attrs["source"] == str((tmp_path / "base").resolve())
+    assert weights.license == "apache-2.0" and weights.attrs["source"] == str(base.resolve())
