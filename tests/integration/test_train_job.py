@@ -86,6 +86,23 @@ def test_job_trains_commits_evaluates_and_registers(prefect_api, demo_data):
     assert len(Tracker().client.get_metric_history(run.info.run_id, "loss")) == 24
     assert "eval_loss" in run.data.metrics
     assert not any("secret" in k.lower() and v for k, v in run.data.params.items() if "name" not in k)
+    _tensorboard_files_are_the_runs_metrics(record, run.info.run_id, losses)
+
+
+def _tensorboard_files_are_the_runs_metrics(record, run_id: str, losses: list[float]) -> None:
+    """The flow wrote TensorBoard files of the job's scalars, logged them to its run and named them in its report."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    board = record.folder / "tensorboard"
+    acc = EventAccumulator(str(board), size_guidance={SCALARS: 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == list(range(1, 25))
+    np.testing.assert_allclose([e.value for e in acc.Scalars("loss")], losses, rtol=1e-6)
+    assert {"lr", "grad_norm", "tokens_per_s"} <= set(acc.Tags()["scalars"])
+    assert sorted(e.step for e in acc.Scalars("eval_loss")) == [8, 16, 24]
+    logged = [a.path for a in Tracker().client.list_artifacts(run_id, "tensorboard")]
+    assert [p.rsplit("/", 1)[-1] for p in logged] == sorted(f.name for f in board.iterdir())
+    assert f"tensorboard --logdir {board}" in (record.folder / "report.html").read_text()
 
 
 def _registered_model_loads_in_mlflow_and_transformers(model: dict) -> None:

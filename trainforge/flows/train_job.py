@@ -179,7 +179,7 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
         pump.drain()
         model = _promote(jobspec, record, str(config_path), config, run_id, lineage, pump)
         record.update(state="completed", model=model, completed_at=time.time())
-        _end_tracking(run_id, "FINISHED")
+        _end_tracking(run_id, "FINISHED", record)
         return {"job_id": record.job_id, "state": "completed", "mlflow_run_id": run_id, "model": model,
                 "checkpoints": sorted(pump.committed), "flow_run_id": record.data.get("flow_run_id")}
     except BaseException as exc:
@@ -187,7 +187,7 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
         terminate_job(record.job_id)
         pump.drain(raise_errors=False)
         record.update(state="cancelled" if cancelled else "failed", error=redact(str(exc))[-4000:])
-        _end_tracking(run_id, "KILLED" if cancelled else "FAILED")
+        _end_tracking(run_id, "KILLED" if cancelled else "FAILED", record)
         if not cancelled and record.data.get("segments"):  # the retry budget is spent: say what happened
             report = redact(give_up_report(record, exc))
             log.error("%s", report)
@@ -288,9 +288,15 @@ def _start_tracking(spec: JobSpec, record: JobRecord, plan: dict[str, Any], data
     return Tracker().start_run(spec.team, record.job_id, params, lineage)
 
 
-def _end_tracking(run_id: str, status: str) -> None:
+def _end_tracking(run_id: str, status: str, record: JobRecord) -> None:
     from trainforge.registry.tracking import Tracker
 
+    try:  # logs, events, evaluation results, TensorBoard and profiler files: every job's, failed ones too
+        from trainforge.registry.promotion import link_run_artifacts
+
+        link_run_artifacts(Tracker(), run_id, record)
+    except Exception as exc:  # artifacts must never mask the job's own outcome
+        get_run_logger().warning("could not log the artifacts of MLflow run %s: %s", run_id, exc)
     try:  # the per-job HTML report (registry/report.py), logged as an artifact before the run closes
         from trainforge.registry.report import report_for_run
 
@@ -355,6 +361,9 @@ class _EventPump:
 
         self.observer = MetricsObserver(load_rules(), (record.data.get("plan") or {}).get("predicted"))
         self.router = EventRouter(observe=self.observer.rows)
+        from trainforge.registry.tensorboard import FOLDER, ScalarLog
+
+        self.tensorboard = ScalarLog(record.folder / FOLDER)  # the same rows as MLflow, for `tensorboard --logdir`
 
     def poll(self) -> None:
         events, self.offset, problems = read_typed_events(self.record.events_path, self.offset)
@@ -381,10 +390,17 @@ class _EventPump:
             self.record.update(security=[*self.record.data.get("security", []), *security][-1000:])
         if rows:
             self.tracker.log_metrics(self.run_id, rows)
+            self._tensorboard(rows)
         self.observer.check_stalled(time.time())
         self._publish_alerts()
         self._collect(block=False)
         self._check_cancel()
+
+    def _tensorboard(self, rows: list[Any]) -> None:
+        try:
+            self.tensorboard.add(rows)
+        except OSError as exc:  # a full disk loses the TensorBoard copy, never the job (MLflow has the metrics)
+            self.log.warning("could not write TensorBoard events to %s: %s", self.tensorboard.folder, exc)
 
     def _publish_alerts(self) -> None:
         """Fired alerts: a warning in the flow log, the job record, a run tag and a Prefect event (automations)."""
@@ -457,6 +473,7 @@ class _EventPump:
                     continue
                 entry.update(result)
                 self.tracker.log_metrics(self.run_id, [(step, result)])
+                self._tensorboard([(step, result)])
                 self._book(step, entry)
             if not block or (not self.futures and self.evaluations.idle):
                 return

@@ -171,7 +171,8 @@ def link_run_artifacts(tracker: Any, run_id: str, record: JobRecord) -> list[str
         for folder, pattern in ARTIFACT_GLOBS.items():
             found = [p for p in record.folder.glob(pattern) if p.is_file() and "export" not in p.parts]
             for src in found:
-                dst = staging / folder / src.relative_to(record.folder)
+                rel = src.relative_to(record.folder)  # the flow's tensorboard/ files land at tensorboard/, not twice
+                dst = staging / folder / (rel.relative_to(folder) if rel.parts[0] == folder else rel)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 redact_file(src, dst)
             if found:

@@ -301,8 +301,10 @@ font-size:13px;vertical-align:top}th{background:#f3f3f3}figure{margin:0 0 1.5em}
 .state-completed{color:#186a18}.state-failed{color:#b00}.state-cancelled{color:#a60}.note{color:#666;font-size:13px}"""
 
 
-def render_html(record: Mapping[str, Any], events: list[SegmentEvent], *, now: float | None = None) -> str:
-    """The report of one job as a self-contained HTML page (pure: record and events in, text out)."""
+def render_html(record: Mapping[str, Any], events: list[SegmentEvent], *, now: float | None = None,
+                tensorboard: str | None = None) -> str:
+    """The report of one job as a self-contained HTML page (pure: record and events in, text out). `tensorboard`:
+    the job's TensorBoard folder, when the flow wrote one (registry/tensorboard.py)."""
     from trainforge.infra.cost import job_cost, load_prices
     from trainforge.registry.secrets import redact
 
@@ -353,6 +355,9 @@ def render_html(record: Mapping[str, Any], events: list[SegmentEvent], *, now: f
     if record.get("model"):
         m = record["model"]
         summary.append(("model version", f"{m.get('model_name')} v{m.get('version')} from step {m.get('step')}"))
+    if tensorboard:
+        summary.append(("TensorBoard", f"tensorboard --logdir {tensorboard} (also the MLflow run's tensorboard/ "
+                                       "artifacts)"))
     if record.get("error"):
         summary.append(("error", str(record["error"])[-1500:]))
     parts += ["<h2 id='summary'>Summary</h2>", _table(("", ""), ((k, "-" if v is None else v) for k, v in summary),
@@ -426,7 +431,10 @@ def write_report(record: Any, out: Path | None = None, *, log_to_mlflow: bool = 
 
     record.reload()
     events, _, _ = read_typed_events(record.events_path)  # a line it cannot read is left out of the report
-    page = render_html(record.data, events)
+    from trainforge.registry.tensorboard import FOLDER
+
+    board = record.folder / FOLDER
+    page = render_html(record.data, events, tensorboard=str(board) if board.is_dir() else None)
     path = record.folder / REPORT_NAME
     tmp = path.with_suffix(".html.tmp")
     tmp.write_text(page, encoding="utf-8")
