@@ -221,8 +221,8 @@ class DatasetSpec(_Model):
     tokenizer: str | None = None
     """The tokenizer the data must have been tokenized with: `byte-level`, or the path (relative to the spec's
     folder) of a Hugging Face `tokenizer.json` or of a model folder holding one. Checked against the dataset
-    version's tokenizer by content before anything is allocated (`validate` for local versions, submit for the
-    others). Omitted: whatever the version used, except that a Hugging Face `init_from` folder shipping a
+    version's tokenizer by content before anything is allocated (`validate` for the versions it resolves: catalog,
+    file, and lakeFS when configured; submit for every version). Omitted: whatever the version used, except that a Hugging Face `init_from` folder shipping a
     `tokenizer.json` must match it (a model reading ids of another vocabulary learns nothing it was taught)."""
 
     @model_serializer(mode="wrap")
@@ -244,6 +244,8 @@ class DatasetSpec(_Model):
     def _tokenizer_name(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
             raise FieldProblem("is empty", fix="write byte-level, or the path of a tokenizer.json")
+        if v is not None and "\0" in v:
+            raise FieldProblem("holds a NUL byte", fix="write the path of a tokenizer.json, or byte-level")
         if v is not None and "://" in v and not v.startswith("file://"):
             raise FieldProblem(f"tokenizer {_short(v)} is not a local file",
                                fix="name a tokenizer.json on disk (relative to the spec file), or byte-level")

@@ -29,8 +29,11 @@ def _tokenizer_option(value: str) -> str:
     error naming the option, before the source is read."""
     from trainforge.datasets.tokenizer import tokenizer_file
 
-    if value in ("byte", "bpe") or tokenizer_file(Path(value)).is_file():
-        return value
+    try:
+        if value in ("byte", "bpe") or tokenizer_file(Path(value)).is_file():
+            return value
+    except OSError:  # an over-long name
+        pass
     raise typer.BadParameter(f"'{value}' is not byte, bpe or the path of a Hugging Face tokenizer.json (or of a "
                              "model folder holding one)")
 

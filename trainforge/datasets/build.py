@@ -79,7 +79,8 @@ class BuildConfig:
 
 @dataclass(frozen=True, slots=True)
 class TokenizerChoice:
-    """The tokenizer of one build: its manifest id, vocabulary size, token dtype and (BPE) its JSON."""
+    """The tokenizer of one build: its manifest id, vocabulary size, token dtype and (a BPE or a pretrained file)
+    its JSON, saved with the version byte for byte."""
 
     name: str
     vocab_size: int
@@ -89,7 +90,7 @@ class TokenizerChoice:
 
     def save(self, folder: Path) -> None:
         if self.json is not None:
-            (folder / tokenizer.TOKENIZER_FILE).write_text(self.json)
+            (folder / tokenizer.TOKENIZER_FILE).write_bytes(self.json.encode("utf-8"))
 
 
 def choose_tokenizer(files: list[Path], cfg: BuildConfig) -> TokenizerChoice:
@@ -110,7 +111,7 @@ def choose_tokenizer(files: list[Path], cfg: BuildConfig) -> TokenizerChoice:
 
 def pretrained_tokenizer(path: Path) -> TokenizerChoice:
     """A Hugging Face tokenizer.json used as it is; its content digest is the manifest's tokenizer id."""
-    if not tokenizer.tokenizer_file(path).exists():
+    if not _exists(tokenizer.tokenizer_file(path)):
         raise BuildError(f"tokenizer {path}: no such file; use 'byte', 'bpe' or the path of a Hugging Face "
                          "tokenizer.json (or of a model folder holding one)")
     try:
@@ -119,6 +120,13 @@ def pretrained_tokenizer(path: Path) -> TokenizerChoice:
     except tokenizer.TokenizerError as exc:
         raise BuildError(str(exc)) from None
     return TokenizerChoice(tokenizer.pretrained_id(text), enc.vocab_size, np.dtype(enc.dtype).name, enc.pad, text)
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # an over-long name: the read below says what is wrong
+        return True
 
 
 def source_files(source: Path) -> list[Path]:

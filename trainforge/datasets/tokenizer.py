@@ -73,7 +73,8 @@ def pretrained_id(tokenizer_json: str) -> str:
 
 
 def _digest(tokenizer_json: str) -> str:
-    return hashlib.sha256(tokenizer_json.encode()).hexdigest()
+    # the sha256 of the file itself: texts are read as undecoded UTF-8 (no newline translation) and saved as such
+    return hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest()
 
 
 def is_bpe(name: str) -> bool:
@@ -125,14 +126,14 @@ def tokenizer_file(path: Path) -> Path:
 
 def read_tokenizer_json(path: Path) -> str:
     """The text of a tokenizer.json (or of a folder's), refused with a readable reason if it is not one."""
-    file = tokenizer_file(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        file = tokenizer_file(path)
+        text = file.read_bytes().decode("utf-8")  # bytes, not read_text: a CRLF file keeps its digest
         doc = json.loads(text)
     except FileNotFoundError:
-        raise TokenizerError(f"{file}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerError(f"{file} is not a readable tokenizer.json ({exc})") from None
+        raise TokenizerError(f"{path}: no such file") from None
+    except (OSError, ValueError) as exc:  # unreadable, a NUL byte or an over-long name, not UTF-8, not JSON
+        raise TokenizerError(f"{path} is not a readable tokenizer.json ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
         raise TokenizerError(f"{file} is not a Hugging Face tokenizer.json (no 'model' section)")
     return text
@@ -155,8 +156,8 @@ class JsonTokenizer:
             self._tok = Tokenizer.from_str(tokenizer_json)
         except Exception as exc:  # the Rust library's errors are plain Exceptions
             raise TokenizerError(f"{where} cannot be loaded by the tokenizers library: {exc}") from None
-        specials = {t["content"]: int(t["id"]) for t in json.loads(tokenizer_json).get("added_tokens") or []
-                    if isinstance(t, dict) and t.get("special") and "content" in t and "id" in t}
+        # ids as the library assigns them (an added token's id in the JSON is not always the one it gets)
+        specials = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
         eos = _first(specials, EOS_NAMES)
         if eos is None:
             raise TokenizerError(f"{where} has no end-of-text special token (one of {', '.join(EOS_NAMES)}): packed "
@@ -164,7 +165,7 @@ class JsonTokenizer:
         self.bos, self.eos = _first(specials, BOS_NAMES), eos
         pad = _first(specials, PAD_NAMES)
         self.pad = eos if pad is None else pad
-        self.vocab_size = max(self._tok.get_vocab_size(with_added_tokens=True), *(i + 1 for i in specials.values()))
+        self.vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1  # gaps included
         self.dtype = np.uint16 if self.vocab_size <= 1 << 16 else np.uint32
         self._head = [] if self.bos is None else [self.bos]
 
@@ -183,7 +184,7 @@ def _first(specials: dict[str, int], names: tuple[str, ...]) -> int | None:
 def load_tokenizer(version_dir: Path) -> JsonTokenizer:
     """The tokenizer.json saved with a dataset version (a trained BPE or a pretrained one), checked against the
     manifest's tokenizer id."""
-    text = (version_dir / TOKENIZER_FILE).read_text(encoding="utf-8")
+    text = (version_dir / TOKENIZER_FILE).read_bytes().decode("utf-8")
     want = json.loads((version_dir / "manifest.json").read_text())["tokenizer"]
     if not same_tokenizer(want, text):
         raise ValueError(f"{version_dir / TOKENIZER_FILE} does not match the manifest's tokenizer {want}")

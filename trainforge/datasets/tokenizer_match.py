@@ -19,7 +19,10 @@ def wanted_file(spec: JobSpec, base_dir: Path) -> Path | None:
     if wanted is None or wanted.strip().lower() in BYTE_LEVEL_NAMES:
         return None
     path = Path(wanted.removeprefix("file://")).expanduser()
-    return tokenizer.tokenizer_file(path if path.is_absolute() else base_dir / path)
+    try:
+        return tokenizer.tokenizer_file(path if path.is_absolute() else base_dir / path)
+    except OSError:  # an over-long name: reading it says what is wrong
+        return path if path.is_absolute() else base_dir / path
 
 
 def spec_tokenizer_problems(spec: JobSpec, base_dir: Path) -> list[Problem]:
@@ -67,7 +70,7 @@ def tokenizer_problem(spec: JobSpec, manifest_tokenizer: str, base_dir: Path, da
         if tokenizer.same_tokenizer(manifest_tokenizer, text):
             return None
         return Problem("dataset.tokenizer", f"{dataset} was tokenized with {describe(manifest_tokenizer)}, not with "
-                       f"{file}", wanted, f"build the data with it ({build}{wanted}), or point dataset.ref at a "
+                       f"{file}", wanted, f"build the data with it ({build}{file}), or point dataset.ref at a "
                        "version built with it")
     if not (spec.init_from and is_weights_folder(spec.init_from)):
         return None
@@ -90,7 +93,11 @@ def folder_tokenizer_problem(spec: JobSpec, manifest_tokenizer: str, folder: Pat
         return Problem("init_from", str(exc), spec.init_from, "remove or repair the folder's tokenizer.json")
     if tokenizer.same_tokenizer(manifest_tokenizer, text):
         return None
+    # the fix names the file as the user can reach it: a fetched s3 folder's copy is deleted after the check
+    location = weights_folder_location(spec.init_from, folder) if spec.init_from else ""
+    how = (f"download {location}{tokenizer.TOKENIZER_FILE}, then {build}PATH" if location.startswith("s3://")
+           else f"{build}{folder_file}")
     return Problem("init_from", f"the folder's tokenizer.json is not the tokenizer {dataset} was built with "
                    f"({describe(manifest_tokenizer)}): the model would read ids of another vocabulary", spec.init_from,
-                   f"build the data with the folder's tokenizer ({build}{folder_file}), or set dataset.tokenizer to "
+                   f"build the data with the folder's tokenizer ({how}), or set dataset.tokenizer to "
                    "the data's own tokenizer to fine-tune on it anyway")

@@ -46,11 +46,11 @@ class FolderWeights:
     source: str
     """Where the folder was read: an absolute path or the `s3://` prefix."""
     sha256: str
-    """The content hash of what was loaded (config.json and every weights file, by name)."""
+    """The content hash of what was loaded (config.json and every weights file, by name; not the tokenizer)."""
     license: str
     """The model card's `license:` (README.md front matter), or "" when it names none."""
     files: tuple[tuple[str, str], ...]
-    """(path under the source, sha256) of every file read."""
+    """(path under the source, sha256) of every file read: config.json, the weights, tokenizer.json if shipped."""
 
 
 def config_problems(config: dict[str, Any], spec: JobSpec) -> list[str]:
@@ -59,8 +59,8 @@ def config_problems(config: dict[str, Any], spec: JobSpec) -> list[str]:
 
 
 def fetch(source: str, dst: Path) -> Path:
-    """The folder on local disk: a local source as is, a remote one downloaded into `dst` (config, model card and
-    safetensors files only)."""
+    """The folder on local disk: a local source as is, a remote one downloaded into `dst` (config, model card,
+    tokenizer.json and safetensors files only)."""
     if not source.startswith("s3://"):
         folder = Path(source)
         if not (folder / HF_CONFIG).is_file():
@@ -141,10 +141,13 @@ def _convert(spec: JobSpec, source: str, folder: Path, out: Path) -> tuple[Path,
         state, _ = load_hf_folder(folder)
     except HFFormatError as exc:
         raise FolderError(str(exc)) from None
-    read = sorted(p.name for p in folder.iterdir()  # what the job depends on: the weights and the vocabulary
-                  if p.name in (HF_CONFIG, TOKENIZER_FILE) or p.name.endswith(_FETCHED_SUFFIXES))
-    files = tuple((name, _sha256(folder / name)) for name in read)
+    weights = sorted(p.name for p in folder.iterdir() if p.name == HF_CONFIG or p.name.endswith(_FETCHED_SUFFIXES))
+    files = tuple((name, _sha256(folder / name)) for name in weights)
+    # the content hash (the weights: node's id) stays over config and weights: a folder's id does not change with
+    # its tokenizer.json, which is listed with the files read
     content = hashlib.sha256("".join(f"{n}\0{h}\n" for n, h in files).encode()).hexdigest()
+    if (folder / TOKENIZER_FILE).is_file():
+        files = tuple(sorted((*files, (TOKENIZER_FILE, _sha256(folder / TOKENIZER_FILE)))))
     target = out / "model.safetensors"
     partial = target.with_suffix(".partial")
     out.mkdir(parents=True, exist_ok=True)

@@ -81,6 +81,37 @@ def test_a_tokenizer_without_begin_of_text_pads_with_its_end_of_text(tmp_path):
     assert run_gate(ds)["passed"]
 
 
+def test_the_file_is_kept_byte_for_byte_and_its_digest_is_of_those_bytes(tmp_path):
+    import hashlib
+
+    make_tokenizer(tmp_path / "lf" / "tokenizer.json")
+    crlf = (tmp_path / "lf" / "tokenizer.json").read_bytes().replace(b"\n", b"\r\n")  # written on Windows
+    (tmp_path / "crlf").mkdir()
+    (tmp_path / "crlf" / "tokenizer.json").write_bytes(crlf)
+    ds = build_version_dir(_jsonl(tmp_path / "a.jsonl"), tmp_path / "v", "v", _cfg(tmp_path / "crlf"))
+    assert ds.manifest.tokenizer == "hf:sha256:" + hashlib.sha256(crlf).hexdigest()
+    assert (ds.path / tokenizer.TOKENIZER_FILE).read_bytes() == crlf
+    assert tokenizer.load_tokenizer(ds.path).vocab_size == ds.manifest.vocab_size  # still matches its id
+
+
+def test_special_ids_and_the_vocabulary_size_are_the_library_s(tmp_path):
+    # An added token whose id in the JSON is not the one the library gives it: the library's id is the one that
+    # ends documents, and the vocabulary size counts the ids the library really has
+    make_tokenizer(tmp_path / "t" / "tokenizer.json")
+    doc = json.loads((tmp_path / "t" / "tokenizer.json").read_text())
+    eos = next(t for t in doc["added_tokens"] if t["content"] == "</s>")
+    eos["id"] = 500
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "tokenizer.json").write_text(json.dumps(doc))
+    hf = tokenizers.Tokenizer.from_file(str(tmp_path / "odd" / "tokenizer.json"))
+    ds = build_version_dir(_jsonl(tmp_path / "a.jsonl"), tmp_path / "v", "v", _cfg(tmp_path / "odd"))
+    enc = tokenizer.load_tokenizer(ds.path)
+    assert enc.eos == hf.token_to_id("</s>")
+    assert ds.manifest.vocab_size == max(hf.get_vocab(with_added_tokens=True).values()) + 1
+    rows = ShardReader(ds.path, ds.manifest).get(range(ds.manifest.num_samples))
+    assert rows.max() < ds.manifest.vocab_size and (rows == enc.eos).any()
+
+
 def test_the_tokenizer_content_is_part_of_the_version_id(tmp_path):
     src = _jsonl(tmp_path / "a.jsonl")
     make_tokenizer(tmp_path / "a" / "tokenizer.json")
@@ -188,7 +219,8 @@ def test_a_job_checks_its_data_was_tokenized_with_the_tokenizer_it_names(tmp_pat
     assert _errors(_doc(tokenizer="tok"), base, "dataset.tokenizer") == []  # relative to the spec's folder
     assert _errors(_doc(tokenizer="tok/tokenizer.json"), base, "dataset.tokenizer") == []
     (wrong,) = _errors(_doc(tokenizer="other"), base, "dataset.tokenizer")
-    assert "was tokenized with a pretrained tokenizer.json" in wrong and "--tokenizer other" in wrong
+    assert "was tokenized with a pretrained tokenizer.json" in wrong
+    assert f"--tokenizer {base / 'other' / 'tokenizer.json'}" in wrong  # resolved: the CLI reads it from any folder
     (byte,) = _errors(_doc(tokenizer="byte-level"), base, "dataset.tokenizer")
     assert "not the byte-level one" in byte
     (missing,) = _errors(_doc(tokenizer="gone.json"), base, "dataset.tokenizer")
@@ -220,8 +252,20 @@ def test_a_hugging_face_folder_s_tokenizer_must_be_the_data_s(tmp_path, _isolate
 
 
 def test_the_field_is_omitted_from_the_config_hash_when_unset():
-    plain = parse_spec(_doc())
-    assert "tokenizer" not in plain.model_dump()["dataset"]
-    assert parse_spec(_doc(tokenizer="tok")).model_dump()["dataset"]["tokenizer"] == "tok"
-    with pytest.raises(Exception, match="not a local file"):
-        parse_spec(_doc(tokenizer="s3://bucket/tokenizer.json"))
+    from trainforge.spec import SpecError, load_spec
+
+    # the demo's hash before dataset.tokenizer existed: jobs submitted then still resume
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    assert load_spec(examples / "tiny-cpu.yaml").config_hash() == (
+        "9d61036ce320bf548267943c9aa97a4ffb357cd55465801e22a8df8d43ceb981")
+    assert "tokenizer" not in parse_spec(_doc()).model_dump()["dataset"]
+    assert parse_spec(_doc(tokenizer="tok")).config_hash() != parse_spec(_doc()).config_hash()
+    for bad, reason in (("s3://bucket/tokenizer.json", "not a local file"), ("tok\0.json", "NUL byte"),
+                        ("  ", "is empty")):
+        with pytest.raises(SpecError, match=reason):
+            parse_spec(_doc(tokenizer=bad))
+
+
+def test_an_over_long_tokenizer_path_is_a_problem_not_a_crash(tmp_path):
+    (problem,) = _errors(_doc(tokenizer="x" * 5000 + ".json"), tmp_path, "dataset.tokenizer")
+    assert "is not a readable tokenizer.json" in problem or "no such file" in problem
