@@ -86,3 +86,21 @@ def test_a_failing_report_never_masks_the_outcome(prefect_api, monkeypatch):
     monkeypatch.setattr(report, "report_for_run", broken)
     assert end() == "ok"
     assert tracker.client.get_run(run_id).info.status == "FINISHED"
+
+    import trainforge.registry.promotion as promotion
+    from trainforge.registry.jobs import JobStore
+
+    def broken_upload(*_args) -> None:
+        raise OSError("artifact store down")
+
+    record = JobStore().create("j3")
+    run_id = tracker.start_run("demo", "j3", {}, {"trainforge.job_id": "j3"})
+    monkeypatch.setattr(promotion, "link_run_artifacts", broken_upload)
+
+    @flow
+    def end_with_record() -> str:
+        _end_tracking(run_id, "FAILED", record)  # the artifacts cannot be logged: the run still closes
+        return "ok"
+
+    assert end_with_record() == "ok"
+    assert tracker.client.get_run(run_id).info.status == "FAILED"

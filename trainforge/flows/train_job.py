@@ -288,13 +288,14 @@ def _start_tracking(spec: JobSpec, record: JobRecord, plan: dict[str, Any], data
     return Tracker().start_run(spec.team, record.job_id, params, lineage)
 
 
-def _end_tracking(run_id: str, status: str, record: JobRecord) -> None:
+def _end_tracking(run_id: str, status: str, record: JobRecord | None = None) -> None:
     from trainforge.registry.tracking import Tracker
 
     try:  # logs, events, evaluation results, TensorBoard and profiler files: every job's, failed ones too
-        from trainforge.registry.promotion import link_run_artifacts
+        from trainforge.registry import promotion
 
-        link_run_artifacts(Tracker(), run_id, record)
+        if record is not None:
+            promotion.link_run_artifacts(Tracker(), run_id, record)
     except Exception as exc:  # artifacts must never mask the job's own outcome
         get_run_logger().warning("could not log the artifacts of MLflow run %s: %s", run_id, exc)
     try:  # the per-job HTML report (registry/report.py), logged as an artifact before the run closes
