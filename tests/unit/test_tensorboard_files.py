@@ -53,6 +53,14 @@ def test_tensorboard_reads_what_the_flow_writes(tmp_path):
     assert _read(tmp_path / "tb")["loss"][-1] == (4, 4.75)
 
 
+def test_values_beyond_float32_are_infinite_not_an_error(tmp_path):
+    log = ScalarLog(tmp_path / "tb")
+    log.add([(1, {"big": 1e39, "huge_int": 10**400, "small": -1e39, "ok": 2.5})])
+    got = _read(tmp_path / "tb")
+    assert got["big"] == [(1, math.inf)] and got["huge_int"] == [(1, math.inf)] and got["small"] == [(1, -math.inf)]
+    assert got["ok"] == [(1, 2.5)]
+
+
 def test_nothing_is_written_for_rows_without_numbers(tmp_path):
     log = ScalarLog(tmp_path / "tb")
     log.add([(1, {"phase": "warmup"})])

@@ -59,7 +59,8 @@ def parse_url(url: str) -> tuple[str, str, str]:
 # ---- configuration, the lakectl way ----
 def lakectl_config_file() -> Path:
     """The lakectl config file the SDK reads: LAKECTL_CONFIG_FILE, else ~/.lakectl.yaml."""
-    return Path(os.environ.get(CONFIG_FILE_ENV) or Path.home() / ".lakectl.yaml")
+    named = os.environ.get(CONFIG_FILE_ENV)  # set, even empty, it is the file: the SDK's getenv(name, default)
+    return Path(named) if named is not None else Path.home() / ".lakectl.yaml"
 
 
 def _config_file_data() -> dict[str, Any]:
@@ -82,8 +83,8 @@ def _config_file_data() -> dict[str, Any]:
 
 def lakectl_endpoint() -> str | None:
     """The lakeFS endpoint lakectl would use (env over file), without contacting the server; None if unset."""
-    if os.environ.get(ENDPOINT_ENV):
-        return os.environ[ENDPOINT_ENV]
+    if os.environ.get(ENDPOINT_ENV) is not None:  # the SDK's `is not None`: set (even empty) wins over the file
+        return os.environ[ENDPOINT_ENV] or None
     server = _config_file_data().get("server")
     endpoint = server.get("endpoint_url") if isinstance(server, dict) else None
     return str(endpoint) if endpoint else None
@@ -104,9 +105,9 @@ def not_configured_error() -> CatalogError:
     server_vars = [k for k in SERVER_ENV if os.environ.get(k)]
     if server_vars:
         mapping = ", ".join(f"{k} -> {SERVER_ENV[k]}" for k in server_vars)
-        return CatalogError(f"lakeFS is not configured: {', '.join(server_vars)} are settings of the lakeFS server "
-                            f"itself, not of a client, and are not read. Configure the client the lakectl way "
-                            f"({mapping}): {HOW_TO_CONFIGURE}")
+        return CatalogError(f"lakeFS is not configured: trainforge no longer reads {', '.join(server_vars)} "
+                            f"(LAKEFS_ is the lakeFS server's own configuration prefix); rename them the lakectl "
+                            f"way ({mapping}), or {HOW_TO_CONFIGURE}")
     return CatalogError(f"lakefs:// references need a configured lakeFS client: no endpoint in "
                         f"{lakectl_config_file()} and {ENDPOINT_ENV} is not set; {HOW_TO_CONFIGURE}")
 
@@ -198,7 +199,10 @@ class LakeFSCatalog:
         if repo not in self._pre_sign:
             with self._errors(f"storage config of {repo}"):
                 storage_id = self.repository(repo).properties.storage_id or ""
-                self._pre_sign[repo] = bool(self.client.storage_config_by_id(storage_id).pre_sign_support)
+                try:
+                    self._pre_sign[repo] = bool(self.client.storage_config_by_id(storage_id).pre_sign_support)
+                except KeyError:  # a storage the server's config does not list: data through the server itself
+                    self._pre_sign[repo] = False
         return self._pre_sign[repo]
 
     def commit_id(self, repo: str, ref: str) -> str:

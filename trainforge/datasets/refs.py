@@ -92,7 +92,8 @@ def check_reference(ref: str, base_dir: Path) -> Problem | None:
 
         if not lk.lakectl_configured():  # the lakectl config file and LAKECTL_* env; the server is not contacted
             server = [k for k in lk.SERVER_ENV if os.environ.get(k)]
-            why = (f" ({', '.join(server)}: the lakeFS server's own settings, not read by clients)" if server else "")
+            why = (f" (trainforge no longer reads {', '.join(server)}: LAKEFS_ is the lakeFS server's own "
+                   "configuration prefix)" if server else "")
             return Problem("dataset.ref", f"lakefs:// reference not checked: no lakeFS client is configured{why}",
                            ref, f"configure lakeFS the lakectl way (`lakectl config`, ~/.lakectl.yaml or the file "
                            f"named by {lk.CONFIG_FILE_ENV}; or {lk.ENDPOINT_ENV}, {lk.ACCESS_KEY_ENV} and "

@@ -294,7 +294,7 @@ def _end_tracking(run_id: str, status: str, record: JobRecord | None = None) -> 
     try:  # logs, events, evaluation results, TensorBoard and profiler files: every job's, failed ones too
         from trainforge.registry import promotion
 
-        if record is not None:
+        if record is not None and not record.data.get("model"):  # a registered model's promotion linked them
             promotion.link_run_artifacts(Tracker(), run_id, record)
     except Exception as exc:  # artifacts must never mask the job's own outcome
         get_run_logger().warning("could not log the artifacts of MLflow run %s: %s", run_id, exc)
@@ -400,7 +400,7 @@ class _EventPump:
     def _tensorboard(self, rows: list[Any]) -> None:
         try:
             self.tensorboard.add(rows)
-        except OSError as exc:  # a full disk loses the TensorBoard copy, never the job (MLflow has the metrics)
+        except Exception as exc:  # a full disk loses the TensorBoard copy, never the job (MLflow has the metrics)
             self.log.warning("could not write TensorBoard events to %s: %s", self.tensorboard.folder, exc)
 
     def _publish_alerts(self) -> None:

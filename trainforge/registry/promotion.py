@@ -12,6 +12,7 @@ profiler traces and HTML reports as artifacts of the job's MLflow run.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping
@@ -174,7 +175,10 @@ def link_run_artifacts(tracker: Any, run_id: str, record: JobRecord) -> list[str
                 rel = src.relative_to(record.folder)  # the flow's tensorboard/ files land at tensorboard/, not twice
                 dst = staging / folder / (rel.relative_to(folder) if rel.parts[0] == folder else rel)
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                redact_file(src, dst)
+                if folder == "tensorboard":  # binary records with CRCs; their tags were redacted when written
+                    shutil.copyfile(src, dst)
+                else:
+                    redact_file(src, dst)
             if found:
                 tracker.log_artifacts(run_id, staging / folder, folder)
                 written.append(folder)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import io
+import shlex
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -356,8 +357,8 @@ def render_html(record: Mapping[str, Any], events: list[SegmentEvent], *, now: f
         m = record["model"]
         summary.append(("model version", f"{m.get('model_name')} v{m.get('version')} from step {m.get('step')}"))
     if tensorboard:
-        summary.append(("TensorBoard", f"tensorboard --logdir {tensorboard} (also the MLflow run's tensorboard/ "
-                                       "artifacts)"))
+        summary.append(("TensorBoard", f"tensorboard --logdir {shlex.quote(tensorboard)} (also the MLflow run's "
+                                       "tensorboard/ artifacts)"))
     if record.get("error"):
         summary.append(("error", str(record["error"])[-1500:]))
     parts += ["<h2 id='summary'>Summary</h2>", _table(("", ""), ((k, "-" if v is None else v) for k, v in summary),

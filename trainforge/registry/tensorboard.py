@@ -11,12 +11,15 @@ job adds a file; TensorBoard merges the files of a folder)."""
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import struct
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+
+from trainforge.registry.secrets import redact
 
 FILE_VERSION = b"brain.Event:2"
 FOLDER = "tensorboard"
@@ -75,9 +78,24 @@ def event(wall_time: float, step: int = 0, *, file_version: bytes | None = None,
         out += _field_bytes(3, file_version)
     if scalars:
         values = b"".join(_field_bytes(1, _field_bytes(1, tag.encode()) + _varint(2 << 3 | 5)
-                                       + struct.pack("<f", value)) for tag, value in scalars.items())
+                                       + struct.pack("<f", _float32(value))) for tag, value in scalars.items())
         out += _field_bytes(5, values)
     return out
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _float32(value: float) -> float:
+    """simple_value is a float32: beyond its range a value is +-inf there, not an OverflowError here."""
+    return value if not abs(value) > _FLOAT32_MAX else math.copysign(math.inf, value)
+
+
+def _as_float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond any float
+        return math.inf if value > 0 else -math.inf
 
 
 class ScalarLog:
@@ -91,7 +109,8 @@ class ScalarLog:
         records = []
         for step, values in rows:
             # numbers only (a NaN loss is shown as TensorBoard shows it); a label or flag is not a scalar
-            scalars = {str(k): float(v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+            scalars = {redact(str(k)): _as_float(v) for k, v in values.items()
+                       if isinstance(v, int | float) and not isinstance(v, bool)}
             if scalars:
                 records.append(tfrecord(event(self.clock(), int(step), scalars=scalars)))
         if not records:
