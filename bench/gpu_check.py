@@ -122,22 +122,14 @@ def run_worker(name: str, doc: dict[str, Any], work: Path, out: Path, env: dict[
                timeout_s: float) -> dict[str, Any]:
     """bench/spine_overhead.py's run_worker at world size 1, bounded by `timeout_s`: the job's plan, its events and
     the worker's wall time (the worker's output goes to OUT/NAME-worker.log)."""
+    from spine_overhead import prepare_segment
+
     from trainforge.infra.backends.local import free_port
     from trainforge.plan.cluster import load_cluster
-    from trainforge.registry.jobs import JobStore, new_job_id
-    from trainforge.spec import read_document
-    from trainforge.tasks import prepare
 
     spec_path = work / f"{name}.yaml"  # code.repo "." = this folder; the entrypoint is installed
     spec_path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    cluster = load_cluster(CLUSTER)
-    spec = prepare.validate_spec(read_document(spec_path), str(spec_path), spec_path.parent, cluster)
-    ds = prepare.resolve_dataset(spec, spec_path.parent)
-    plan = prepare.make_plan(spec, cluster)
-    job_id = new_job_id(spec.name)
-    record = JobStore().create(job_id)
-    config = prepare.worker_config(spec, job_id, record.folder, spec_path.parent, ds, plan, "bench")
-    path = config.write(record.folder / "worker-config.json")
+    record, path, plan = prepare_segment(spec_path, load_cluster(CLUSTER))
     log(f"{name}: {plan['parameters'] / 1e6:.1f}M parameters, layout {plan['layout']}, predicted "
         f"{plan['predicted']}; worker timeout {timeout_s:.0f}s")
     cmd = [PY, "-m", "torch.distributed.run", "--nproc-per-node=1", f"--master-port={free_port()}",

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -36,21 +37,28 @@ def torchrun(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=True)
 
 
-def run_worker(spec_path: Path, home: Path, env: dict[str, str]) -> tuple[list[dict], float]:
-    """Run the trainer exactly as a segment does, without the flow: (its events, wall seconds). Shared by the
-    data-wait bench."""
+def prepare_segment(spec_path: Path, cluster=None) -> tuple[Any, Path, dict]:
+    """What a segment's launch gets, without the flow: the spec validated (against `cluster`, default this
+    machine's), its dataset resolved, planned, a job record and its worker config. Returns (record, config path,
+    plan). Shared by the data-wait bench and bench/gpu_check.py."""
     from trainforge.registry.jobs import JobStore, new_job_id
     from trainforge.spec import read_document
     from trainforge.tasks import prepare
 
-    os.environ["TRAINFORGE_HOME"] = str(home)
-    spec = prepare.validate_spec(read_document(spec_path), str(spec_path), spec_path.parent)
+    spec = prepare.validate_spec(read_document(spec_path), str(spec_path), spec_path.parent, cluster)
     ds = prepare.resolve_dataset(spec, spec_path.parent)
-    plan = prepare.make_plan(spec)
+    plan = prepare.make_plan(spec, cluster)
     job_id = new_job_id(spec.name)
     record = JobStore().create(job_id)
     config = prepare.worker_config(spec, job_id, record.folder, spec_path.parent, ds, plan, "bench")
-    path = config.write(record.folder / "worker-config.json")
+    return record, config.write(record.folder / "worker-config.json"), plan
+
+
+def run_worker(spec_path: Path, home: Path, env: dict[str, str]) -> tuple[list[dict], float]:
+    """Run the trainer exactly as a segment does, without the flow: (its events, wall seconds). Shared by the
+    data-wait bench."""
+    os.environ["TRAINFORGE_HOME"] = str(home)
+    record, path, _ = prepare_segment(spec_path)
     t0 = time.perf_counter()
     torchrun(["-m", "trainforge.trainer.worker"], {**env, "TRAINFORGE_JOB_CONFIG": str(path),
                                                    "TRAINFORGE_HOME": str(home)})

@@ -430,13 +430,12 @@ def _accumulation_problems(spec: JobSpec, layout: Layout) -> list[Problem]:
 def default_dataset_checker() -> DatasetChecker:
     def check(spec: JobSpec, base_dir: Path) -> Problem | None:
         """The reference resolves, and (where it did) to data tokenized as the job expects."""
-        from trainforge.datasets.refs import check_reference, resolve_reference
+        from trainforge.datasets.refs import check_and_resolve
         from trainforge.datasets.tokenizer_match import tokenizer_problem
 
-        found = check_reference(spec.dataset.ref, base_dir)
-        if found is not None:
+        found, ds = check_and_resolve(spec.dataset.ref, base_dir)
+        if ds is None:
             return found
-        ds = resolve_reference(spec.dataset.ref, base_dir)
         return tokenizer_problem(spec, ds.manifest.tokenizer, base_dir, f"dataset {ds.name}@{ds.version[:12]}")
 
     return check

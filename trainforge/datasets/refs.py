@@ -70,23 +70,22 @@ def _resolve(ref: str, base_dir: Path | None) -> ResolvedDataset:
 
 def check_reference(ref: str, base_dir: Path) -> Problem | None:
     """None if the reference resolves; otherwise an error, or "not-checked" for systems out of reach."""
+    return check_and_resolve(ref, base_dir)[0]
+
+
+def check_and_resolve(ref: str, base_dir: Path) -> tuple[Problem | None, ResolvedDataset | None]:
+    """`check_reference`'s problem, and the version when it resolved (so a caller that checks more of it, as
+    validate does its tokenizer, does not resolve it again: a lakeFS ref is a round trip)."""
     scheme = ref.partition("://")[0]
     if scheme in ("catalog", "file"):
-        try:
-            resolve_reference(ref, base_dir)
-        except DatasetWithdrawn as exc:
-            return Problem("dataset.ref", exc.reason, ref, exc.fix)
-        except CatalogError as exc:
-            fix = ("check the name; `trainforge demo` builds the demo dataset (catalog://demo-text)"
-                   if scheme == "catalog" else "point file:// at a dataset version folder holding manifest.json")
-            return Problem("dataset.ref", str(exc), ref, fix)
-        return None
+        return _resolved(ref, base_dir, "check the name; `trainforge demo` builds the demo dataset (catalog://demo-text)"
+                         if scheme == "catalog" else "point file:// at a dataset version folder holding manifest.json")
     if scheme in ("s3", "gs"):
         if not (os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")):
             return Problem("dataset.ref", f"{scheme}:// reference not checked: no object-storage credentials in "
                            "this environment", ref, "run where the credentials are set, or drop --strict",
-                           "not-checked")
-        return Problem("dataset.ref", f"{scheme}:// existence is checked at submit time", ref, "", "not-checked")
+                           "not-checked"), None
+        return Problem("dataset.ref", f"{scheme}:// existence is checked at submit time", ref, "", "not-checked"), None
     if scheme == "lakefs":
         from trainforge.datasets import lakefs_catalog as lk
 
@@ -97,12 +96,16 @@ def check_reference(ref: str, base_dir: Path) -> Problem | None:
             return Problem("dataset.ref", f"lakefs:// reference not checked: no lakeFS client is configured{why}",
                            ref, f"configure lakeFS the lakectl way (`lakectl config`, ~/.lakectl.yaml or the file "
                            f"named by {lk.CONFIG_FILE_ENV}; or {lk.ENDPOINT_ENV}, {lk.ACCESS_KEY_ENV} and "
-                           f"{lk.SECRET_KEY_ENV}) or drop --strict", "not-checked")
-        try:
-            resolve_reference(ref, base_dir)
-        except DatasetWithdrawn as exc:
-            return Problem("dataset.ref", exc.reason, ref, exc.fix)
-        except CatalogError as exc:
-            return Problem("dataset.ref", str(exc), ref, "check the repository, ref and path in lakeFS")
-        return None
-    return Problem("dataset.ref", "unknown dataset scheme", ref, "use catalog://, file://, s3://, gs:// or lakefs://")
+                           f"{lk.SECRET_KEY_ENV}) or drop --strict", "not-checked"), None
+        return _resolved(ref, base_dir, "check the repository, ref and path in lakeFS")
+    return Problem("dataset.ref", "unknown dataset scheme", ref,
+                   "use catalog://, file://, s3://, gs:// or lakefs://"), None
+
+
+def _resolved(ref: str, base_dir: Path, fix: str) -> tuple[Problem | None, ResolvedDataset | None]:
+    try:
+        return None, resolve_reference(ref, base_dir)
+    except DatasetWithdrawn as exc:
+        return Problem("dataset.ref", exc.reason, ref, exc.fix), None
+    except CatalogError as exc:
+        return Problem("dataset.ref", str(exc), ref, fix), None

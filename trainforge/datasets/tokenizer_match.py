@@ -1,7 +1,7 @@
 """Does a job's data speak its model's vocabulary? The tokenizer a spec names (`dataset.tokenizer`), or the one a
 Hugging Face `init_from` folder ships, against the tokenizer a dataset version was built with. Pure apart from
-reading the named tokenizer.json; `validate` runs it on local versions, submit on every version before the gang is
-provisioned."""
+reading the named tokenizer.json; `validate` runs it on the versions it resolves, submit on every version before
+the gang is provisioned."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from trainforge.datasets import tokenizer
 from trainforge.spec import JobSpec, Problem, is_weights_folder, weights_folder_location
 
 BYTE_LEVEL_NAMES = ("byte-level", "byte", tokenizer.NAME)
+BUILD_WITH = "trainforge datasets build SOURCE --out catalog://NAME --license ID --tokenizer "
+"""The command a fix names (followed by the tokenizer to build with)."""
 
 
 def wanted_file(spec: JobSpec, base_dir: Path) -> Path | None:
@@ -54,7 +56,6 @@ def tokenizer_problem(spec: JobSpec, manifest_tokenizer: str, base_dir: Path, da
     """None when the data was tokenized as the job expects; otherwise the problem, naming the field to change.
     `dataset` names the version for the message (e.g. `demo-text@1a2b3c4d5e6f`)."""
     wanted = spec.dataset.tokenizer
-    build = "trainforge datasets build SOURCE --out catalog://NAME --license ID --tokenizer "
     if wanted is not None:
         file = wanted_file(spec, base_dir)
         if file is None:
@@ -70,7 +71,7 @@ def tokenizer_problem(spec: JobSpec, manifest_tokenizer: str, base_dir: Path, da
         if tokenizer.same_tokenizer(manifest_tokenizer, text):
             return None
         return Problem("dataset.tokenizer", f"{dataset} was tokenized with {describe(manifest_tokenizer)}, not with "
-                       f"{file}", wanted, f"build the data with it ({build}{file}), or point dataset.ref at a "
+                       f"{file}", wanted, f"build the data with it ({BUILD_WITH}{file}), or point dataset.ref at a "
                        "version built with it")
     if not (spec.init_from and is_weights_folder(spec.init_from)):
         return None
@@ -86,7 +87,6 @@ def folder_tokenizer_problem(spec: JobSpec, manifest_tokenizer: str, folder: Pat
     folder_file = folder / tokenizer.TOKENIZER_FILE
     if spec.dataset.tokenizer is not None or not folder_file.is_file():
         return None
-    build = "trainforge datasets build SOURCE --out catalog://NAME --license ID --tokenizer "
     try:
         text = tokenizer.read_tokenizer_json(folder_file)
     except tokenizer.TokenizerError as exc:
@@ -95,8 +95,8 @@ def folder_tokenizer_problem(spec: JobSpec, manifest_tokenizer: str, folder: Pat
         return None
     # the fix names the file as the user can reach it: a fetched s3 folder's copy is deleted after the check
     location = weights_folder_location(spec.init_from, folder) if spec.init_from else ""
-    how = (f"download {location}{tokenizer.TOKENIZER_FILE}, then {build}PATH" if location.startswith("s3://")
-           else f"{build}{folder_file}")
+    how = (f"download {location}{tokenizer.TOKENIZER_FILE}, then {BUILD_WITH}PATH" if location.startswith("s3://")
+           else f"{BUILD_WITH}{folder_file}")
     return Problem("init_from", f"the folder's tokenizer.json is not the tokenizer {dataset} was built with "
                    f"({describe(manifest_tokenizer)}): the model would read ids of another vocabulary", spec.init_from,
                    f"build the data with the folder's tokenizer ({how}), or set dataset.tokenizer to "

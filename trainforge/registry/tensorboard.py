@@ -86,16 +86,12 @@ def event(wall_time: float, step: int = 0, *, file_version: bytes | None = None,
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
-def _float32(value: float) -> float:
-    """simple_value is a float32: beyond its range a value is +-inf there, not an OverflowError here."""
-    return value if not abs(value) > _FLOAT32_MAX else math.copysign(math.inf, value)
-
-
-def _as_float(value: int | float) -> float:
-    try:
-        return float(value)
-    except OverflowError:  # an int beyond any float
+def _float32(value: int | float) -> float:
+    """simple_value is a float32: beyond its range (an int beyond any float too) a value is +-inf there, not an
+    OverflowError here."""
+    if abs(value) > _FLOAT32_MAX:  # exact for ints of any size; False for NaN, which stays NaN
         return math.inf if value > 0 else -math.inf
+    return float(value)
 
 
 class ScalarLog:
@@ -109,7 +105,7 @@ class ScalarLog:
         records = []
         for step, values in rows:
             # numbers only (a NaN loss is shown as TensorBoard shows it); a label or flag is not a scalar
-            scalars = {redact(str(k)): _as_float(v) for k, v in values.items()
+            scalars = {redact(str(k)): v for k, v in values.items()
                        if isinstance(v, int | float) and not isinstance(v, bool)}
             if scalars:
                 records.append(tfrecord(event(self.clock(), int(step), scalars=scalars)))
