@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-pure lint clean servers servers-down stack stack-down debian-deps
+.PHONY: venv demo test test-fast test-pure lint clean servers servers-down stack stack-down debian-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,8 +30,19 @@ debian-deps:
 	elif [ "$$(id -u)" = 0 ]; then scripts/setup-debian.sh; \
 	else scripts/setup-debian.sh --check || echo "debian-deps: not root, nothing installed (see above)"; fi
 
+# The whole suite (what the CI runs): scripts/test-suite runs everything but the `timing` tests on xdist workers,
+# then the `timing` tests alone. Every test target holds the machine's test lock (scripts/test-lock): one run per
+# machine, a second waits. Arguments for pytest: make test ARGS="tests/integration -x".
 test: $(STAMP) debian-deps
-	$(BIN)/python -m pytest -q --durations=30
+	scripts/test-lock "make test" scripts/test-suite $(ARGS)
+
+# The inner loop while changing code (<= 3 min on 2 cores): everything that starts no torchrun, training process,
+# Python subprocess or server (unit, spec, planner, scheduler, render, docs, layering), hypothesis on 10 examples.
+# Such a start fails the test here (tests/fixtures/suite.py): mark it `slow` and it runs in `make test`.
+FAST_WORKERS ?= 2
+test-fast: $(STAMP)
+	scripts/test-lock "make test-fast" env TRAINFORGE_TEST_FAST=1 TRAINFORGE_HYPOTHESIS_PROFILE=fast \
+	  $(BIN)/python -m pytest -q -n $(FAST_WORKERS) -m "not slow and not timing and not gpu" --durations=10 $(ARGS)
 
 # The pure parts (spec, validate, plan, simulate, render) under another interpreter, in a venv of their own with
 # tests/requirements-pure.txt only: no torch (its CPU wheel here is for 3.11), no prefect, no mlflow, so a pure module
@@ -46,8 +57,8 @@ test-pure:
 	  rm -rf $(PURE_VENV) && $(PY) -m venv $(PURE_VENV) && \
 	  $(PURE_VENV)/bin/pip install --quiet -r tests/requirements-pure.txt && touch $(PURE_VENV)/.installed; fi
 	@! $(PURE_VENV)/bin/python -c 'import torch' 2>/dev/null || { echo "test-pure: torch is in $(PURE_VENV)"; exit 1; }
-	$(PURE_VENV)/bin/python -m pytest -q -p no:cacheprovider $(PURE_TESTS) \
-	  --ignore=tests/unit/plan/test_deepspeed_parity.py
+	scripts/test-lock "make test-pure ($(PURE_VER))" $(PURE_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	  $(PURE_TESTS) --ignore=tests/unit/plan/test_deepspeed_parity.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check trainforge tests bench

@@ -5,10 +5,13 @@ Fixture modules live in tests/fixtures/ and are registered here."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 import pytest
 from hypothesis import settings
+
+from tests.fixtures.suite import mlflow_template, replica_dir_for
 
 # The CI runs the property tests on fixed examples (`derandomize`: the same ones every run, so a red CI reproduces
 # and a green one is not luck): .ci/run sets TRAINFORGE_HYPOTHESIS_PROFILE=ci. By hand they draw fresh examples
@@ -16,6 +19,8 @@ from hypothesis import settings
 # are run by hand (the counts are in the docs of what each property checks, e.g. docs/scheduler.md).
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("default", print_blob=True)
+# `make test-fast`: the inner loop, a small example count (the full counts run in `make test`).
+settings.register_profile("fast", max_examples=10, print_blob=True)
 settings.load_profile(os.environ.get("TRAINFORGE_HYPOTHESIS_PROFILE", "default"))
 
 # A suite started as a background job of a non-interactive shell (`./.ci/run &`, nohup) inherits SIGINT and
@@ -28,12 +33,21 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
-pytest_plugins: list[str] = ["tests.fixtures.s3", "tests.fixtures.prefect", "tests.fixtures.lakefs", "tests.fixtures.postgres"]
+pytest_plugins: list[str] = ["tests.fixtures.suite", "tests.fixtures.s3", "tests.fixtures.prefect", "tests.fixtures.lakefs", "tests.fixtures.postgres"]
 
 
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path_factory, monkeypatch):
+def _isolated_home(tmp_path_factory, monkeypatch, request):
     home = tmp_path_factory.mktemp("tf-home")
+    if request.node.get_closest_marker("slow") or request.node.get_closest_marker("timing"):
+        # Flows track in MLflow: a copy of a migrated database, not 3-5 s of migrations per test home.
+        shutil.copyfile(mlflow_template(), home / "mlflow.db")
     monkeypatch.setenv("TRAINFORGE_HOME", str(home))
     monkeypatch.delenv("TRAINFORGE_CLUSTER", raising=False)
-    yield home
+    # In-memory replicas are keyed by job id and tests reuse ids: each home gets its own replica root.
+    replicas = replica_dir_for(home.name)
+    monkeypatch.setenv("TRAINFORGE_REPLICA_DIR", str(replicas))
+    try:
+        yield home
+    finally:
+        shutil.rmtree(replicas, ignore_errors=True)

@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 KILL_STEP, INTERVAL = 10, 8
 
 
+@pytest.mark.timing
 def test_kill9_rank_restarts_in_segment_and_finishes():
     # `durable=1`: rank 1 dies once its step-8 save is written, replicated on its peer and committed. A kill at a
     # fixed step alone raced that save's background work: on a loaded host the save was still in flight at step

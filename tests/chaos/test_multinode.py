@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 STEPS, INTERVAL = 20, 8
 
 
+@pytest.mark.timing
 def test_whole_node_lost_is_replaced_through_the_scheduler():
     job = run_job(make_job("chaos-node", steps=STEPS, interval=4, workers=4), fault="node:rank=2:step=14",
                   max_retries=1)
@@ -82,6 +83,7 @@ def test_object_store_outage_during_upload_never_commits_a_partial_checkpoint():
     assert events(job, "segment_end")[-1]["step"] == STEPS
 
 
+@pytest.mark.timing
 def test_an_evicted_straggler_leaves_its_node_out_of_the_next_gang():
     """`straggler_action: evict`: rank 2 (the second node's first rank) is slow from step 2 on; at the checkpoint
     committed after its detection the segment ends, its node is marked unhealthy in the live scheduler and the gang

@@ -32,6 +32,7 @@ def incidents(job, kind):
     return [e for e in events(job, "fault_detected") if e["fault"] == kind]
 
 
+@pytest.mark.timing
 def test_hang_fires_watchdog_dumps_stacks_and_names_rank_and_line():
     job = run_job(make_job("chaos-hang"), fault="hang:rank=1:step=6", max_retries=1)
     m = measure(job, "hang rank 1 (watchdog, segment retry)", "hang", "hang")
@@ -68,6 +69,7 @@ def test_nan_rolls_back_skips_the_batch_and_finishes():
     assert events(job, "segment_end")[-1]["step"] == 24
 
 
+@pytest.mark.timing
 def test_straggler_reported_and_sigterm_takes_emergency_checkpoint():
     job = run_job(make_job("chaos-spot"), fault="slow:rank=1:step=2:ms=300,sigterm:rank=1:step=13")
     m = measure(job, "SIGTERM preemption rank 1 (emergency checkpoint)", "sigterm", "preemption")

@@ -17,6 +17,8 @@ from trainforge.trainer.loop import load_init_weights
 from trainforge.trainer.models.llama import build_model
 from trainforge.validate import validate_document
 
+pytestmark = pytest.mark.slow  # starts torchrun, workers or servers: `make test`, not `make test-fast`
+
 transformers = pytest.importorskip("transformers")
 
 MODEL = dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn_hidden=96, vocab=256)

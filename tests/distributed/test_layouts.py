@@ -15,6 +15,8 @@ import pytest
 
 from tests.distributed.conftest import TINY, assert_same, reference, run_layout
 
+pytestmark = pytest.mark.slow  # starts torchrun, workers or servers: `make test`, not `make test-fast`
+
 MICRO = 2
 STEPS = 4
 MOE = {**TINY, "experts": 4, "top_k": 2}

@@ -20,6 +20,8 @@ from trainforge.events import read_events
 from trainforge.infra.storage import open_store
 from trainforge.registry.manifest import list_committed
 
+pytestmark = pytest.mark.slow  # real DCP saves and segments (about 20 s): `make test`, not `make test-fast`
+
 
 @pytest.fixture
 def job_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SegmentConfig]:

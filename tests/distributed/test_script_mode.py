@@ -13,6 +13,8 @@ from tests.distributed.conftest import run_torchrun
 from tests.segment_configs import segment_config
 from trainforge.contract.config import ENV_VAR
 
+pytestmark = pytest.mark.slow  # starts torchrun: `make test`, not `make test-fast`
+
 TORCH_SCRIPT = '''
 import json, os, sys
 import torch, torch.distributed as dist

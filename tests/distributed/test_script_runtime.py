@@ -25,7 +25,7 @@ from trainforge.infra.storage import open_store
 from trainforge.registry.manifest import list_committed, materialize, verify
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "script_mode"
-pytestmark = [pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _job(name: str, segment_max_steps: int | None, spec_file: str = "train_torch.yaml",

@@ -19,6 +19,7 @@ from trainforge.registry.jobs import JobStore
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
+@pytest.mark.timing
 def test_the_demo_job_raises_no_alert(prefect_api, monkeypatch):
     ensure_demo_dataset()
     monkeypatch.delenv("TRAINFORGE_FAULT", raising=False)
@@ -37,6 +38,7 @@ def test_the_demo_job_raises_no_alert(prefect_api, monkeypatch):
     assert coverage["judged"] >= rule.window + rule.persist - 1, coverage
 
 
+@pytest.mark.timing
 def test_a_rank_30_percent_slower_raises_a_straggler_alert(prefect_api, monkeypatch):
     ensure_demo_dataset()
     monkeypatch.delenv("TRAINFORGE_ALERT_RULES", raising=False)

@@ -28,16 +28,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEPS_CTRL_C = 48
-# Rank 0 sleeps this long in every step of the first segment attempt only (trainer/faults.py `slow`; the resume is
-# submitted without it): the first commit comes after 8 slow steps and Ctrl-C then has 40 s of training left to land
-# in however slowly this test process notices the commit, while the resume runs the rest at full speed.
-SLOW_FIRST_ATTEMPT = "slow:rank=0:step=0:ms=1000"
+INTERVAL = 8
+# The first segment attempt only (the resume is submitted without it): rank 0 parks at the start of step 8 once the
+# step-8 checkpoint is committed (trainer/faults.py `park`, `durable=1`) until the cancel's SIGTERM reaches it; its
+# peer waits in the step's collective. Ctrl-C lands mid-training however slowly this test process notices the
+# commit, no step before it is slowed, and the resume runs the rest at full speed. A park past PARK_S (the cancel
+# never came) raises in rank 0 and fails the attempt: the test fails (exit code, or the attempt that was cancelled).
+PARK_S = 60
+PARK_FIRST_ATTEMPT = f"park:rank=0:step={INTERVAL}:durable=1:s={PARK_S}"
+# A parked gang makes no step progress: the hang watchdog (15 s floor) and the collective timeout (30 s floor) would
+# call it a hang before the cancel on a loaded machine. Both wait longer than the park for the first attempt only.
+PARK_HEALTH = json.dumps({"hang_timeout_s": 2 * PARK_S, "collective_timeout_s": 2 * PARK_S})
 
 
 def spec_file(tmp_path: Path, steps: int = 48) -> Path:
     doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
     doc["training"].update({"max_steps": steps, "global_batch_size": 8, "seq_len": 64})
-    doc["checkpoint"]["interval_steps"] = 8
+    doc["checkpoint"]["interval_steps"] = INTERVAL
     doc["evaluation"]["batches"] = 1
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -77,13 +84,15 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainforge", *args]
 
 
+@pytest.mark.timing
 def test_ctrl_c_stops_every_worker_and_resume_continues(tmp_path, _isolated_home):
     ensure_demo_dataset()
     # Ctrl-C must land mid-training even when this test process is slow to notice the first commit on a loaded
-    # machine (a 48-step job at full speed once finished first in CI): the first attempt runs slowed down.
+    # machine (a 48-step job at full speed once finished first in CI): rank 0 of the first attempt parks after it.
     spec = spec_file(tmp_path, steps=STEPS_CTRL_C)
     env = {**os.environ, "TRAINFORGE_HOME": str(_isolated_home), "PREFECT_HOME": str(tmp_path / "prefect")}
-    proc = subprocess.Popen(cli("submit", str(spec), "--json"), env={**env, "TRAINFORGE_FAULT": SLOW_FIRST_ATTEMPT},
+    proc = subprocess.Popen(cli("submit", str(spec), "--json"),
+                            env={**env, "TRAINFORGE_FAULT": PARK_FIRST_ATTEMPT, "TRAINFORGE_HEALTH": PARK_HEALTH},
                             stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -107,6 +116,8 @@ def test_ctrl_c_stops_every_worker_and_resume_continues(tmp_path, _isolated_home
     wait_for(lambda: not job_processes(job_id), 10, "no orphan worker processes")
     record = JobStore().get(job_id)
     assert record.data["state"] == "cancelled"
+    # Ctrl-C met the parked first attempt (not a retry after the park ran out)
+    assert [seg["state"] for seg in record.data["segments"]] == ["cancelled"], record.data["segments"]
     kept = last_event(record.events_path, "checkpoint")["step"]
 
     resumed = subprocess.run(cli("submit", "--resume", job_id, "--json"), env=env, capture_output=True,

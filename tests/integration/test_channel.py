@@ -47,6 +47,7 @@ def bucket(s3_server):
     s3_server.delete_bucket(name)
 
 
+@pytest.mark.timing
 def test_real_publishers_on_s3_a_killed_node_is_lost_within_5s_and_commands_are_acknowledged(s3_server, bucket):
     env = {**os.environ, **s3_server.env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     for name in ("TRAINFORGE_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE"):

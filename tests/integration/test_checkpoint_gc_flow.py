@@ -19,6 +19,8 @@ from trainforge.registry.dedup import ChunkWriter, UploadStats, chunk_key
 from trainforge.registry.jobs import JobStore
 from trainforge.registry.manifest import list_committed, step_prefix, verify, write_manifest
 
+pytestmark = pytest.mark.slow  # starts torchrun, workers or servers: `make test`, not `make test-fast`
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

@@ -23,6 +23,8 @@ from tests.fixtures.netns_hosts import netns_hosts
 from trainforge.infra.network.netns import HostShell, SandboxNetwork
 from trainforge.infra.network.sandbox import NFT_TABLE, Host, NetworkLayout, Service
 
+pytestmark = pytest.mark.slow  # network-namespace hosts and a torchrun gang: `make test`, not `make test-fast`
+
 RDZV_PORT = 29400
 GANG_TIMEOUT_S = 120
 

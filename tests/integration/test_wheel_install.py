@@ -2,22 +2,39 @@
 
 Builds the wheel (`pip wheel --no-deps --no-build-isolation`: this venv's setuptools, no download), checks that it
 ships prefect.yaml, examples/ and the LICENSE as real files, installs it with the `trainer` extra into a new venv
-(torch==2.13.0 first: pip takes the CPU wheel on this machine's disk; the rest resolves from the package index as any
-user's install would), and from an empty folder with its own TRAINFORGE_HOME runs `trainforge demo` (a real
+(torch==2.13.0 first, the CPU wheel; then the wheel's own metadata, resolved by pip as any user's install is), and
+from an empty folder with its own TRAINFORGE_HOME runs `trainforge demo` (a real
 2-worker gloo job through the embedded Prefect server), `trainforge simulate` on its shipped default cluster, and
 reads the shipped prefect.yaml's dataset triggers as `automations install` does. The venv is also checked for what
 the extras promise: no psycopg2, kubernetes or great-expectations, and a missing one is named by its extra.
 
-Slow (about 4-6 min on 2 quiet cores, most of it pip installing torch, prefect and mlflow); CI runs it.
+Both installs are `pip install --no-index --find-links WHEELHOUSE` into the fresh venv: the resolver reads the
+wheel's Requires-Dist and picks every distribution from a wheelhouse of this machine's cache
+(${XDG_CACHE_HOME:-~/.cache}/trainforge-test-wheelhouse/KEY), so no index round trip and no sdist build
+(deepspeed's) happens per run. The wheelhouse is filled once per machine and per KEY, a hash of pyproject.toml's
+dependencies and `trainer` extra (with the torch pin, the Python and the platform): `pip wheel` of torch==2.13.0 and
+the wheel[trainer], from the package index like any user's install, into a temporary folder renamed into place
+under a file lock (concurrent runs wait for it; one killed mid-fill leaves nothing used). A wheelhouse resolved
+against an older index stays in use until pyproject.toml's dependencies change: rm -r that folder to resolve anew.
+
+Slow (about 4-6 min on 2 quiet cores the first time, most of it pip downloading and installing torch, prefect and
+mlflow; later runs only install); CI runs it.
 Run: pytest tests/integration/test_wheel_install.py
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
+import tempfile
 import time
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -26,6 +43,8 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
+TORCH = "torch==2.13.0"  # the CPU wheel on this machine's disk, never a CUDA build
+WHEELHOUSE_RECIPE = 1  # part of the wheelhouse's key: bump it when _wheelhouse fills it differently
 TRACE_HEADER = "job_id,submit_time_s,submit_time_iso,duration_s,num_gpus,gpu_milli,user,team,gpu_type,status,source_trace"
 
 
@@ -42,6 +61,43 @@ def _clean_env(home: Path, venv: Path) -> dict[str, str]:
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv), TRAINFORGE_HOME=str(home),
                PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1", COLUMNS="200")
     return env
+
+
+def _wheelhouse_key() -> str:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    what = {"dependencies": project["dependencies"], "trainer": project["optional-dependencies"]["trainer"],
+            "torch": TORCH, "python": f"cp{sys.version_info.major}{sys.version_info.minor}",
+            "platform": sysconfig.get_platform(), "recipe": WHEELHOUSE_RECIPE}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _wheelhouse(python: Path, wheel: Path, cwd: Path) -> Path:
+    """The folder of wheels that `pip install --no-index` of torch, then of wheel[trainer], takes everything from:
+    filled once (on a machine's first run, or when the dependencies changed) by `python`'s pip (the fresh venv's,
+    the one that installs from it) from the package index, sdists built into wheels; complete or absent."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainforge-test-wheelhouse"
+    key = _wheelhouse_key()
+    house = root / key
+    if house.is_dir():  # it appears only whole, by the rename below
+        return house
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run filling it: wait for its rename
+        if house.is_dir():
+            return house
+        for stale in root.glob(f".{key}.tmp-*"):  # a fill killed midway (we hold the lock: no one writes there)
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
+        try:
+            _run([str(python), "-m", "pip", "wheel", "--quiet", "-w", str(tmp), TORCH, f"{wheel}[trainer]"],
+                 timeout=1500, cwd=cwd)
+            for own in tmp.glob("trainforge-*.whl"):  # the wheel under test is this run's, never a cached one
+                own.unlink()
+            os.rename(tmp, house)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return house
 
 
 def _build_wheel(out: Path) -> Path:
@@ -73,10 +129,13 @@ def test_the_wheel_runs_the_demo_from_an_empty_folder(tmp_path):
     empty.mkdir()
     t0 = time.monotonic()
     _run([sys.executable, "-m", "venv", str(venv)], timeout=120)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-    _run([*pip, "torch==2.13.0"], timeout=900, cwd=empty)  # the CPU wheel on disk, never a CUDA build
+    t1 = time.monotonic()
+    house = _wheelhouse(venv / "bin" / "python", wheel, empty)
+    timings["wheelhouse"] = time.monotonic() - t1
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(house)]
+    _run([*pip, TORCH], timeout=900, cwd=empty)
     _run([*pip, f"{wheel}[trainer]"], timeout=1200, cwd=empty)
-    timings["install"] = time.monotonic() - t0
+    timings["install"] = time.monotonic() - t0 - timings["wheelhouse"]
     env = _clean_env(home, venv)
     py = str(venv / "bin" / "python")
 

@@ -63,6 +63,7 @@ def test_unreadable_spec_exits_2(tmp_path):
     assert result.exit_code == 2
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_kill_drill_runs_the_job_and_prints_detection_mttr_and_lost_steps(tmp_path, monkeypatch):

@@ -34,6 +34,65 @@ def test_parse_faults_rejects_unknown_kinds_and_windowless_outages(text):
         parse_faults(text)
 
 
+def test_parse_faults_reads_a_park_and_refuses_one_without_its_bound():
+    assert parse_faults("park:rank=0:step=8:durable=1:s=60") == [Fault("park", 0, 8, s=60.0, durable=True)]
+    for unbounded in ("park:rank=0:step=8", "park:rank=0:step=8:s=0"):
+        with pytest.raises(ValueError, match="park needs a bound"):
+            parse_faults(unbounded)
+
+
+class _Clock:
+    """The faults module's clock for the park: a sleep advances it by what it asks for (no real waiting)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+    def time(self) -> float:  # the fault's marker records when it fired
+        return self.t
+
+
+def test_a_durable_park_waits_for_the_commit_then_holds_the_rank_until_its_stop_signal(tmp_path, monkeypatch):
+    from trainforge.trainer import health
+
+    clock = _Clock()
+    monkeypatch.setattr(faults, "time", clock)
+    calls: list[str] = []
+
+    class Monitor:  # the worker's HealthMonitor: its SIGTERM handler sets stop_requested (here at t = 2.5 s)
+        @property
+        def stop_requested(self) -> bool:
+            return clock.t >= 2.5
+
+    monkeypatch.setattr(health, "_CURRENT", Monitor())
+    injector = FaultInjector(parse_faults("park:rank=0:step=8:durable=1:s=60"), str(tmp_path / "run"), rank=0)
+    injector.maybe_fire(7, settle=lambda: calls.append("settle"))
+    assert calls == [] and clock.t == 0  # not the park's step: no wait, no park
+    injector.maybe_fire(8, settle=lambda: calls.append(f"settle at {clock.t:g}"))
+    assert calls == ["settle at 0"]  # parked only once the step's checkpoint is committed
+    assert 2.5 <= clock.t < 2.6  # ... and went on with the step as soon as the stop signal came, not at its bound
+    injector.maybe_fire(8, settle=lambda: calls.append("settle"))  # fired once: the retried run neither parks
+    assert calls == ["settle at 0"] and clock.t < 2.6
+
+
+def test_a_park_that_no_stop_signal_ends_fails_loudly_at_its_bound(tmp_path, monkeypatch):
+    from trainforge.trainer import health
+
+    clock = _Clock()
+    monkeypatch.setattr(faults, "time", clock)
+    monkeypatch.setattr(health, "_CURRENT", None)  # no monitor (NullMonitor): no stop signal ever comes
+    injector = FaultInjector(parse_faults("park:rank=1:step=3:s=5"), str(tmp_path / "run"), rank=1)
+    with pytest.raises(faults.InjectedFault, match="parked for 5s and no stop signal came"):
+        injector.maybe_fire(3)
+    assert 5 <= clock.t < 5.1
+    assert FaultInjector(parse_faults("park:rank=1:step=3:s=5"), str(tmp_path / "run"), rank=0).faults == []
+
+
 def test_outage_opens_at_the_first_write_and_closes_at_the_until_step(tmp_path):
     store = LocalObjectStore(tmp_path / "store")
     injector = FaultInjector(parse_faults("storeout:rank=0:step=2:until=5"), str(tmp_path / "run"), rank=0)

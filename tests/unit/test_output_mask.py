@@ -9,8 +9,12 @@ import sys
 import textwrap
 from urllib.parse import quote
 
+import pytest
+
 from trainforge.contract.masking import StreamMasker, spellings
 from trainforge.trainer.output_mask import MASKED_ENV, masked_values
+
+pytestmark = pytest.mark.slow  # starts worker processes under the masking wrapper: `make test`, not `make test-fast`
 
 SECRET = "tf-s3cr3t/value+with=chars"
 

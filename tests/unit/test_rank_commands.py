@@ -86,6 +86,7 @@ RANK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_sidecar_sends_a_ranks_faulthandler_dump_up_the_channel(store):
     sock = f"@tf-test-stacks-{os.getpid()}"
     pub = NodePublisher(store, ROOT, "n1", flush_interval_s=0.05, socket_path=sock).start()

@@ -140,6 +140,7 @@ def test_job_reads_state_metrics_and_logs_from_the_folder():
         get_job("no-such-job")
 
 
+@pytest.mark.slow
 def test_a_detached_job_whose_controller_died_is_failed(tmp_path):
     from trainforge.sdk import Job, detached_dir
 

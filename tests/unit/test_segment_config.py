@@ -69,6 +69,16 @@ def test_each_attempt_gets_its_own_copy(built) -> None:
         cfg.job_id = "other"  # type: ignore[misc]  # frozen: a worker never edits its config
 
 
+def test_a_checkpoint_manifest_names_the_attempt_that_commits_it(built) -> None:
+    """The control plane books from the store a commit of its attempt whose report never arrived (tasks/supervisor.py
+    `report_unreported_commits`): the manifest says which attempt wrote it."""
+    from trainforge.trainer.segment import manifest_fields
+
+    cfg = built[3]
+    assert manifest_fields(cfg.for_attempt(2, HealthPolicy()), 1, 8, None)["segment_attempt"] == 2
+    assert manifest_fields(cfg, 1, 8, None)["segment_attempt"] is None  # the job's base config is no attempt's
+
+
 def _annotations(tp: Any, seen: set[Any]) -> list[Any]:
     """Every type reachable from `tp` through pydantic models, dataclasses and generic arguments."""
     import dataclasses
@@ -177,6 +187,7 @@ class _Stop(Exception):
     """Ends the flow right after its one validation and plan (before anything is provisioned)."""
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_a_submit_validates_parses_and_resolves_the_layout_once(prefect_api, monkeypatch, tmp_path) -> None:
     import trainforge.commands.jobs as jobs

@@ -55,6 +55,7 @@ def test_a_rank_its_sidecar_saw_die_is_lost_and_not_killed_again(tmp_path, recor
         channel.close()
 
 
+@pytest.mark.timing
 def test_a_frozen_rank_is_lost_by_its_beats_age_and_killed_through_the_channel(tmp_path, record):
     channel = LocalChannel(tmp_path / "objects", ["node-0", "node-1"])
     try:
@@ -149,3 +150,61 @@ def test_failure_reports_come_up_the_channel_typed_root_cause_first(tmp_path, re
     assert any("segment-0-rank-00002.json" in r.message for r in caplog.records)
     exc = _failure(record, 0, tmp_path / "logs", 1, sup)
     assert (exc.kind, exc.rank) == ("user", 1) and "InjectedFault: boom" in str(exc)
+
+
+def test_a_commit_whose_report_never_came_is_booked_from_the_store_for_its_attempt(tmp_path, record, caplog):
+    """Rank 0 writes the manifest, then reports it: killed in between (its node lost mid-commit, or the survivors
+    stopped), it reports nothing, yet the retry resumes from that manifest. The segment's end (tasks/segment.py)
+    books every commit of its attempt from the store, as a `checkpoint` event of that attempt, so the flow's
+    bookkeeping runs for it; nothing else is booked twice, and another attempt's commit is that attempt's."""
+    from trainforge.contract.events import CheckpointCommitted, Sender
+    from trainforge.contract.router import EventRouter, StartBookkeeping
+    from trainforge.events import EventWriter, read_events, read_typed_events
+    from trainforge.registry.manifest import CheckpointRef, quarantine, step_prefix, write_manifest
+
+    job = "teams/t/jobs/j"
+    channel = LocalChannel(tmp_path / "objects")
+    try:
+        sup = channel.supervisor(record, attempt=1)
+        store = channel.store
+        for step, attempt in ((4, 0), (6, 0), (8, 1), (10, 1), (12, 1), (14, None)):
+            write_manifest(store, step_prefix(job, step), {"step": step, "segment_attempt": attempt, "files": [],
+                                                           "metrics": {"train_loss": 2.5}})
+        quarantine(store, CheckpointRef(10, step_prefix(job, 10), {}), ["bit rot"])  # found corrupt: not resumed
+        for step, attempt in ((4, 0), (8, 1)):  # the reports that came up the channel, as the journal keeps them
+            EventWriter(record.folder, True, Sender(job=record.job_id, attempt=attempt, rank=0)).publish(
+                CheckpointCommitted(step=step, prefix=step_prefix(job, step)))
+        # 6: attempt 0's (its own end booked what it had to); 14: a manifest that names no attempt
+        with caplog.at_level(logging.WARNING, logger="trainforge.tasks.supervisor"):
+            assert sup.report_unreported_commits(store, job) == [12]
+        assert any("step 12" in r.message and "never arrived" in r.message for r in caplog.records)
+        [booked] = [e for e in read_events(record.events_path)[0] if e["type"] == "checkpoint" and e["step"] == 12]
+        assert booked["src"]["attempt"] == 1 and booked["prefix"] == step_prefix(job, 12)
+        assert booked["metrics"] == {"train_loss": 2.5}
+        assert sup.report_unreported_commits(store, job) == []  # booked once
+        # the flow's router starts the bookkeeping of the step it had not booked, and of no other
+        events, _, _ = read_typed_events(record.events_path, only=(CheckpointCommitted,))
+        assert [a.step for a in EventRouter().route_all(events, {4, 8}) if isinstance(a, StartBookkeeping)] == [12]
+    finally:
+        channel.close()
+
+
+def test_a_store_that_cannot_be_listed_at_the_segment_end_books_nothing_and_says_so(tmp_path, record, caplog,
+                                                                                    monkeypatch):
+    from trainforge.infra.storage import LocalObjectStore
+
+    channel = LocalChannel(tmp_path / "objects")
+    store = LocalObjectStore(tmp_path / "checkpoints")
+    try:
+        sup = channel.supervisor(record)
+
+        def down(prefix: str = "", *, start_after: str = "") -> list[str]:
+            raise ConnectionError("store down")
+
+        monkeypatch.setattr(store, "list", down)
+        with caplog.at_level(logging.WARNING, logger="trainforge.tasks.supervisor"):
+            assert sup.report_unreported_commits(store, "teams/t/jobs/j") == []
+        assert any("listing the committed checkpoints" in r.message and "store down" in r.message
+                   for r in caplog.records)
+    finally:
+        channel.close()

@@ -99,6 +99,12 @@ def list_committed(store: ObjectStore, job_prefix: str, *, include_quarantined: 
     return sorted(refs, key=lambda r: r.step)
 
 
+def committed_steps(store: ObjectStore, job_prefix: str) -> list[int]:
+    """The steps that have a manifest and are not quarantined, oldest first, from one listing (no manifest read)."""
+    manifests, quarantined = _scan(store, job_prefix)
+    return sorted(set(manifests) - quarantined)
+
+
 def quarantined_steps(store: ObjectStore, job_prefix: str) -> set[int]:
     return _scan(store, job_prefix)[1]
 

@@ -188,6 +188,10 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
         gang.stop_sidecar()
         supervisor.finish()
         reader.close()
+    # Every process of the gang is gone: a checkpoint it committed without its report reaching the channel (rank 0
+    # killed between the manifest and the report, with its node or by the stop above) is booked now, before the
+    # caller decides on a retry, which resumes from the newest manifest in the store.
+    supervisor.report_unreported_commits(store, config.storage_prefix)
     duration = time.monotonic() - t0
     end = _last_segment_end(record, since=started)
     if code != 0 and not (supervisor.preempting and end is not None and end.reason == "preempted"):

@@ -51,7 +51,9 @@ from trainforge.contract.events import (
     parse_event,
 )
 from trainforge.events import EventWriter, append_records, read_typed_events
+from trainforge.infra.storage import ObjectStore
 from trainforge.registry.jobs import JobRecord
+from trainforge.registry.manifest import committed_steps, read_manifest, step_prefix
 from trainforge.trainer.health import HealthPolicy, heartbeat_path, stacks_dir, stacks_file_name
 from trainforge.trainer.profiling import summary_key
 
@@ -303,6 +305,38 @@ class SegmentSupervisor:
                 break
             if not batches:
                 time.sleep(0.1)
+
+    def report_unreported_commits(self, store: ObjectStore, job_prefix: str) -> list[int]:
+        """After the gang is gone: journal a `checkpoint` event for each checkpoint this attempt committed (its
+        manifest is in the store and names this attempt) whose report never came up the channel, so the flow books
+        it before a retry resumes from it (the retry's workers take the newest manifest in the store). Returns those
+        steps. The store, not the channel, says what was committed: rank 0 writes the manifest, then reports it,
+        and a rank killed in between (its node lost, the survivors stopped by `run_segment`) reports nothing."""
+        try:
+            steps = committed_steps(store, job_prefix)
+        except Exception as e:  # the store is busy or down: the next segment's end lists it again
+            logger.warning("listing the committed checkpoints of segment %d failed: %s: %s", self.attempt,
+                           type(e).__name__, e)
+            return []
+        events, _, _ = read_typed_events(self.record.events_path, only=(CheckpointCommitted,))
+        reported = {e.step for e in events if isinstance(e, CheckpointCommitted)}
+        found: list[int] = []
+        for step in steps:
+            if step in reported:
+                continue
+            prefix = step_prefix(job_prefix, step)
+            try:
+                manifest = read_manifest(store, prefix)
+            except Exception as e:
+                logger.warning("reading the manifest of checkpoint step %d failed: %s: %s", step, type(e).__name__, e)
+                continue
+            if manifest is None or manifest.get("segment_attempt") != self.attempt:
+                continue  # another attempt's (the end of that segment booked it), or not a manifest
+            logger.warning("checkpoint step %d was committed by segment %d but its report never arrived (rank 0 "
+                           "died after writing the manifest): booked from the store", step, self.attempt)
+            self.events.publish(CheckpointCommitted(step=step, prefix=prefix, metrics=manifest.get("metrics", {})))
+            found.append(step)
+        return found
 
     def _to_rank(self, kind: str, rank: int, beat: RankBeat) -> None:
         """A command for one rank (`kill_rank`, `dump_stacks`): to its node, whose sidecar signals it."""

@@ -338,12 +338,18 @@ class Checkpointer:
                 except Exception as exc:  # still reach the broadcast below: peers wait in it
                     logger.exception("checkpoint step %d: commit failed", step)
                     errors = [f"rank 0 commit: {type(exc).__name__}: {exc}"]
+                if committed:
+                    # The checkpoint exists now: reported before the broadcast, which raises when a peer died
+                    # after handing over its files (its node lost mid-commit). A report that never arrives (this
+                    # rank killed first) is found in the store by the control plane when the segment ends.
+                    try:
+                        self.on_commit(step, prefix, manifest)
+                    except Exception:  # still reach the broadcast below: peers wait in it
+                        logger.exception("checkpoint step %d: committed, but reporting the commit failed", step)
         committed = self._broadcast(committed)
         if committed:
             self._known = referenced_chunks(entries)
             self._prune_staging(keep=step)
-            if self.ctx.is_main:
-                self.on_commit(step, step_prefix(self.job_prefix, step), manifest)
         else:
             self._known = set()
             raise RuntimeError(f"checkpoint step {step} was not committed: {errors if self.ctx.is_main else error}")

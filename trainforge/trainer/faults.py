@@ -17,7 +17,14 @@ Kinds, each at the start of 0-based step `step` on rank `rank`:
 - `storeout`: the object store is down in this worker: every object-store write raises (an outage during a
   checkpoint upload; list it for every rank to take the whole store down). The window opens at the first write
   after the fault fires and lasts `s` seconds, or until this worker reaches step `until` (a window measured in
-  training progress: the same uploads meet it however fast or slow the machine is).
+  training progress: the same uploads meet it however fast or slow the machine is);
+- `park`: hold this rank at the start of its step until the worker gets its stop signal (a termination notice, the
+  SIGTERM a cancel sends the gang), then go on with the step as any rank that got the notice mid-step; its peers
+  wait in the step's collectives meanwhile. `s` bounds the wait: no stop signal within `s` seconds raises
+  InjectedFault (the test that parked it never sent its cancel: a loud failure, not a silent full-speed run). With
+  `durable=1` at a checkpoint step, the rank parks once that checkpoint is committed: a cancel then lands mid-training
+  however late it comes, without slowing the steps before (the parked rank makes no step progress, so a test that
+  parks longer than the hang watchdog's window sets $TRAINFORGE_HEALTH's hang and collective timeouts above `s`).
 A fault fires once per job (a marker file in the run folder remembers it, with the time it fired: the chaos suite
 measures detection latency from it), so the retried segment runs clean, as a replaced node would; `always=1`
 fires it on every attempt (a persistent fault that exhausts the retry budget).
@@ -43,7 +50,7 @@ from typing import Any
 
 ENV_VAR = "TRAINFORGE_FAULT"
 _LOG = logging.getLogger(__name__)
-KINDS = ("kill", "raise", "hang", "stop", "nan", "sigterm", "slow", "node", "storeout")
+KINDS = ("kill", "raise", "hang", "stop", "nan", "sigterm", "slow", "node", "storeout", "park")
 
 
 class InjectedFault(RuntimeError):
@@ -58,6 +65,7 @@ class Fault:
     always: bool = False
     ms: int = 0
     s: float = 0.0
+    """`storeout`: the outage window's seconds; `park`: the longest wait for the stop signal."""
     until: int | None = None
     durable: bool = False
     """Wait for this rank's in-flight checkpoints to be committed before firing (see the module docstring)."""
@@ -79,6 +87,8 @@ def parse_faults(text: str) -> list[Fault]:
         until = int(values["until"]) if "until" in values else None
         if kind == "storeout" and not (float(values.get("s", 0)) > 0 or until is not None):
             raise ValueError(f"storeout needs a window in ${ENV_VAR}={text!r}: s=SECONDS or until=STEP")
+        if kind == "park" and not float(values.get("s", 0)) > 0:
+            raise ValueError(f"park needs a bound in ${ENV_VAR}={text!r}: s=SECONDS")
         faults.append(Fault(kind, int(values.get("rank", 0)), int(values["step"]), values.get("always") == "1",
                             int(values.get("ms", 0)), float(values.get("s", 0)), until, values.get("durable") == "1",
                             float(values.get("pct", 0))))
@@ -163,6 +173,8 @@ class FaultInjector:
             kill_node()
         elif fault.kind == "storeout":
             store_outage(fault.s if fault.until is None else float("inf"))
+        elif fault.kind == "park":
+            park(fault.s)
         elif fault.kind == "nan" and model is not None:
             import torch
 
@@ -223,6 +235,26 @@ def step_hooks_from_env(run_dir: str, rank: int) -> list[FaultHook]:
     """The hooks the chaos harness installs through $TRAINFORGE_FAULT: none when it is unset (production)."""
     injector = FaultInjector.from_env(run_dir, rank)
     return [FaultHook(injector)] if injector.faults else []
+
+
+def park(bound_s: float, stopped: Callable[[], bool] | None = None, poll_s: float = 0.05) -> None:
+    """Block until `stopped()` (default: this worker's HealthMonitor got its termination notice, the SIGTERM a
+    cancel sends); InjectedFault after `bound_s` seconds without it. The signal handler runs in this (main) thread
+    between the sleeps, and the heartbeat and checkpoint threads go on meanwhile."""
+    done = stopped if stopped is not None else _stop_requested
+    deadline = time.monotonic() + bound_s
+    while not done():
+        if time.monotonic() >= deadline:
+            raise InjectedFault(f"parked for {bound_s:g}s and no stop signal came (the cancel it waits for was "
+                                f"never sent)")
+        time.sleep(poll_s)
+
+
+def _stop_requested() -> bool:
+    """This worker's termination notice came (trainer/health.py HealthMonitor's SIGTERM handler)."""
+    from trainforge.trainer.health import current_monitor
+
+    return bool(current_monitor().stop_requested)
 
 
 def kill_node() -> None:

@@ -36,6 +36,9 @@ def manifest_fields(cfg: SegmentConfig, world_size: int, step: int, loss: float 
     return {
         "job_id": cfg.job_id,
         "team": cfg.team,
+        # the segment attempt that commits it: the control plane books, from the store, a commit of its attempt
+        # whose report never reached it (tasks/supervisor.py `report_unreported_commits`)
+        "segment_attempt": cfg.attempt,
         "world_size": world_size,
         "layout": asdict(cfg.layout),
         **extra,

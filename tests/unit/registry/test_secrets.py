@@ -140,6 +140,7 @@ def test_stream_masker_masks_a_secret_split_across_chunks():
     assert StreamMasker({}).feed(b"plain") == b"plain"
 
 
+@pytest.mark.slow
 def test_captured_output_of_a_process_that_prints_its_secret_is_masked(tmp_path):
     """What the platform captures from user code (a pipe pumped into its log file) carries no secret form."""
     import base64

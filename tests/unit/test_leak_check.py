@@ -1,0 +1,292 @@
+"""The suite's leak check (tests/leakcheck.py) names each kind of leak, and an unchanged machine shows none.
+
+The live tests leak one of each for real and look for each by name. They must never touch the machine's own
+network namespace (changing it can cut this machine off), so a fresh network namespace stands in for "the
+machine"; the rest (a namespace, a mount, a /dev/shm folder, a process) is machine-wide but the test's own. All
+they make is removed on the way out (an ExitStack: failure or not, each step bounded by a timeout). Other tests may
+run beside these (xdist), so they look for their own names rather than for "nothing else changed".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import leakcheck as lc
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="the leak check reads Linux /proc")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _sh(*argv: str, check: bool = True, timeout: float = 10) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def _require_root_and_ip() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the live leak-check test needs root (ip netns, mount)")
+    if shutil.which("ip") is None:
+        pytest.skip("`ip` (iproute2) is missing: scripts/setup-debian.sh installs it")
+
+
+def _require_nft() -> None:
+    if shutil.which("nft") is None:
+        pytest.skip("`nft` (nftables) is missing, so the nftables leaks are not checked here: "
+                    "scripts/setup-debian.sh installs it")
+
+
+def _has_line(found: list[str], *needles: str) -> bool:
+    return any(all(needle in line for needle in needles) for line in found)
+
+
+def _start_tagged(run_id: str, *argv: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(list(argv), env={**os.environ, lc.RUN_ENV: run_id}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout=10)
+
+
+def _unmount(point: Path) -> None:
+    if _sh("umount", str(point), check=False).returncode != 0:
+        _sh("umount", "-l", str(point), check=False)  # busy: detach it now, the kernel frees it when unused
+
+
+@contextlib.contextmanager
+def _scratch_netns(name: str) -> Iterator[str]:
+    """A network namespace of the test's own, removed on the way out (with anything still running in it)."""
+    _sh("ip", "netns", "add", name)
+    try:
+        yield name
+    finally:
+        for pid in _sh("ip", "netns", "pids", name, check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        _sh("ip", "netns", "del", name, check=False)
+
+
+# --- pure: normalising and comparing ------------------------------------------------------------------------
+
+
+def test_address_lifetimes_indexes_and_transient_states_are_not_changes() -> None:
+    # `ip -o addr` lines: "\\" where `ip addr` would break the line.
+    earlier = ("4: eth0    inet 10.1.2.3/24 brd 10.1.2.255 scope global dynamic eth0\\       "
+               "valid_lft 86000sec preferred_lft 86000sec\n"
+               "4: eth0    inet6 fd00::5/64 scope global tentative \\       "
+               "valid_lft forever preferred_lft forever\n"
+               "4: eth0    inet6 fd00::aa:1/64 scope global temporary dynamic \\       "
+               "valid_lft 600sec preferred_lft 10sec\n")
+    later = ("7: eth0    inet 10.1.2.3/24 brd 10.1.2.255 scope global dynamic eth0\\       "
+             "valid_lft 85123sec preferred_lft 85123sec\n"
+             "7: eth0    inet6 fd00::5/64 scope global \\       valid_lft forever preferred_lft forever\n"
+             "7: eth0    inet6 fd00::bb:2/64 scope global temporary dynamic \\       "
+             "valid_lft 599sec preferred_lft 0sec\n")
+    assert lc.normalise_addresses(earlier) == lc.normalise_addresses(later)
+    assert lc.normalise_addresses(earlier) == ("eth0 inet 10.1.2.3/24 brd 10.1.2.255 scope global dynamic eth0",
+                                               "eth0 inet6 fd00::5/64 scope global")
+
+
+def test_route_countdowns_and_cached_routes_are_not_changes() -> None:
+    earlier = ("default via fe80::1 dev eth0 proto ra metric 1024 expires 1790sec hoplimit 64 pref medium\n"
+               "10.0.0.0/24 dev eth0 proto kernel scope link src 10.0.0.2\n")
+    later = ("10.0.0.0/24 dev eth0 proto kernel scope link src 10.0.0.2 linkdown\n"
+             "default via fe80::1 dev eth0 proto ra metric 1024 expires 1650sec hoplimit 64 pref medium\n"
+             "2001:db8::9 via fe80::1 dev eth0 metric 1024 cache expires 580sec mtu 1400 pref medium\n")
+    assert lc.normalise_routes(earlier) == lc.normalise_routes(later)
+    assert lc.normalise_routes(later + "10.9.0.0/24 dev lo scope link\n") != lc.normalise_routes(earlier)
+
+
+def test_ruleset_counters_and_countdowns_are_not_changes() -> None:
+    earlier = ("table inet trainforge {\n\tset peers {\n\t\ttype ipv4_addr\n\t\tflags timeout\n"
+               "\t\telements = { 10.0.0.1 timeout 1m expires 58s123ms }\n\t}\n"
+               "\tchain out {\n\t\ttype filter hook output priority filter; policy accept;\n"
+               "\t\tcounter packets 0 bytes 0\n\t\tquota over 10 mbytes used 0 bytes\n\t}\n}\n")
+    later = (earlier.replace("counter packets 0 bytes 0", "counter packets 120 bytes 9000")
+             .replace("expires 58s123ms", "expires 12s7ms").replace("used 0 bytes", "used 9000 bytes"))
+    assert lc.normalise_ruleset(earlier) == lc.normalise_ruleset(later)
+    assert lc.parse_nft_tables(later) == {"inet trainforge"}
+    assert lc.normalise_ruleset(later.replace("policy accept", "policy drop")) != lc.normalise_ruleset(earlier)
+
+
+def test_mount_points_are_unescaped_and_namespace_mounts_left_to_the_namespace_check() -> None:
+    mountinfo = ("22 1 0:21 / / rw - ext4 /dev/sda1 rw\n"
+                 "80 22 0:50 / /tmp/with\\040space rw - tmpfs tmpfs rw\n"
+                 "81 22 0:4 / /run/netns rw shared:5 - tmpfs tmpfs rw\n"
+                 "82 81 0:4 net:[4026532] /run/netns/tft12ab-h1 rw - nsfs nsfs rw\n")
+    assert lc.parse_mount_points(mountinfo) == ("/", "/tmp/with space")
+
+
+def _snap(**changes: object) -> lc.Snapshot:
+    base = lc.Snapshot(examined=None, netns=frozenset({"old-ns"}), bridges=frozenset({"br0"}),
+                       nft_tables=frozenset({"inet filter"}), mounts=("/", "/tmp"), shm=frozenset({"old"}),
+                       routes=("default via 10.0.0.1 dev eth0",), addresses=("eth0 inet 10.0.0.2/24",),
+                       ruleset="table inet filter {\n}", sysctls=(("net.ipv4.ip_forward", "0"),))
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_only_what_was_added_or_changed_is_a_leak() -> None:
+    before = _snap()
+    assert lc.leaks(before, before) == []
+    # Things that went away (someone else's namespace, a bridge) are no leak.
+    assert lc.leaks(before, _snap(netns=frozenset(), bridges=frozenset(), shm=frozenset())) == []
+    after = _snap(netns=frozenset({"old-ns", "tft12ab-h1"}), mounts=("/", "/tmp", "/tmp"),
+                  routes=("default via 10.0.0.1 dev eth0", "10.9.0.0/24 dev lo"))
+    assert lc.leaks(before, after) == ["network namespace tft12ab-h1 left behind", "mount /tmp left behind",
+                                       "the machine's routes changed: + 10.9.0.0/24 dev lo"]
+
+
+def test_an_item_either_snapshot_could_not_check_is_skipped_and_listed() -> None:
+    before, after = _snap(ruleset=None, nft_tables=None), _snap(ruleset="changed", nft_tables=frozenset({"ip x"}))
+    assert lc.leaks(before, after) == []
+    assert lc.unchecked(before) == ["nft_tables", "ruleset"]
+    with pytest.raises(ValueError):
+        lc.leaks(_snap(), _snap(examined="other"))
+
+
+def test_a_missing_tool_leaves_its_items_unchecked_rather_than_failing(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ip, nft, nsenter or sh to be found
+    snap = lc.snapshot()
+    assert {"bridges", "nft_tables", "routes", "addresses", "ruleset"} <= set(lc.unchecked(snap))
+    assert snap.mounts is not None and snap.netns is not None  # read from files, no tool needed
+    absent = lc.snapshot(netns=f"tflc{secrets.token_hex(3)}-none")
+    assert {"bridges", "routes", "addresses", "ruleset", "sysctls"} <= set(lc.unchecked(absent))
+
+
+# --- processes (no root needed: our own children's environ is ours to read) --------------------------------
+
+
+def test_a_tagged_process_is_named_until_killed() -> None:
+    run_id = f"leakcheck-{secrets.token_hex(4)}"
+    sleeper = _start_tagged(run_id, "sleep", "60")
+    try:
+        leaked = lc.leaked_processes(run_id, grace_s=0)
+        assert leaked == [f"pid {sleeper.pid}: sleep 60"]
+        assert lc.leaked_processes(run_id, grace_s=0, exclude={sleeper.pid}) == []
+        assert lc.leaked_processes(f"{run_id}-other", grace_s=0) == []  # the whole value must match
+        assert lc.kill_leaked(run_id) == [sleeper.pid]
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert lc.leaked_processes(run_id, grace_s=0) == []
+    finally:
+        _stop(sleeper)
+
+
+def test_a_process_exiting_within_the_grace_period_is_no_leak() -> None:
+    run_id = f"leakcheck-{secrets.token_hex(4)}"
+    quick = _start_tagged(run_id, "sleep", "0.3")
+    try:
+        started = time.monotonic()
+        assert lc.leaked_processes(run_id, grace_s=10) == []
+        assert time.monotonic() - started < 5  # it returned when the process went, not at the deadline
+    finally:
+        _stop(quick)
+
+
+def test_the_checking_process_and_its_ancestors_are_not_leaks() -> None:
+    """A check run by a tagged process under a tagged shell reports neither (the shell stays: `; true`)."""
+    run_id = f"leakcheck-{secrets.token_hex(4)}"
+    code = ("import os; from tests import leakcheck as lc; "
+            "print(lc.leaked_processes(os.environ[lc.RUN_ENV], grace_s=0))")
+    done = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{code}"; true'], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, lc.RUN_ENV: run_id})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+# --- live: one leak of each kind, in a namespace standing in for the machine --------------------------------
+
+
+@pytest.mark.parametrize("with_nft", [False, True], ids=["without-nft", "with-nft"])
+def test_each_kind_of_leak_is_named(with_nft: bool, tmp_path: Path) -> None:
+    _require_root_and_ip()
+    if with_nft:
+        _require_nft()
+    token = secrets.token_hex(3)
+    third = int(token, 16) % 250 + 1
+    bridge, table, run_id = f"tflcbr{token}", f"tflc{token}", f"leakcheck-{token}"
+    mount_point, shm = tmp_path / "mnt", lc.SHM_DIR / f"tflc-{token}"
+    mount_point.mkdir()
+    with contextlib.ExitStack() as cleanup:
+        machine = cleanup.enter_context(_scratch_netns(f"tflc{token}-a"))
+        inside = ["ip", "netns", "exec", machine]
+        _sh("ip", "-n", machine, "link", "set", "lo", "up")  # part of the baseline: routes need lo up
+        before = lc.snapshot(netns=machine)
+
+        # Inside the stand-in machine: a bridge, an nftables table, an address and a route, forwarding on.
+        _sh("ip", "-n", machine, "link", "add", bridge, "type", "bridge")
+        if with_nft:
+            _sh(*inside, "nft", "add", "table", "inet", table)
+        _sh("ip", "-n", machine, "addr", "add", f"10.254.{third}.1/24", "dev", "lo")
+        _sh("ip", "-n", machine, "route", "add", f"10.253.{third}.0/24", "dev", "lo")
+        _sh(*inside, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
+        # Machine-wide, but the test's own: a namespace, a mount, a /dev/shm folder and a process.
+        other = cleanup.enter_context(_scratch_netns(f"tflc{token}-b"))
+        _sh("mount", "-t", "tmpfs", "-o", "size=1m", "tflc", str(mount_point))
+        cleanup.callback(_unmount, mount_point)
+        shm.mkdir()
+        cleanup.callback(shm.rmdir)
+        sleeper = _start_tagged(run_id, "sleep", "60")
+        cleanup.callback(_stop, sleeper)
+
+        found = lc.leaks(before, lc.snapshot(netns=machine))
+        report = "\n".join(found)
+        assert _has_line(found, "network namespace", other, "left behind"), report
+        assert _has_line(found, "bridge", bridge, "left behind"), report
+        assert _has_line(found, "mount", str(mount_point.resolve()), "left behind"), report
+        assert _has_line(found, str(shm), "left behind"), report
+        assert _has_line(found, "routes changed", f"+ 10.253.{third}.0/24"), report
+        assert _has_line(found, "addresses changed", f"10.254.{third}.1/24"), report
+        assert _has_line(found, "forwarding sysctls changed", "+ net.ipv4.ip_forward = 1"), report
+        if with_nft:
+            assert _has_line(found, "nftables table", f"inet {table}", "left behind"), report
+            assert _has_line(found, "nftables ruleset changed", table), report
+        assert lc.leaked_processes(run_id, grace_s=0) == [f"pid {sleeper.pid}: sleep 60"]
+        assert lc.kill_leaked(run_id) == [sleeper.pid]
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_an_unchanged_namespace_shows_no_leaks() -> None:
+    """Back-to-back snapshots compare equal, with lifetimes and nft counters ticking in between."""
+    _require_root_and_ip()
+    token = secrets.token_hex(3)
+    third = int(token, 16) % 250 + 1
+    nft = shutil.which("nft") is not None
+    with _scratch_netns(f"tflc{token}-a") as machine:
+        inside = ["ip", "netns", "exec", machine]
+        _sh("ip", "-n", machine, "link", "set", "lo", "up")
+        _sh("ip", "-n", machine, "addr", "add", f"10.254.{third}.1/24", "dev", "lo",
+            "valid_lft", "300", "preferred_lft", "200")  # lifetimes count down between the snapshots
+        if nft:
+            _sh(*inside, "nft", "add", "table", "inet", f"tflc{token}")
+            _sh(*inside, "nft", "add", "chain", "inet", f"tflc{token}", "out",
+                "{ type filter hook output priority 0; }")
+            _sh(*inside, "nft", "add", "rule", "inet", f"tflc{token}", "out", "counter")
+        send = "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', 9))"
+        for _attempt in range(3):
+            first = lc.snapshot(netns=machine)
+            time.sleep(1.1)
+            _sh(*inside, sys.executable, "-c", send)  # moves the counter
+            second = lc.snapshot(netns=machine)
+            # Nobody else touches this namespace: its network state must compare equal every time ...
+            network = ("bridges", "nft_tables", "routes", "addresses", "ruleset", "sysctls")
+            assert {f: getattr(first, f) for f in network} == {f: getattr(second, f) for f in network}
+            assert None not in (first.routes, first.addresses, first.sysctls, first.bridges)
+            found = lc.leaks(first, second)
+            if not found:
+                break
+            # ... but a test beside this one may add a namespace, mount or /dev/shm entry meanwhile: try again.
+        assert found == []
