@@ -210,6 +210,7 @@ def test_the_checking_process_and_its_ancestors_are_not_leaks() -> None:
 # --- live: one leak of each kind, in a namespace standing in for the machine --------------------------------
 
 
+@pytest.mark.slow  # network namespaces entered with nsenter: `make test`
 @pytest.mark.parametrize("with_nft", [False, True], ids=["without-nft", "with-nft"])
 def test_each_kind_of_leak_is_named(with_nft: bool, tmp_path: Path) -> None:
     _require_root_and_ip()
@@ -259,6 +260,7 @@ def test_each_kind_of_leak_is_named(with_nft: bool, tmp_path: Path) -> None:
         assert sleeper.wait(timeout=10) == -signal.SIGKILL
 
 
+@pytest.mark.slow  # network namespaces entered with nsenter: `make test`
 def test_an_unchanged_namespace_shows_no_leaks() -> None:
     """Back-to-back snapshots compare equal, with lifetimes and nft counters ticking in between."""
     _require_root_and_ip()

@@ -45,7 +45,9 @@ def test_a_module_fixture_is_set_up_once_when_its_tests_spread_over_workers(tmp_
         def test_alone(i):
             time.sleep(0.05)
     """))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # A pytest of its own, not one of this run's xdist workers: run inside `make test`, this test's process carries
+    # PYTEST_XDIST_WORKER, which would make the nested controller take itself for a worker.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")} | {"PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.fixtures.suite",
                           "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder", "--rootdir", str(tmp_path),
                           str(tmp_path / "test_shared.py")],
