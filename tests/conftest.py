@@ -5,13 +5,12 @@ Fixture modules live in tests/fixtures/ and are registered here."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 
 import pytest
 from hypothesis import settings
 
-from tests.fixtures.suite import mlflow_template, replica_dir_for
+from tests.fixtures.suite import make_test_home
 
 # The CI runs the property tests on fixed examples (`derandomize`: the same ones every run, so a red CI reproduces
 # and a green one is not luck): .ci/run sets TRAINFORGE_HYPOTHESIS_PROFILE=ci. By hand they draw fresh examples
@@ -38,16 +37,7 @@ pytest_plugins: list[str] = ["tests.fixtures.suite", "tests.fixtures.s3", "tests
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory, monkeypatch, request):
-    home = tmp_path_factory.mktemp("tf-home")
-    if request.node.get_closest_marker("slow") or request.node.get_closest_marker("timing"):
-        # Flows track in MLflow: a copy of a migrated database, not 3-5 s of migrations per test home.
-        shutil.copyfile(mlflow_template(), home / "mlflow.db")
-    monkeypatch.setenv("TRAINFORGE_HOME", str(home))
-    monkeypatch.delenv("TRAINFORGE_CLUSTER", raising=False)
-    # In-memory replicas are keyed by job id and tests reuse ids: each home gets its own replica root.
-    replicas = replica_dir_for(home.name)
-    monkeypatch.setenv("TRAINFORGE_REPLICA_DIR", str(replicas))
-    try:
+    # A test that may run a flow (slow, timing) gets a migrated MLflow database in its home.
+    tracking = any(request.node.get_closest_marker(m) for m in ("slow", "timing"))
+    with make_test_home(tmp_path_factory, monkeypatch, "tf-home", tracking=tracking) as home:
         yield home
-    finally:
-        shutil.rmtree(replicas, ignore_errors=True)

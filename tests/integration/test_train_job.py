@@ -32,7 +32,6 @@ import contextlib
 import copy
 import json
 import re
-import shutil
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ import pytest
 import yaml
 from safetensors.numpy import load_file
 
-from tests.fixtures.suite import mlflow_template, replica_dir_for
+from tests.fixtures.suite import make_test_home
 from trainforge.datasets.demo import ensure_demo_dataset
 from trainforge.events import read_events
 from trainforge.registry.jobs import JobStore
@@ -97,20 +96,9 @@ class TrainedJob:
 
 @contextlib.contextmanager
 def _job_home(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[tuple[pytest.MonkeyPatch, Path]]:
-    """What tests/conftest.py's `_isolated_home` gives a test, for a module-scoped job: a fresh TRAINFORGE_HOME
-    (with a copy of the migrated MLflow database a flow run tracks into) and its own replica root, set while the
-    block runs. The home outlives the block (the tests read the job there); the replicas do not."""
-    home = tmp_path_factory.mktemp(name)
-    shutil.copyfile(mlflow_template(), home / "mlflow.db")
-    replicas = replica_dir_for(home.name)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("TRAINFORGE_HOME", str(home))
-            mp.delenv("TRAINFORGE_CLUSTER", raising=False)
-            mp.setenv("TRAINFORGE_REPLICA_DIR", str(replicas))
-            yield mp, home
-    finally:
-        shutil.rmtree(replicas, ignore_errors=True)
+    """What tests/conftest.py's `_isolated_home` gives a test, for a module-scoped job (the same helper)."""
+    with pytest.MonkeyPatch.context() as mp, make_test_home(tmp_path_factory, mp, name, tracking=True) as home:
+        yield mp, home
 
 
 @pytest.fixture(scope="module")
