@@ -39,16 +39,24 @@ def test_submit_waits_and_reads_metrics_and_logs(prefect_api):
 
 def test_cancel_stops_a_detached_job(prefect_api):
     from trainforge import get_job, submit
+    from trainforge.sdk import _kill_tree
 
     build_demo_dataset()
     job = submit(EXAMPLES / "tiny-cpu.yaml", detach=True, overrides={**SMALL, "training.max_steps": 400})
+    info = job._process()
     try:
         assert job.status in ("pending", "running")
         wait_for(lambda: job_processes(job.id), 240, "the detached job's workers")
         assert get_job(job.id).cancel(timeout=60) == "cancelled", job.error
         wait_for(lambda: not job_processes(job.id), 10, "no orphan worker processes")
+        # The controller ends too, and nothing retried the segment the cancel stopped (it did, in a task-runner
+        # thread the exiting interpreter then waited for, training on with nobody to stop it).
+        wait_for(lambda: not job._controller_alive(info), 60, "the detached controller's exit")
+        assert not job_processes(job.id)
         assert job.status == "cancelled"
+        segments = job.record().data["segments"]
+        assert segments[-1]["state"] == "cancelled" and all(s["state"] != "running" for s in segments), segments
         assert not job.metrics() or job.metrics()[-1].step < 400
     finally:  # a failed assertion must not leave the background job running past this test's Prefect server
-        if not job.done:
-            job.cancel(timeout=10)
+        if job._controller_alive(info):
+            _kill_tree(info["pid"])

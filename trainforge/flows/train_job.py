@@ -44,6 +44,9 @@ from trainforge.tasks.supervisor import give_up_report
 from trainforge.validate import ValidationReport
 
 POLL_S = 0.5
+# How long a cancelled flow waits for its segment's thread to stop its gang and record the segment (a gang's
+# SIGTERM grace is 5 s, then SIGKILL).
+CANCEL_WAIT_S = 30.0
 
 
 class JobFailed(RuntimeError):
@@ -234,9 +237,18 @@ def _run_segment(spec: JobSpec, record: JobRecord, config_path: Path, config: Se
     segment = steps.train_segment.with_options(retries=driver.retries_left, retry_condition_fn=driver.retry_condition)
     future = segment.submit(record, str(config_path), config, (driver.allocation or {}).get("workers", 1),
                             spec.fault_tolerance.max_restarts, pump.cancel, spec, driver.before_attempt)
-    while not future.state.is_final():
-        pump.poll()
-        future.wait(POLL_S)
+    try:
+        while not future.state.is_final():
+            pump.poll()
+            future.wait(POLL_S)
+    except BaseException:
+        # Ctrl-C or SIGTERM lands here, in the flow's thread, while the segment runs in a task-runner thread: tell
+        # it the job is cancelled before stopping its gang, or it takes the stopped gang for a failure and Prefect
+        # retries it (a new gang that the interpreter's exit would then wait for, training on), and wait for it.
+        pump.cancel.set()
+        terminate_job(record.job_id)
+        future.wait(CANCEL_WAIT_S)
+        raise
     pump.poll()
     return future.result()
 

@@ -113,6 +113,8 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
     a lost node is reported under the name the scheduler knows. `layout` is this size's layout (elastic jobs);
     `sizes` the sizes the job can run at: when the scheduler grows or shrinks the allocation to another of them,
     the segment ends at an emergency checkpoint with reason `resize` (the caller re-provisions)."""
+    if cancel is not None and cancel.is_set():  # a retry scheduled before the cancel: start nothing
+        raise SegmentCancelled(f"{config.job_id} was cancelled before segment {next_attempt(record)} started")
     # Checked before anything is recorded: a bad TRAINFORGE_ALLOCATOR fails here, leaving no segment behind.
     allocator = allocator_environment(dict(os.environ) | (extra_env or {}))  # jemalloc: RSS tracks live memory
     attempt = next_attempt(record)
@@ -167,6 +169,9 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
                 code = gang.poll() if gang.poll() is not None else -1
                 break
             time.sleep(0.2)
+        if code != 0 and cancel is not None and cancel.is_set():  # the cancel's own stop ended the gang first:
+            # not a failure to retry (the except below records the segment cancelled)
+            raise SegmentCancelled(f"segment {attempt} of {config.job_id} cancelled; workers stopped")
         if code != 0 and nnodes > 1:
             supervisor.poll()  # who died first, before the survivors fail of the broken gang
             for i in gang.killed_nodes():  # the agent itself died: the whole node was lost, not one process

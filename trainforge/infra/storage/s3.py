@@ -4,7 +4,10 @@
   big downloads are split into concurrent ranged GETs checked against the object's ETag.
 - Conditional create (`if_none_match=True`) sends `If-None-Match: *`; the server answers 412 when the key
   exists, which becomes ObjectExistsError. That is the commit primitive of checkpoints: two racing writers,
-  exactly one wins. Multipart uploads carry the condition on CompleteMultipartUpload.
+  exactly one wins. A conditional write goes as one PutObject up to `conditional_put_limit` (5 GiB, PutObject's
+  own limit), however big: servers check a conditional CompleteMultipartUpload less carefully than a PutObject
+  (SeaweedFS 4.48 checks it outside its object lock, so two racing completions can both succeed: seen here, two
+  winners out of two). Only beyond that limit does the condition ride on CompleteMultipartUpload.
 - Throttling, 5xx and connection errors are retried by botocore's "standard" mode (exponential backoff with
   jitter, `max_attempts` in all); a 409 ConditionalRequestConflict on a conditional write is retried here.
 - `max_upload_bytes_per_s` bounds the average upload rate of the whole store (token bucket, per request/part).
@@ -54,6 +57,7 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 MIN_PART_SIZE = 5 * MiB  # S3's minimum for every part but the last
 MAX_PARTS = 10_000
+MAX_PUT_OBJECT = 5 * 1024 * MiB  # S3's limit for a single PutObject
 DEFAULT_REGION = "us-east-1"
 
 _NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404"}
@@ -124,6 +128,7 @@ class S3ObjectStore:
         connect_timeout: float = 10.0,
         read_timeout: float = 120.0,
         max_upload_bytes_per_s: float | None = None,
+        conditional_put_limit: int = MAX_PUT_OBJECT,
     ):
         if not bucket or "/" in bucket:
             raise ValueError(f"invalid bucket name {bucket!r}")
@@ -138,6 +143,7 @@ class S3ObjectStore:
         self.endpoint_url = endpoint_url
         self.region = region or DEFAULT_REGION
         self.multipart_threshold = multipart_threshold
+        self.conditional_put_limit = conditional_put_limit
         self.part_size = part_size
         self.max_concurrency = max_concurrency
         self.max_attempts = max_attempts
@@ -297,7 +303,7 @@ class S3ObjectStore:
     def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False) -> None:
         full = self._full(key)
         size = len(data)
-        if size >= self.multipart_threshold:
+        if self._goes_multipart(size, if_none_match):
             view = memoryview(data)
             self._multipart(full, key, size, lambda off, n: bytes(view[off:off + n]), if_none_match)
         else:
@@ -308,7 +314,7 @@ class S3ObjectStore:
         full = self._full(key)
         path = Path(path)
         size = path.stat().st_size
-        if size >= self.multipart_threshold:
+        if self._goes_multipart(size, if_none_match):
             fd = os.open(path, os.O_RDONLY)
             try:
                 self._multipart(full, key, size, lambda off, n: os.pread(fd, n, off), if_none_match)
@@ -318,6 +324,12 @@ class S3ObjectStore:
             with open(path, "rb") as f:
                 self._put_object(full, key, f, if_none_match)
         log.debug("put_file s3://%s/%s (%d bytes)", self.bucket, full, size)
+
+    def _goes_multipart(self, size: int, if_none_match: bool) -> bool:
+        """Multipart for big objects, except a conditional write PutObject can carry (see the module's note)."""
+        if if_none_match and size <= min(self.conditional_put_limit, MAX_PUT_OBJECT):
+            return False
+        return size >= self.multipart_threshold
 
     def part_size_for(self, size: int) -> int:
         """The part size used for an object of `size` bytes (grown so that it needs at most 10,000 parts)."""
