@@ -68,7 +68,9 @@ class _Model(BaseModel):
 
 
 class Priority(StrEnum):
-    """Scheduling priority class: higher classes are admitted first and may preempt `preemptible` jobs."""
+    """Scheduling priority class. It orders a team's own work (and which of its jobs yield to its others);
+    between teams fair share decides. `critical`, within the team's critical quota, is the one class that goes
+    ahead of other teams' work; `preemptible` work is anyone's to take (docs/scheduler.md)."""
 
     CRITICAL = "critical"
     HIGH = "high"

@@ -47,6 +47,9 @@ def release_when_shrunk(job_id: str, stop: threading.Event) -> None:
             return
 
 
+# MTTR and lost steps under a 3 s heartbeat window: run alone (in CI, 2026-12-06, a loaded disk's fsync stalled the
+# publisher past it, and the phantom node loss replaced the recovery being measured)
+@pytest.mark.timing
 def test_node_loss_shrinks_to_the_capacity_left_then_grows_back_with_the_same_loss_curve():
     reference = run_job(make_job("elastic-ref", steps=STEPS, interval=INTERVAL, micro_batch=2),
                         health={"hang_timeout_s": 60.0})

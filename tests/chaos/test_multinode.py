@@ -52,6 +52,9 @@ def test_whole_node_lost_is_replaced_through_the_scheduler():
     assert events(job, "segment_end")[-1]["step"] == STEPS
 
 
+# MTTR and lost steps under a 3 s heartbeat window: run alone (in CI, 2026-12-06, a loaded disk's fsync stalled the
+# publisher past it, and the phantom node loss replaced the recovery being measured)
+@pytest.mark.timing
 def test_spot_wave_sigterm_to_every_worker_preempts_and_resumes_with_no_loss():
     wave = ",".join(f"sigterm:rank={r}:step=12" for r in range(4))
     job = run_job(make_job("chaos-wave", steps=STEPS, interval=INTERVAL, workers=4), fault=wave)

@@ -52,6 +52,9 @@ def test_hang_fires_watchdog_dumps_stacks_and_names_rank_and_line():
     assert events(job, "segment_end")[-1]["step"] == 24
 
 
+# MTTR and lost steps under a 3 s heartbeat window: run alone (in CI, 2026-12-06, a loaded disk's fsync stalled the
+# publisher past it, and the phantom node loss replaced the recovery being measured)
+@pytest.mark.timing
 def test_nan_rolls_back_skips_the_batch_and_finishes():
     job = run_job(make_job("chaos-nan"), fault="nan:rank=0:step=12", max_retries=2)
     m = measure(job, "NaN at step 13 (rollback + skip)", "nan")

@@ -24,7 +24,8 @@ from trainforge.infra.scheduler.live import (
     SchedulingTimeout,
     _FifoLock,
 )
-from trainforge.plan.cluster import ClusterSpec, NodeGroup, local_cluster
+from trainforge.infra.scheduler.state import teams_from_spec
+from trainforge.plan.cluster import ClusterSpec, NodeGroup, TeamSpec, local_cluster
 
 CLUSTER = ClusterSpec(name="small", node_groups=[
     NodeGroup(name="h", gpu_type="h100", nodes=4, gpus_per_node=8, nodes_per_rack=2)])
@@ -178,6 +179,33 @@ def test_preemption_notice_and_release(tmp_path):
     t.join(timeout=5)
     assert alloc.num_gpus == 16
     assert {r["job_id"]: r["state"] for r in sched.queue()} == {"crit": "running"}
+
+
+def test_critical_crosses_teams_within_its_quota_and_runs_as_high_beyond_it_in_every_transaction(tmp_path):
+    """Team x holds 16 GPUs (its fair share of 32, with y waiting) in two normal jobs; y holds 16 normal. y's
+    critical job within y's critical quota (8) preempts x's work; x's critical job beyond x's quota (0) is scheduled
+    as high, which does not cross teams: it preempts x's own normal job, never y's, and it stays high in the
+    transactions after its submission (the policy is rebuilt from the rows in each)."""
+    cluster = CLUSTER.model_copy(update={"teams": {"x": TeamSpec(critical_quota=0), "y": TeamSpec(critical_quota=8)}})
+    sched = LiveScheduler(cluster, f"sqlite:///{tmp_path / 's.db'}", teams=teams_from_spec(cluster))
+    for job_id, team in (("x1", "x"), ("x2", "x"), ("y1", "y")):
+        sched.request(GangRequest(job_id=job_id, team=team, num_gpus=8, tp=8), timeout_s=5)
+    sched.request(GangRequest(job_id="y0", team="y", num_gpus=8, tp=8), timeout_s=5)
+    with pytest.raises(SchedulingTimeout, match=r"preempting 1 job"):
+        sched.request(GangRequest(job_id="xc", team="x", priority="critical", num_gpus=8, tp=8), timeout_s=0.3)
+    rows = {r["job_id"]: r for r in sched.queue()}
+    assert "xc" not in rows  # withdrawn at its timeout; what it did stays done
+    assert {j for j, r in rows.items() if r["state"] == "preempting"} <= {"x1", "x2"}
+    assert all(rows[j]["state"] == "running" for j in ("y0", "y1"))
+    # again, left waiting: scheduled as high in this transaction and the next ones
+    sched.release("x1")
+    sched.release("x2")
+    sched.request(GangRequest(job_id="x3", team="x", num_gpus=8, tp=8), timeout_s=5)
+    sched.request(GangRequest(job_id="x4", team="x", num_gpus=8, tp=8), timeout_s=5)
+    with pytest.raises(SchedulingTimeout):
+        sched.request(GangRequest(job_id="yc", team="y", priority="critical", num_gpus=16, tp=8), timeout_s=0.3)
+    rows = {r["job_id"]: r for r in sched.queue()}
+    assert rows["x3"]["state"] == rows["x4"]["state"] == "running"  # 16 > y's quota of 8: high, x is not richer
 
 
 def test_local_cluster_and_default_db_in_trainforge_home(_isolated_home):

@@ -24,10 +24,10 @@ def queue(
     from rich.table import Table
 
     from trainforge.infra.scheduler.live import LiveScheduler
-    from trainforge.infra.scheduler.model import TeamPolicy
+    from trainforge.infra.scheduler.state import teams_from_spec
 
     spec = load_cluster_option(cluster)
-    teams = {n: TeamPolicy(weight=t.weight, quota=dict(t.quota)) for n, t in spec.teams.items()}
+    teams = teams_from_spec(spec)
     rows = LiveScheduler(spec, db or os.environ.get("TRAINFORGE_SCHEDULER_URL"), teams=teams or None).queue()
     if as_json:
         print_json(rows)
@@ -90,11 +90,11 @@ def simulate(
     if str(cluster).endswith(".csv"):
         nodes, name = load_node_list(cluster), cluster.stem
     else:
-        from trainforge.infra.scheduler.state import nodes_from_spec
+        from trainforge.infra.scheduler.state import nodes_from_spec, teams_from_spec
 
         spec = load_cluster_option(cluster)
         nodes, name = nodes_from_spec(spec), spec.name
-        teams = {n: TeamPolicy(weight=t.weight, quota=dict(t.quota)) for n, t in spec.teams.items()}
+        teams = teams_from_spec(spec)
     try:
         tr = load_trace(trace, max_jobs=max_jobs)
         fail_opts = _kv(failures, "failures")

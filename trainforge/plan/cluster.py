@@ -71,6 +71,10 @@ class TeamSpec(BaseModel):
     """Fair-share weight of the team in the shared pool (DRF over GPUs of each type)."""
     quota: dict[str, int] = Field(default_factory=dict)
     """Hard cap on GPUs the team may hold, per GPU type (`*` = all types together)."""
+    critical_quota: int | None = Field(default=None, ge=0)
+    """GPUs (all types together) the team's `critical` jobs may ask for at once: `critical` is the one priority
+    that crosses teams, so it is capped; a `critical` job beyond the cap is scheduled as `high`. None = 10% of the
+    cluster's GPUs, rounded down (the scheduler's `critical_share`)."""
 
 
 class ClusterSpec(BaseModel):

@@ -39,10 +39,10 @@ def live_scheduler():  # -> LiveScheduler
     """The scheduler of the configured cluster, with its teams' weights and quotas; state in
     $TRAINFORGE_SCHEDULER_URL (PostgreSQL in production) or SQLite in $TRAINFORGE_HOME."""
     from trainforge.infra.scheduler.live import LiveScheduler
-    from trainforge.infra.scheduler.model import TeamPolicy
+    from trainforge.infra.scheduler.state import teams_from_spec
 
     cluster = default_cluster()
-    teams = {name: TeamPolicy(weight=t.weight, quota=dict(t.quota)) for name, t in cluster.teams.items()}
+    teams = teams_from_spec(cluster)
     return LiveScheduler(cluster, os.environ.get("TRAINFORGE_SCHEDULER_URL") or None, teams=teams or None)
 
 

@@ -21,6 +21,7 @@ from trainforge.infra.scheduler import (
     TeamPolicy,
     find_placement,
 )
+from trainforge.infra.scheduler.policy import CRITICAL, HIGH, PREEMPTIBLE
 from trainforge.infra.simulator.kueue import KueueModel
 
 TYPES = ["h100", "a100-80gb"]
@@ -52,14 +53,44 @@ def scenario(draw):
                                   st.integers(0, 1000)), max_size=30))
     policy = draw(st.sampled_from(["ours", "ours", "fifo", "fifo-backfill", "kueue"]))
     quota = draw(st.sampled_from([{}, {"h100": 8}, {"*": 12}]))
-    return nodes, jobs, ops, policy, quota
+    critical_quota = draw(st.sampled_from([None, 0, 8]))  # None: 10% of the cluster (often less than one job)
+    return nodes, jobs, ops, policy, quota, critical_quota
+
+
+def check_preemption_rule(d: Preempt, v, g, now: float) -> None:
+    """The rule the decision names is one the policy has, and its conditions on priorities and teams hold (the
+    shares it also depends on are the pass's, tested by the scenarios of test_starvation.py)."""
+    same = v.req.team == g.req.team
+    assert v.rank != CRITICAL or d.rule == "pool", (d, v.req, g.req)  # critical within quota: nobody else's
+    assert g.rank != PREEMPTIBLE or same or d.rule == "pool", (d, v.req, g.req)  # preemptible work takes nothing
+    if d.rule == "pool":
+        assert g.req.team in v.borrowed_from, (d, v.req, g.req)
+    elif d.rule == "own-team":
+        assert same and v.rank < g.rank, (d, v.req, g.req)
+    elif d.rule == "preemptible":
+        assert v.rank == PREEMPTIBLE < g.rank and not same, (d, v.req, g.req)
+    elif d.rule == "critical":
+        assert g.rank == CRITICAL and not same, (d, v.req, g.req)
+    elif d.rule == "fair-share":
+        assert not same and v.rank < g.rank, (d, v.req, g.req)
+    else:
+        assert d.rule == "starving" and not same and g.reserved_since <= now, (d, v.req, g.req)
+
+
+def check_critical_quota(s: Scheduler) -> None:
+    """A team's jobs scheduled as critical never ask for more than its critical quota; the rest run as high."""
+    for team in {j.req.team for j in s.jobs.values()}:
+        asked = sum(j.req.num_gpus for j in s.jobs.values() if j.req.team == team and j.rank == CRITICAL)
+        assert asked <= s.critical_quota(team), (team, asked)
+    for j in s.jobs.values():
+        assert j.rank == j.req.rank or (j.req.priority == "critical" and j.rank == HIGH), (j.req, j.rank)
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario())
 def test_invariants_hold_through_random_events(sc):
-    nodes, jobs, ops, policy, quota = sc
-    teams = {"b": TeamPolicy(weight=2.0, quota=quota)}
+    nodes, jobs, ops, policy, quota, critical_quota = sc
+    teams = {"a": TeamPolicy(critical_quota=critical_quota), "b": TeamPolicy(weight=2.0, quota=quota)}
     if policy == "kueue":  # the simulator's model of Kueue's admission: its own preemption rules, same invariants
         s = KueueModel(ClusterState(nodes), teams, SchedulerConfig(policy="fifo"))
     else:
@@ -72,13 +103,10 @@ def test_invariants_hold_through_random_events(sc):
             continue  # bigger than the cluster / tp larger than its nodes: rejected up front
         for d in s.schedule(now):
             if isinstance(d, Preempt) and policy != "kueue":
-                v, g = s.jobs[d.job_id], s.jobs[d.for_job]
-                # lower priority, a borrower of the requester's pool, or (a reserved gang past its patience) a
-                # same-priority job of a team holding a larger share than the gang's team
-                assert v.req.rank < g.req.rank or g.req.team in v.borrowed_from or (
-                    v.req.rank == g.req.rank and v.req.team != g.req.team and g.reserved_since <= now
-                    and s.share(v.req.team) > s.share(g.req.team)), (d, v.req, g.req)
+                check_preemption_rule(d, s.jobs[d.job_id], s.jobs[d.for_job], now)
         check_invariants(s)
+        if policy == "ours":
+            check_critical_quota(s)
     for op, k in ops:
         now += 10
         ids = sorted(s.jobs)
@@ -93,8 +121,12 @@ def test_invariants_hold_through_random_events(sc):
             s.restore_node(s.state.nodes[k % len(s.state.nodes)].name)
         elif op == "tick":
             now += 1000
-        s.schedule(now)
+        for d in s.schedule(now):
+            if isinstance(d, Preempt) and policy != "kueue":
+                check_preemption_rule(d, s.jobs[d.job_id], s.jobs[d.for_job], now)
         check_invariants(s)
+        if policy == "ours":
+            check_critical_quota(s)
 
 
 @settings(max_examples=200, deadline=None)

@@ -10,8 +10,8 @@ Run: .venv/bin/python -m pytest tests/unit/scheduler/test_starvation.py -q
 from __future__ import annotations
 
 import math
-import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,35 +25,20 @@ from trainforge.infra.scheduler import (
     Start,
     TeamPolicy,
 )
-from trainforge.infra.simulator import SimConfig, Simulation, Trace, TraceJob
+from trainforge.infra.simulator import SimConfig, Simulation, Trace, TraceJob, scenarios
+from trainforge.infra.simulator.scenarios import flood_nodes, flood_trace, gang_bound_s
 
 H = 3600.0
 GRACE = 120.0
 
 
 def cluster(num_nodes: int, per_node: int = 8) -> list[NodeInfo]:
-    return [NodeInfo(f"n{i}", "h100", per_node, f"r{i // 4}") for i in range(num_nodes)]
-
-
-def flood_trace(seed: int = 0, *, nodes: int = 4, days: float = 2.0, every_s: float = 300.0) -> list[TraceJob]:
-    """Team `flood` keeps the cluster full with 1-8 GPU jobs (0.5-4 h) arriving every `every_s` for `days`."""
-    rng = random.Random(seed)
-    jobs, t, i = [], 0.0, 0
-    while t < days * 86400:
-        jobs.append(TraceJob(job_id=f"f{i}", submit_s=t, team="flood", priority="normal", gpu_type="h100",
-                             num_gpus=rng.choice([1, 2, 4, 8]), duration_s=rng.uniform(0.5, 4) * H))
-        t += rng.expovariate(1 / every_s)
-        i += 1
-    return jobs
+    return flood_nodes(num_nodes, per_node)
 
 
 def gang_wait(policy: str, jobs: list[TraceJob], nodes: list[NodeInfo]) -> tuple[float, Simulation]:
-    teams = {"flood": TeamPolicy(weight=1.0), "gang": TeamPolicy(weight=1.0)}
-    sim = Simulation(nodes, Trace(sorted(jobs, key=lambda j: j.submit_s), "flood"), SimConfig(policy=policy,
-                                                                                            teams=teams))
-    sim.run()
-    r = sim.runs["gang"]
-    return r.first_start - r.submit, sim
+    run, sim = scenarios.gang_wait(policy, jobs, nodes)
+    return run.wait_s, sim
 
 
 def test_full_cluster_gang_of_an_idle_team_waits_no_longer_than_under_fifo():
@@ -156,19 +141,24 @@ def traces(draw):
     num_nodes = draw(st.integers(1, 4))
     intervals = []
     jobs = []
+    # The richer team marks a share of its work high (at least a quarter in most examples; `critical` beyond its
+    # critical quota of 0 runs as high too): between teams, fair share decides whatever the priorities.
+    high = draw(st.sampled_from([0.25, 0.5, 1.0, 0.0]))
     for i in range(draw(st.integers(1, 30))):
         every = draw(st.sampled_from([600.0, 1800.0, 3600.0]))
+        top = draw(st.sampled_from(["high", "critical"])) if draw(st.floats(0, 1)) < high else None
         intervals.append(every)
         duration = draw(st.floats(0.1, 8.0)) * H
         jobs.append(TraceJob(
             job_id=f"a{i}", submit_s=draw(st.floats(0, 12 * H)), team="a",
-            priority=draw(st.sampled_from(["normal", "normal", "low", "preemptible"])), gpu_type="h100",
+            priority=top or draw(st.sampled_from(["normal", "normal", "low", "preemptible"])), gpu_type="h100",
             num_gpus=draw(st.sampled_from([1, 2, per_node, per_node * max(1, num_nodes // 2)])),
             duration_s=duration, checkpoint_interval_s=every,
             # estimates wrong both ways: a quarter of the real runtime to three times it
             estimate_s=duration * draw(st.floats(0.25, 3.0))))
     size = per_node * draw(st.integers(1, num_nodes))
-    gang = TraceJob(job_id="gang", submit_s=draw(st.floats(0, 12 * H)), team="g", priority="normal",
+    gang = TraceJob(job_id="gang", submit_s=draw(st.floats(0, 12 * H)), team="g",
+                    priority=draw(st.sampled_from(["normal", "high", "low"])),
                     gpu_type="h100", num_gpus=size, duration_s=draw(st.floats(0.1, 8.0)) * H,
                     checkpoint_interval_s=1800.0, estimate_s=draw(st.floats(0.1, 20.0)) * H)
     patience = draw(st.sampled_from([0.0, 600.0, 3600.0, 4 * 3600.0]))
@@ -179,15 +169,43 @@ def traces(draw):
 @given(traces())
 def test_every_gang_of_an_idle_team_starts_within_the_bound(case):
     nodes, jobs, patience, longest_interval = case
-    teams = {t: TeamPolicy() for t in ("a", "g")}
+    teams = {"a": TeamPolicy(critical_quota=0), "g": TeamPolicy()}
     sim = Simulation(nodes, Trace(sorted(jobs, key=lambda j: j.submit_s), "random"),
                      SimConfig(policy="ours", teams=teams, patience_s=patience, grace_s=GRACE))
     report = sim.run()
     assert report["completed"] == len(jobs)
     r = sim.runs["gang"]
-    bound = patience + longest_interval + GRACE
+    bound = gang_bound_s(patience, longest_interval, GRACE)
     assert r.first_start - r.submit <= bound + 1e-6, (r.first_start - r.submit, bound)
     assert sim.lost["preemption"] == 0
+
+
+# -- the flood with priorities: 64 GPUs, a share of the flood high ------------------------------------------
+@pytest.mark.parametrize("high_fraction", [0.05, 0.25, 0.5])
+def test_a_high_priority_share_of_the_flood_never_delays_the_idle_teams_gang_past_the_bound(high_fraction):
+    """The docs' flood on 8 x 8 GPUs, seeds 0-4, with 5%, 25% and 50% of the flood `high`: the idle team's
+    64-GPU normal gang starts within the bound every time (before priority within a team, 25% high made it wait
+    ~50 h: the flood's high jobs went ahead of it across teams), and no victim loses work or is killed. The flood's
+    own high jobs still preempt its own normal ones."""
+    nodes = flood_nodes(8)
+    bound = gang_bound_s(H, 1800.0, GRACE)
+    for seed in range(5):
+        jobs = flood_trace(seed, high_fraction=high_fraction) + [scenarios.gang(64)]
+        assert sum(j.priority == "high" for j in jobs) >= high_fraction / 2 * len(jobs)
+        run, sim = scenarios.gang_wait("ours", jobs, nodes)
+        assert run.wait_s <= bound, (seed, run)
+        assert run.lost_to_preemption_gpu_s == 0 and run.kills == 0, (seed, run)
+        # The flood's high jobs preempted the flood's own jobs; the gang only as a poorer team may (fair share,
+        # never for being high): the gang, once running, holds the whole cluster.
+        for victim, by, rule in sim.preemptions:
+            if by == "gang":
+                assert rule == "starving", (victim, by, rule)
+            elif victim == "gang":
+                assert rule in ("starving", "fair-share"), (victim, by, rule)
+            else:
+                assert rule == "own-team", (victim, by, rule)
+        if high_fraction >= 0.25:
+            assert any(rule == "own-team" for *_, rule in sim.preemptions)
 
 
 # -- the same flood under Kueue's admission (simulator/kueue.py models the rendered ClusterQueues) -------------

@@ -42,6 +42,8 @@ from trainforge.infra.scheduler.model import (
     Placement,
     SchedulerConfig,
     TeamPolicy,
+    priority_name,
+    priority_rank,
 )
 from trainforge.infra.scheduler.placement import compute_quality
 from trainforge.infra.scheduler.policy import Scheduler
@@ -336,7 +338,7 @@ class LiveScheduler:
             "planned": self._placement_json(state, job.planned), "waiting_on": sorted(job.waiting_on),
             "start_time": _num(job.start_time), "last_checkpoint": _num(job.last_checkpoint),
             "preempt_deadline": _num(job.preempt_deadline), "num_preemptions": job.num_preemptions,
-            "num_requeues": job.num_requeues, "reserved_since": _num(job.reserved_since),
+            "num_requeues": job.num_requeues, "reserved_since": _num(job.reserved_since), "rank": job.rank,
         }
         return {"job_id": job.job_id, "seq": job.seq, "request": json.dumps(_request_dict(job.req)),
                 "state": job.state.value, "team": job.req.team, "priority": job.req.priority,
@@ -355,6 +357,7 @@ class LiveScheduler:
         job.preempt_deadline = _nan(rt["preempt_deadline"])
         job.num_preemptions, job.num_requeues = rt["num_preemptions"], rt["num_requeues"]
         job.reserved_since = _nan(rt.get("reserved_since"))  # rows written before standing reservations: none
+        job.rank = rt.get("rank", req.rank)  # a critical job over its team's critical quota runs as high
         job.reason = row["reason"]
         return job
 
@@ -390,7 +393,7 @@ class LiveScheduler:
             if time.monotonic() < deadline:
                 return None
             same = [j for j in sched.pending() if j.req.gpu_type == req.gpu_type]
-            same.sort(key=lambda j: (-j.req.rank, int(j.boost), j.submit_time, j.seq))
+            same.sort(key=lambda j: (-j.rank, int(j.boost), j.submit_time, j.seq))
             position = next(i for i, j in enumerate(same, 1) if j is job)
             reason = job.reason
             sched.finish(req.job_id, now)  # withdrawn in the same transaction that decides the timeout
@@ -454,7 +457,8 @@ class LiveScheduler:
             pl = rt["placement"]
             running = r["state"] != JobState.PENDING.value
             out.append({
-                "job_id": r["job_id"], "team": r["team"], "priority": r["priority"], "state": r["state"],
+                "job_id": r["job_id"], "team": r["team"], "priority": r["priority"],
+                "scheduled_as": priority_name(rt.get("rank", priority_rank(r["priority"]))), "state": r["state"],
                 "gpu_type": pl["gpu_type"] if pl else req["gpu_type"],
                 "gpus": sum(len(g) for _, g in pl["nodes"]) if pl else req["num_gpus"],
                 "nodes": len(pl["nodes"]) if pl else 0,

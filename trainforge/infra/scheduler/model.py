@@ -41,6 +41,10 @@ def priority_rank(priority: str) -> int:
         raise ValueError(f"unknown priority {priority!r}; use one of {names}") from None
 
 
+def priority_name(rank: int) -> str:
+    return next(name for name, r in _RANKS.items() if r == rank)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobRequest:
     """What the policy needs to know about a gang. `num_gpus` is the (maximum) size; `min_gpus` < `num_gpus`
@@ -133,6 +137,9 @@ class TeamPolicy:
     weight: float = 1.0
     quota: dict[str, int] = field(default_factory=dict)
     """Hard cap on GPUs held, per GPU type (`*` = all types together)."""
+    critical_quota: int | None = None
+    """GPUs (all types together) the team's `critical` jobs may ask for at once; a `critical` job beyond it is
+    scheduled as `high`. None = `SchedulerConfig.critical_share` of the cluster."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,12 +155,17 @@ class SchedulerConfig:
     max_victims: int = 4096
     room_retry_s: float = 30.0
     """After failing to make room for a blocked head (not enough preemptible work), wait this long to retry."""
+    critical_share: float = 0.1
+    """`ours`: the critical quota of a team the cluster description gives none (`TeamPolicy.critical_quota`), as a
+    share of the cluster's installed GPUs, rounded down: `critical` is the one priority that crosses teams."""
     patience_s: float = 3600.0
     """`ours`: a reserved gang (its team was under its fair share) whose start would come later than this after
     its reservation began preempts over-share and lower-priority jobs at their next checkpoint boundary
     (docs/scheduler.md, "No gang starves": the bound)."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.critical_share <= 1.0:
+            raise ValueError(f"critical_share ({self.critical_share}) must be within 0..1")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; use one of {', '.join(POLICIES)}")
 
@@ -185,7 +197,14 @@ class Job:
     """Making room (shrink/preempt) for this job failed: do not retry before this time."""
     reserved_since: float = math.nan
     """When this gang got a standing reservation (it was the head of its class and its team under its fair
-    share): from then on it stays the head of its priority class until it starts. NaN = none."""
+    share): from then on it is ordered before every job of its class but critical ones, until it starts. NaN = none."""
+    rank: int = -1
+    """The priority the policy schedules it at: its request's, except a `critical` job beyond its team's critical
+    quota when submitted, which runs as `high` (-1 here = the request's)."""
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            self.rank = self.req.rank
 
     @property
     def job_id(self) -> str:
@@ -209,6 +228,9 @@ class Start:
     placement: Placement
 
 
+PreemptRule = Literal["pool", "own-team", "preemptible", "critical", "fair-share", "starving"]
+
+
 @dataclass(frozen=True, slots=True)
 class Preempt:
     job_id: str
@@ -218,6 +240,12 @@ class Preempt:
     at_checkpoint: float = math.nan
     """Stop at this checkpoint boundary (the job's next periodic checkpoint: nothing is lost, and the deadline is
     this plus the grace period). NaN = checkpoint on notice and stop within the grace period."""
+    rule: PreemptRule | None = None
+    """Which rule of the policy allowed it, decided when it was (shares change as jobs start; None = a model of
+    another scheduler): `pool` (the owner reclaims its dedicated pool), `own-team` (lower priority, same team),
+    `preemptible`, `critical` (within the requester's critical quota), `fair-share` (an under-share team takes a
+    lower-priority job of a team holding a larger share), `starving` (a reserved gang past its patience takes a
+    richer team's job at its next checkpoint boundary)."""
 
 
 @dataclass(frozen=True, slots=True)

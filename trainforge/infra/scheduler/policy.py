@@ -5,12 +5,17 @@ Events: `submit`, `finish` (done, failed or cancelled), `stopped` (a preemption 
 returns the decisions (Start, Preempt, Kill, Resize, Requeue). The live scheduler and the simulator both drive it.
 
 One pass, per GPU class (a job's acceptable GPU types), in policy order:
-- `ours`: priority class first; inside a class, requeued-after-failure jobs first, then the team with the lowest
-  weighted dominant share (DRF over the GPUs of each type, recomputed as jobs start), then submit time. Team quotas
-  are hard caps. The first job that cannot start is the head: elastic jobs shrink, then lower-priority jobs (and
-  jobs borrowing the head team's dedicated pool) are preempted, least lost work first, with checkpoint-then-stop
-  grace; the head gets an EASY reservation and later jobs backfill only if they do not delay it. Idle capacity
-  nobody waits for is grown into by elastic jobs.
+- `ours`: priority within a team, fair share between teams. `critical` jobs within their team's critical quota
+  first (the one priority that crosses teams; beyond the quota a `critical` job runs as `high`), then gangs
+  holding a standing reservation, then the teams by weighted dominant share (DRF over the GPUs of each type,
+  recomputed as jobs start; requeued-after-failure work first), each team's jobs in its own priority order, then
+  submit time. Team quotas are hard caps. The first job that cannot start is the head: it shrinks elastic jobs and
+  preempts (`_may_take`) its own team's lower-priority jobs, `preemptible` jobs, borrowers of its team's pool, and,
+  when its team is under its fair share, lower-priority jobs of teams holding a larger share (past `patience_s`,
+  any of their jobs, at its next checkpoint boundary); least lost work first, with checkpoint-then-stop grace. A
+  job of a team at or above its share never takes an under-share team's GPUs (critical within quota, pool owners
+  and `preemptible` aside). The head gets an EASY reservation and later jobs backfill only if they do not delay
+  it. Idle capacity nobody waits for is grown into by elastic jobs.
 - `fifo`: submit order, the head blocks its class. `fifo-backfill`: submit order plus EASY backfill.
 """
 
@@ -32,16 +37,22 @@ from trainforge.infra.scheduler.model import (
     Kill,
     Placement,
     Preempt,
+    PreemptRule,
     Requeue,
     Resize,
     SchedulerConfig,
     Start,
     TeamPolicy,
+    priority_name,
 )
 from trainforge.infra.scheduler.placement import compute_quality, find_placement, per_node_candidates
 from trainforge.infra.scheduler.state import ClusterState
+from trainforge.spec import Priority
 
 _DEFAULT_TEAM = TeamPolicy()
+CRITICAL = Priority.CRITICAL.rank
+HIGH = Priority.HIGH.rank
+PREEMPTIBLE = Priority.PREEMPTIBLE.rank
 
 
 class _Reservation:
@@ -155,6 +166,66 @@ class Scheduler:
             return []
         return [t for t in types if self.held(job.req.team, t) + gpus <= quota.get(t, math.inf)]
 
+    def critical_quota(self, team: str) -> int:
+        """GPUs the team's critical jobs may ask for at once (the cluster description's, else a share of it)."""
+        own = self.team(team).critical_quota
+        if own is not None:
+            return own
+        return math.floor(self.config.critical_share * sum(self.state.installed.values()) + 1e-9)
+
+    def _within_critical_quota(self, req: JobRequest) -> bool:
+        asked = sum(j.req.num_gpus for j in self.jobs.values() if j.rank == CRITICAL and j.req.team == req.team)
+        return asked + req.num_gpus <= self.critical_quota(req.team)
+
+    def _may_take(self, job: Job, v: Job, starving: bool, *, shrink: bool = False) -> bool:
+        """May `job` (a blocked head) preempt `v`, shrink it (`shrink`: same priority allowed) or take over its
+        preemption plan? Priority orders a team's own work; between teams, fair share decides."""
+        team, other = job.req.team, v.req.team
+        if team in v.borrowed_from:  # a dedicated pool's owner reclaims it
+            return True
+        if v.rank == CRITICAL:  # within its team's critical quota: nobody else's to take
+            return False
+        if v.rank == PREEMPTIBLE and job.rank > PREEMPTIBLE:  # free to take, whichever team runs it
+            return True
+        lower = v.rank <= job.rank if shrink else v.rank < job.rank
+        if team == other:
+            return lower
+        if job.rank == PREEMPTIBLE:
+            return False
+        if job.rank == CRITICAL:
+            return True
+        if not self.under_fair_share(team) or self.share(other) <= self.share(team) + 1e-12:
+            return False  # at or above its share, a team takes no other team's GPUs; under it, only a richer team's
+        if starving:
+            return True
+        # At once, only what leaves the victim's team no poorer than the requester's would be (Kueue's
+        # LessThanOrEqualToFinalShare): a 1-GPU job of a poorer team does not stop a whole-cluster gang just
+        # started, only to be stopped in turn.
+        return lower and self._share_with(team, v, job.req.floor_gpus) <= self._share_with(other, v, -v.gpus) + 1e-12
+
+    def _share_with(self, team: str, v: Job, gpus: int) -> float:
+        """The team's weighted share with `gpus` more (or fewer) GPUs of the type `v` runs on."""
+        t = v.placement.gpu_type if v.placement is not None else None
+        cap = self.state.capacity.get(t or "", 0)
+        if not cap:
+            return self.share(team)
+        held = dict(self._alloc.get(team, {}))
+        held[t] = held.get(t, 0) + gpus
+        caps = self.state.capacity
+        return max((g / caps[k] for k, g in held.items() if caps.get(k)), default=0.0) / self.team(team).weight
+
+    def _rule(self, job: Job, v: Job, starving: bool) -> PreemptRule:
+        """Which of `_may_take`'s rules lets `job` preempt `v` (for the decision's record)."""
+        if job.req.team in v.borrowed_from:
+            return "pool"
+        if v.req.team == job.req.team:
+            return "own-team"
+        if v.rank == PREEMPTIBLE:
+            return "preemptible"
+        if job.rank == CRITICAL:
+            return "critical"
+        return "fair-share" if v.rank < job.rank else "starving"
+
     def _blocked(self, job_id: str) -> Collection[int]:
         """Nodes earmarked for other jobs' preemption plans (a job's own plan is taken before it places anew)."""
         return self._earmarked.keys() if self._earmarked else frozenset()
@@ -175,6 +246,10 @@ class Scheduler:
             raise ValueError(f"job {req.job_id}: tp ({req.tp}) exceeds GPUs per node; a TP group must fit a node")
         self._seq += 1
         job = Job(req, now, self._seq)
+        if req.rank == CRITICAL and self.ours and not self._within_critical_quota(req):
+            job.rank = HIGH
+            job.reason = (f"queued as high: team {req.team}'s critical jobs would ask for more than its critical "
+                          f"quota ({self.critical_quota(req.team)} GPUs)")
         self.jobs[req.job_id] = job
         self._count_team(req.team, 1)
         if req.elastic:
@@ -349,8 +424,8 @@ class Scheduler:
         """Give the head a standing reservation when its team is under its fair share (it stays the head of its
         priority class until it starts); True once its start would come later than `patience_s` after that."""
         if math.isnan(head.reserved_since):
-            if not self.under_fair_share(head.req.team):
-                return False
+            if head.rank == PREEMPTIBLE or not self.under_fair_share(head.req.team):
+                return False  # preemptible work is anyone's to take: it holds no reservation and takes nothing
             head.reserved_since = now
             self._reserved.add(head.job_id)
         deadline = head.reserved_since + self.config.patience_s
@@ -358,13 +433,13 @@ class Scheduler:
 
     def _keeps_reservation(self, job: Job) -> bool:
         """A standing reservation lasts while its team is under its fair share and no poorer team waits in the
-        same class and priority (that team's gang then becomes the head and gets the reservation)."""
+        same class, at any priority (that team's gang then becomes the head and gets the reservation)."""
         team = job.req.team
         if not self.under_fair_share(team):
             return False
-        waiting = self._pending.get(job.req.gpu_type, {}).get(job.req.rank, {})
         mine = self.share(team)
-        return not any(lst and self.share(t) < mine - 1e-12 for t, lst in waiting.items())
+        return not any(lst and self.share(t) < mine - 1e-12
+                       for teams in self._pending.get(job.req.gpu_type, {}).values() for t, lst in teams.items())
 
     def next_wakeup(self, now: float) -> float:
         """When the policy next needs a pass though no event comes: a reserved gang's patience runs out, or a
@@ -382,27 +457,40 @@ class Scheduler:
             for entry in heapq.merge(*lists):
                 yield jobs[entry[3]]
             return
+        # 1. Critical jobs within their team's critical quota, across teams by fair share.
+        critical = by_rank.get(CRITICAL, {})
+        yield from self._by_share({t: list(lst) for t, lst in critical.items() if lst}, set())
+        # 2. Standing reservations, the poorest team's first (then the oldest): a gang that got one is never
+        # overtaken by a job of its class that the fair-share order puts ahead of it when GPUs free up, whatever
+        # that job's priority (a richer team's `high` flood included).
+        first = sorted((j for j in (jobs[i] for i in self._reserved)
+                        if j.req.gpu_type == cls and j.rank != CRITICAL and j.state is JobState.PENDING),
+                       key=lambda j: (self.share(j.req.team), j.reserved_since, j.seq)) if self._reserved else []
+        yield from first
+        # 3. The teams by fair share; each team's own jobs in its priority order.
+        own: dict[str, list[tuple[int, float, int, str]]] = {}
         for rank in sorted(by_rank, reverse=True):
-            teams = by_rank[rank]
-            # Standing reservations first, the poorest team's first (then the oldest): a gang that got one is never
-            # overtaken by a job of its class that the fair-share order puts ahead of it when GPUs free up.
-            first = sorted((j for j in (jobs[i] for i in self._reserved)
-                            if j.req.gpu_type == cls and j.req.rank == rank and j.state is JobState.PENDING),
-                           key=lambda j: (self.share(j.req.team), j.reserved_since, j.seq)) if self._reserved else []
-            yield from first
-            skip = {j.job_id for j in first}
-            heap = [(lst[0][0], self.share(t), lst[0][1], lst[0][2], t, 0) for t, lst in teams.items() if lst]
-            snapshot = {t: list(lst) for t, lst in teams.items() if lst}
-            heapq.heapify(heap)
-            while heap:
-                _, _, _, _, team, pos = heapq.heappop(heap)
-                lst = snapshot[team]
-                if lst[pos][3] not in skip:
-                    yield jobs[lst[pos][3]]
-                pos += 1
-                if pos < len(lst):
-                    b, sub, seq, _ = lst[pos]
-                    heapq.heappush(heap, (b, self.share(team), sub, seq, team, pos))
+            if rank != CRITICAL:
+                for t, lst in by_rank[rank].items():
+                    if lst:
+                        own.setdefault(t, []).extend(lst)
+        yield from self._by_share(own, {j.job_id for j in first})
+
+    def _by_share(self, queues: dict[str, list[tuple[int, float, int, str]]], skip: set[str]) -> Iterator[Job]:
+        """Merge the teams' queues (each in its own order): next the team whose head was requeued after a failure,
+        then the team of the lowest weighted dominant share (recomputed as jobs start), then submit time."""
+        jobs = self.jobs
+        heap = [(lst[0][0], self.share(t), lst[0][1], lst[0][2], t, 0) for t, lst in queues.items()]
+        heapq.heapify(heap)
+        while heap:
+            _, _, _, _, team, pos = heapq.heappop(heap)
+            lst = queues[team]
+            if lst[pos][3] not in skip:
+                yield jobs[lst[pos][3]]
+            pos += 1
+            if pos < len(lst):
+                b, sub, seq, _ = lst[pos]
+                heapq.heappush(heap, (b, self.share(team), sub, seq, team, pos))
 
     def _sizes(self, job: Job, free: int) -> list[int]:
         req = job.req
@@ -530,9 +618,8 @@ class Scheduler:
     # -- room for a blocked head: shrink elastic jobs, then preempt ------------------------------------------
     def _make_room(self, job: Job, types: tuple[str, ...], now: float, decisions: list[Decision],
                    starving: bool = False) -> None:
-        """Shrink elastic jobs, then preempt lower-priority jobs and borrowers of the head team's pool; a starving
-        reserved gang (`_starving`) may also preempt same-priority jobs of teams holding a larger share than its
-        own, each at its next checkpoint boundary."""
+        """Shrink elastic jobs, then preempt what `_may_take` allows; a starving reserved gang (`_starving`) may
+        also take any job of a team holding a larger share than its own, each at its next checkpoint boundary."""
         if job.planned is not None or (now < job.room_retry_at and not starving):
             return
         req = job.req
@@ -542,12 +629,10 @@ class Scheduler:
         pools = self.state.pools
         shrinkable = [self.jobs[j] for j in sorted(self._elastic)
                       if self.jobs[j].state is JobState.RUNNING and self.jobs[j].gpus > self.jobs[j].req.floor_gpus
-                      and self.jobs[j].placement.gpu_type in types and self.jobs[j].req.rank <= req.rank]
-        own_share = self.share(req.team)
+                      and self.jobs[j].placement.gpu_type in types
+                      and self._may_take(job, self.jobs[j], starving, shrink=True)]
         victims = [v for t in types for v in (self.jobs[j] for j in self._running_on[t])
-                   if v.state is JobState.RUNNING and (v.req.rank < req.rank or req.team in v.borrowed_from or (
-                       starving and v.req.rank == req.rank and v.req.team != req.team
-                       and self.share(v.req.team) > own_share))]
+                   if v.state is JobState.RUNNING and self._may_take(job, v, starving)]
         # A starving gang may also take over the preemption plans of jobs it could preempt (lower priority, or a
         # richer team's): their victims are already stopping, each by its own boundary plus the grace period, so
         # waiting on them keeps the bound; leaving those nodes to a richer team's plan would not (its victims
@@ -555,10 +640,8 @@ class Scheduler:
         stealable: set[str] = set()
         stopping: list[Job] = []
         if starving:
-            stealable = {p for p in set(self._earmarked.values()) if p != req.job_id and (
-                self.jobs[p].req.rank < req.rank or (self.jobs[p].req.rank == req.rank
-                                                     and self.jobs[p].req.team != req.team
-                                                     and self.share(self.jobs[p].req.team) > own_share))}
+            stealable = {p for p in set(self._earmarked.values())
+                         if p != req.job_id and self._may_take(job, self.jobs[p], starving)}
             stopping = sorted((self.jobs[j] for t in types for j in self._running_on[t]
                                if self.jobs[j].state is JobState.PREEMPTING), key=lambda v: v.preempt_deadline)
         if not shrinkable and not victims and not stopping:
@@ -585,7 +668,7 @@ class Scheduler:
 
         shrunk: list[tuple[Job, Placement, list[tuple[int, tuple[int, ...]]]]] = []
         plan = None
-        for e in sorted(shrinkable, key=lambda e: e.req.rank):
+        for e in sorted(shrinkable, key=lambda e: e.rank):
             new = self._shrunk(e)
             if new is None:
                 continue
@@ -638,13 +721,19 @@ class Scheduler:
             self._victim_of.setdefault(v.job_id, set()).add(req.job_id)
             if v.state is JobState.PREEMPTING:
                 continue  # already stopping, by its own deadline
-            why = (f"reclaiming team {req.team}'s dedicated pool" if req.team in v.borrowed_from
-                   else f"{req.priority} job {req.job_id} needs its GPUs" if v.req.rank < req.rank
-                   else f"job {req.job_id} of team {req.team} (under its fair share) waited past its bound")
+            rule = self._rule(job, v, starving)
+            why = {"pool": f"reclaiming team {req.team}'s dedicated pool",
+                   "own-team": f"{priority_name(job.rank)} job {req.job_id} of its own team needs its GPUs",
+                   "preemptible": f"{priority_name(job.rank)} job {req.job_id} needs its GPUs",
+                   "critical": f"critical job {req.job_id} (within team {req.team}'s critical quota) needs its GPUs",
+                   "fair-share": f"{priority_name(job.rank)} job {req.job_id} of team {req.team} (under its fair "
+                                 f"share) needs its GPUs; team {v.req.team} holds a larger share",
+                   "starving": f"job {req.job_id} of team {req.team} (under its fair share) waited past its bound",
+                   }[rule]
             at = self._next_checkpoint(v, now) if starving else now
             deadline = at + self.config.grace_s
             self._signal(v, deadline)
-            decisions.append(Preempt(v.job_id, deadline, req.job_id, why, at if at > now else math.nan))
+            decisions.append(Preempt(v.job_id, deadline, req.job_id, why, at if at > now else math.nan, rule))
         job.planned = plan
         job.waiting_on = frozenset(v.job_id for v in chosen)
         job.reason = f"preempting {len(chosen)} job(s); they checkpoint then stop"
@@ -670,7 +759,7 @@ class Scheduler:
 
         def key(v: Job) -> tuple[int, int, float]:
             lost = v.gpus * (now - (clock(v, now) if clock else v.last_checkpoint))
-            return (0 if owner_pool and req.team in v.borrowed_from else 1, v.req.rank, lost)
+            return (0 if owner_pool and req.team in v.borrowed_from else 1, v.rank, lost)
 
         keys = {v.job_id: key(v) for v in victims}
         nodes = []
@@ -839,13 +928,13 @@ class Scheduler:
     def _enqueue(self, job: Job) -> None:
         req = job.req
         cls = req.gpu_type
-        lst = self._pending.setdefault(cls, {}).setdefault(req.rank, {}).setdefault(req.team, [])
+        lst = self._pending.setdefault(cls, {}).setdefault(job.rank, {}).setdefault(req.team, [])
         bisect.insort(lst, (int(job.boost), job.submit_time, job.seq, req.job_id))
         self._pending_count[cls] = self._pending_count.get(cls, 0) + 1
 
     def _dequeue(self, job: Job) -> None:
         req = job.req
-        lst = self._pending.get(req.gpu_type, {}).get(req.rank, {}).get(req.team)
+        lst = self._pending.get(req.gpu_type, {}).get(job.rank, {}).get(req.team)
         if not lst:
             return
         key = (int(job.boost), job.submit_time, job.seq, req.job_id)

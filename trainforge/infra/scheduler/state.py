@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from trainforge.infra.scheduler.model import SHARED_POOL
+from trainforge.infra.scheduler.model import SHARED_POOL, TeamPolicy
 from trainforge.plan.cluster import ClusterSpec
 
 
@@ -161,3 +161,9 @@ class ClusterState:
             self.free_gpus[key] -= node.free
             self.capacity[node.gpu_type] -= node.num_gpus
             node.healthy = False
+
+
+def teams_from_spec(cluster: ClusterSpec) -> dict[str, TeamPolicy]:
+    """The policy's view of the teams the cluster description lists (weight, quotas, critical quota)."""
+    return {name: TeamPolicy(weight=t.weight, quota=dict(t.quota), critical_quota=t.critical_quota)
+            for name, t in cluster.teams.items()}

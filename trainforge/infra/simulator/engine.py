@@ -137,6 +137,8 @@ class Simulation:
         self.now = 0.0
         self.latencies: list[float] = []
         self.lost = {"failure": 0.0, "preemption": 0.0}
+        self.preemptions: list[tuple[str, str, str | None]] = []
+        """(victim, the job it stopped for, the policy's rule) of every preemption, in order."""
         self.gpu_seconds: dict[tuple[str, str, str], float] = defaultdict(float)
         """Allocated GPU-seconds per (team, GPU type, market): what the cluster would bill; sums to busy_integral."""
         self.counts = {"node_failures": 0, "spot_reclaims": 0, "rejected": 0}
@@ -296,6 +298,7 @@ class Simulation:
                     r.first_start = now
                 self._push(now + max(r.work_left, 0.0) / g, _FINISH, (d.job_id, r.version))
             elif isinstance(d, Preempt):
+                self.preemptions.append((d.job_id, d.for_job, d.rule))
                 r.settle(now)
                 r.version += 1
                 write = self.config.checkpoint_write_s
