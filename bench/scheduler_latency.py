@@ -21,6 +21,7 @@ from trainforge.infra.scheduler import (
     JobState,
     Scheduler,
     SchedulerConfig,
+    TeamPolicy,
 )
 from trainforge.plan.cluster import load_cluster
 
@@ -86,7 +87,8 @@ def big_gang(seed: int) -> None:
     """A critical 4,096-GPU h100 gang (tp=8, pp=4) arrives at the loaded fleet: it preempts, waits for the victims'
     checkpoint-then-stop, and is placed."""
     rng = random.Random(seed)
-    s = Scheduler(ClusterState.from_spec(load_cluster(FLEET)))
+    # The frontier team's critical quota covers the gang (the default, 10% of the fleet, would schedule it as high)
+    s = Scheduler(ClusterState.from_spec(load_cluster(FLEET)), {"frontier": TeamPolicy(critical_quota=4096)})
     for i in range(1600):  # background load without critical jobs (those could not be preempted)
         r = random_job(rng, i)
         s.submit(JobRequest(**{**{k: getattr(r, k) for k in r.__slots__},
