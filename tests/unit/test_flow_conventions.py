@@ -63,23 +63,23 @@ def test_job_ids_name_flow_runs():
     assert not is_job_id("curious-otter", "tiny-cpu")  # a random Prefect run name is not taken for an id
 
 
-def row(job_id, state="pending", priority="normal", gpu="h100", since=10.0, reason="waiting for 8 free h100 GPUs"):
+def row(job_id, state="pending", priority="normal", gpu="h100", since=10.0, reason="waiting for 8 free h100 GPUs",
+        position=None):
     return {"job_id": job_id, "state": state, "priority": priority, "gpu_type": gpu, "since_s": since,
-            "reason": reason}
+            "reason": reason, "position": position}
 
 
 @pytest.mark.parametrize(("rows", "job", "expected"), [
     ([], "a", None),
     ([row("a", state="running", reason="")], "a", None),
-    ([row("a")], "a", QueueWait(1, 1, "h100", "waiting for 8 free h100 GPUs")),
-    # the longest waiting goes first within a priority
-    ([row("a", since=5.0), row("b", since=50.0)], "a", QueueWait(2, 2, "h100", "waiting for 8 free h100 GPUs")),
-    # a higher priority goes first however recent
-    ([row("a", since=50.0), row("b", since=1.0, priority="high")], "a",
+    ([row("a", position=1)], "a", QueueWait(1, 1, "h100", "waiting for 8 free h100 GPUs")),
+    # the position is the scheduler's (its pass order), not the rows' priority or age: a poorer team's normal
+    # gang goes ahead of a richer team's high job however recent
+    ([row("a", since=50.0, priority="high", position=2), row("b", since=1.0, position=1)], "a",
      QueueWait(2, 2, "h100", "waiting for 8 free h100 GPUs")),
-    # other GPU types and running jobs are not ahead of it
-    ([row("a", reason="quota"), row("b", gpu="a100-80gb", since=99.0), row("c", state="running", since=99.0)],
-     "a", QueueWait(1, 1, "h100", "quota")),
+    # other GPU types and running jobs are not counted
+    ([row("a", reason="quota", position=1), row("b", gpu="a100-80gb", since=99.0, position=1),
+      row("c", state="running", since=99.0)], "a", QueueWait(1, 1, "h100", "quota")),
 ])
 def test_queue_wait(rows, job, expected):
     assert queue_wait(rows, job) == expected

@@ -36,12 +36,14 @@ def queue(
         console.print("no jobs running or pending")
         return
     t = Table(title="scheduler queue")
-    for col in ("team", "job", "priority", "state", "GPUs", "type", "nodes", "for", "why waiting"):
-        t.add_column(col, justify="right" if col in ("GPUs", "nodes", "for") else "left")
+    for col in ("team", "job", "priority", "state", "pos", "GPUs", "type", "nodes", "for", "why waiting"):
+        t.add_column(col, justify="right" if col in ("pos", "GPUs", "nodes", "for") else "left")
     for r in rows:
         style = {"running": "green", "preempting": "yellow"}.get(r["state"], "")
-        t.add_row(r["team"], r["job_id"], r["priority"], f"[{style}]{r['state']}[/]" if style else r["state"],
-                  str(r["gpus"]), r["gpu_type"], str(r["nodes"] or "-"), _ago(r["since_s"]), r["reason"])
+        priority = r["priority"] if r["scheduled_as"] == r["priority"] else f"{r['priority']} (as {r['scheduled_as']})"
+        t.add_row(r["team"], r["job_id"], priority, f"[{style}]{r['state']}[/]" if style else r["state"],
+                  str(r["position"] or "-"), str(r["gpus"]), r["gpu_type"], str(r["nodes"] or "-"),
+                  _ago(r["since_s"]), r["reason"])
     console.print(t)
 
 

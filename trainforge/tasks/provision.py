@@ -90,17 +90,14 @@ class QueueWait:
 
 def queue_wait(rows: Sequence[Mapping[str, Any]], job_id: str) -> QueueWait | None:
     """Pure: the job's place in the scheduler's queue rows (`LiveScheduler.queue()`), None unless it is pending.
-    Pending gangs of the same GPU type are ranked as the scheduler admits them: higher priority first, then the
-    longest waiting (a gang requeued after a failure, which the scheduler puts first, is not told apart here)."""
-    from trainforge.infra.scheduler.model import priority_rank
-
+    The position is the scheduler's own (the order its next pass considers the pending gangs of that GPU type:
+    critical within quota, reserved gangs, then teams by fair share, each team's in its priority order)."""
     me = next((r for r in rows if r["job_id"] == job_id), None)
     if me is None or me["state"] != "pending":
         return None
     same = [r for r in rows if r["state"] == "pending" and r["gpu_type"] == me["gpu_type"]]
-    same.sort(key=lambda r: (-priority_rank(r["priority"]), -float(r["since_s"]), r["job_id"]))
-    position = next(i for i, r in enumerate(same, 1) if r["job_id"] == job_id)
-    return QueueWait(position, len(same), str(me["gpu_type"]), str(me.get("reason") or ""))
+    position = me.get("position") or len(same)
+    return QueueWait(int(position), len(same), str(me["gpu_type"]), str(me.get("reason") or ""))
 
 
 @contextlib.contextmanager

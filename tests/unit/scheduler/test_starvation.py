@@ -228,3 +228,55 @@ def test_kueue_gives_the_bound_to_a_gang_within_its_nominal_quota_and_none_beyon
     assert waits[(16, "ours")] <= 3600 + 1800 + GRACE
     assert waits[(32, "ours")] <= waits[(32, "fifo")]
     assert waits[(32, "kueue")] > 10 * waits[(32, "fifo")]  # starved: the limitation the docs state
+
+
+def test_a_teams_priorities_order_its_own_queue_and_fair_share_orders_the_teams():
+    """The queue's order (`queue_order`, the positions `trainforge queue` and the flow show): team a holds the
+    cluster; its `high` job waits behind team b's `normal` one (b is under its share), ahead of a's own normal job;
+    a critical job within a's quota goes first of all, one beyond it runs as high."""
+    s = Scheduler(ClusterState(cluster(2)), {"a": TeamPolicy(critical_quota=8), "b": TeamPolicy()},
+                  SchedulerConfig(patience_s=10 * H))
+    for i in range(2):
+        s.submit(JobRequest(job_id=f"run{i}", team="a", gpu_type="h100", num_gpus=8), 0.0)
+    s.schedule(0.0)
+    s.submit(JobRequest(job_id="a-normal", team="a", gpu_type="h100", num_gpus=8), 1.0)
+    s.submit(JobRequest(job_id="a-high", team="a", priority="high", gpu_type="h100", num_gpus=8), 2.0)
+    s.submit(JobRequest(job_id="b-normal", team="b", gpu_type="h100", num_gpus=8), 3.0)
+    s.submit(JobRequest(job_id="a-crit", team="a", priority="critical", gpu_type="h100", num_gpus=8), 4.0)
+    over = s.submit(JobRequest(job_id="a-crit2", team="a", priority="critical", gpu_type="h100", num_gpus=8), 5.0)
+    assert over.rank == s.jobs["a-high"].rank and "scheduled as high (team a's critical quota: 8 GPUs)" in over.reason
+    s.schedule(6.0)
+    assert s.jobs["a-crit2"].reason.startswith("critical beyond its team's quota, scheduled as high")
+    assert [j.job_id for j in s.queue_order("h100")] == ["a-crit", "b-normal", "a-high", "a-crit2", "a-normal"]
+
+
+def test_a_fair_share_preemption_stops_where_the_victims_team_would_become_the_poorer():
+    """Team b holds 8 GPUs in eight 1-GPU jobs; team a (nothing held) asks for 6 with a `high` job. Taking 6 would
+    leave b with 2 against a's 6: no preemption at once (the guard adds up what b loses), and the job waits."""
+    s = Scheduler(ClusterState(cluster(1)), {"a": TeamPolicy(), "b": TeamPolicy()},
+                  SchedulerConfig(patience_s=100 * H))
+    for i in range(8):
+        s.submit(JobRequest(job_id=f"b{i}", team="b", gpu_type="h100", num_gpus=1), 0.0)
+    s.schedule(0.0)
+    s.submit(JobRequest(job_id="a-high", team="a", priority="high", gpu_type="h100", num_gpus=6), 1.0)
+    assert not [d for d in s.schedule(1.0) if isinstance(d, Preempt)]
+    # a 4-GPU one may: a would hold 4, b 4
+    s.submit(JobRequest(job_id="a-four", team="a", priority="high", gpu_type="h100", num_gpus=4), 2.0)
+    s.finish("a-high", 2.0)
+    taken = [d for d in s.schedule(2.0) if isinstance(d, Preempt)]
+    assert len(taken) == 4 and {d.rule for d in taken} == {"fair-share"}
+
+
+def test_a_poorer_teams_preemptible_job_leaves_a_standing_reservation_in_place():
+    s = Scheduler(ClusterState(cluster(3)), {}, SchedulerConfig(patience_s=100 * H))
+    for i in range(2):
+        s.submit(JobRequest(job_id=f"f{i}", team="f", gpu_type="h100", num_gpus=8), 0.0)
+    s.submit(JobRequest(job_id="g-small", team="g", gpu_type="h100", num_gpus=4), 0.0)
+    s.schedule(0.0)
+    s.submit(JobRequest(job_id="g-gang", team="g", gpu_type="h100", num_gpus=16), 10.0)
+    s.schedule(10.0)
+    assert s.jobs["g-gang"].reserved_since == 10.0
+    s.submit(JobRequest(job_id="p", team="p", priority="preemptible", gpu_type="h100", num_gpus=8), 20.0)
+    s.schedule(20.0)
+    assert s.jobs["g-gang"].reserved_since == 10.0  # the patience clock goes on (it restarted: the bound slipped)
+    assert s.jobs["p"].reserved_since != s.jobs["p"].reserved_since  # NaN: preemptible work holds none

@@ -392,9 +392,8 @@ class LiveScheduler:
                 return self._allocation(sched.state, job)
             if time.monotonic() < deadline:
                 return None
-            same = [j for j in sched.pending() if j.req.gpu_type == req.gpu_type]
-            same.sort(key=lambda j: (-j.rank, int(j.boost), j.submit_time, j.seq))
-            position = next(i for i, j in enumerate(same, 1) if j is job)
+            same = sched.queue_order(req.gpu_type)
+            position = next((i for i, j in enumerate(same, 1) if j is job), len(same))
             reason = job.reason
             sched.finish(req.job_id, now)  # withdrawn in the same transaction that decides the timeout
             return SchedulingTimeout(req.job_id, timeout_s, reason, position, len(same))
@@ -450,7 +449,10 @@ class LiveScheduler:
         """Running and pending jobs, per team, with why each pending job waits (read-only)."""
         now = time.time()
         with self.engine.connect().execution_options(**{_READ_ONLY: True}) as conn:
-            rows = [dict(r._mapping) for r in conn.execute(sa.select(JOBS).order_by(JOBS.c.team, JOBS.c.seq))]
+            sched, by_id = self._load(conn)  # the policy, for the positions of the pending jobs
+            rows = sorted(by_id.values(), key=lambda r: (r["team"], r["seq"]))
+        positions = {j.job_id: i for cls in {j.req.gpu_type for j in sched.pending()}
+                     for i, j in enumerate(sched.queue_order(cls), 1)}
         out = []
         for r in rows:
             req, rt = json.loads(r["request"]), json.loads(r["runtime"])
@@ -465,6 +467,7 @@ class LiveScheduler:
                 "since_s": round(now - (rt["start_time"] if running and rt["start_time"] else r["submit_time"]), 1),
                 "reason": "" if r["state"] == JobState.RUNNING.value else r["reason"],
                 "preempt_deadline": rt["preempt_deadline"],
+                "position": positions.get(r["job_id"]),
             })
         return out
 

@@ -24,7 +24,8 @@ class JobState(StrEnum):
 
 
 class Boost(IntEnum):
-    """Position inside a priority class: requeued after a failure goes first."""
+    """Requeued after a failure goes first: within its team's priority class, and its team first when the teams'
+    queues are merged by fair share."""
 
     REQUEUED = 0
     NORMAL = 1
@@ -160,8 +161,8 @@ class SchedulerConfig:
     share of the cluster's installed GPUs, rounded down: `critical` is the one priority that crosses teams."""
     patience_s: float = 3600.0
     """`ours`: a reserved gang (its team was under its fair share) whose start would come later than this after
-    its reservation began preempts over-share and lower-priority jobs at their next checkpoint boundary
-    (docs/scheduler.md, "No gang starves": the bound)."""
+    its reservation began preempts any job of a richer team (critical within quota aside) at its next checkpoint
+    boundary (docs/scheduler.md, "No gang starves": the bound)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.critical_share <= 1.0:

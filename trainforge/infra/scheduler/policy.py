@@ -50,6 +50,7 @@ from trainforge.infra.scheduler.state import ClusterState
 from trainforge.spec import Priority
 
 _DEFAULT_TEAM = TeamPolicy()
+DEMOTED = "critical beyond its team's quota, scheduled as high"
 CRITICAL = Priority.CRITICAL.rank
 HIGH = Priority.HIGH.rank
 PREEMPTIBLE = Priority.PREEMPTIBLE.rank
@@ -104,6 +105,7 @@ class Scheduler:
         self._earmarked_free: dict[str, int] = dict.fromkeys(state.gpu_types, 0)
         self._reserved: set[str] = set()  # pending gangs holding a standing reservation (Job.reserved_since)
         self._team_jobs: dict[str, int] = {}  # team -> jobs known (pending or running): the active teams
+        self._demoted: dict[str, None] = {}  # critical jobs beyond their team's critical quota, scheduled as high
         self.checkpoint_clock: Callable[[Job, float], float] | None = None
         """Optional: when a job last checkpointed (the simulator computes it instead of sending events)."""
         self.stats = {"preemptions": 0, "kills": 0, "shrinks": 0, "grows": 0, "requeues": 0, "replacements": 0}
@@ -183,7 +185,7 @@ class Scheduler:
         team, other = job.req.team, v.req.team
         if team in v.borrowed_from:  # a dedicated pool's owner reclaims it
             return True
-        if v.rank == CRITICAL:  # within its team's critical quota: nobody else's to take
+        if v.rank == CRITICAL and team != other:  # within its team's critical quota: no other team's to take
             return False
         if v.rank == PREEMPTIBLE and job.rank > PREEMPTIBLE:  # free to take, whichever team runs it
             return True
@@ -200,8 +202,14 @@ class Scheduler:
             return True
         # At once, only what leaves the victim's team no poorer than the requester's would be (Kueue's
         # LessThanOrEqualToFinalShare): a 1-GPU job of a poorer team does not stop a whole-cluster gang just
-        # started, only to be stopped in turn.
-        return lower and self._share_with(team, v, job.req.floor_gpus) <= self._share_with(other, v, -v.gpus) + 1e-12
+        # started, only to be stopped in turn. Per victim here; `_make_room` adds up what one team loses.
+        return lower and self._final_share_ok(job, v, 0)
+
+    def _final_share_ok(self, job: Job, v: Job, taken: int) -> bool:
+        """The requester's team with the job started is no richer than `v`'s team without `v` and the `taken`
+        GPUs of it already chosen as victims."""
+        return (self._share_with(job.req.team, v, job.req.floor_gpus)
+                <= self._share_with(v.req.team, v, -(v.gpus + taken)) + 1e-12)
 
     def _share_with(self, team: str, v: Job, gpus: int) -> float:
         """The team's weighted share with `gpus` more (or fewer) GPUs of the type `v` runs on."""
@@ -224,7 +232,7 @@ class Scheduler:
             return "preemptible"
         if job.rank == CRITICAL:
             return "critical"
-        return "fair-share" if v.rank < job.rank else "starving"
+        return "starving" if starving else "fair-share"
 
     def _blocked(self, job_id: str) -> Collection[int]:
         """Nodes earmarked for other jobs' preemption plans (a job's own plan is taken before it places anew)."""
@@ -248,8 +256,8 @@ class Scheduler:
         job = Job(req, now, self._seq)
         if req.rank == CRITICAL and self.ours and not self._within_critical_quota(req):
             job.rank = HIGH
-            job.reason = (f"queued as high: team {req.team}'s critical jobs would ask for more than its critical "
-                          f"quota ({self.critical_quota(req.team)} GPUs)")
+            job.reason = f"{DEMOTED} (team {req.team}'s critical quota: {self.critical_quota(req.team)} GPUs)"
+            self._demoted[req.job_id] = None
         self.jobs[req.job_id] = job
         self._count_team(req.team, 1)
         if req.elastic:
@@ -261,6 +269,8 @@ class Scheduler:
         """Restore a persisted job as it was (the live scheduler rebuilds the policy in every transaction).
         Adopt in `seq` order; a preempting job before the jobs waiting on it."""
         self.jobs[job.job_id] = job
+        if job.rank != job.req.rank:
+            self._demoted[job.job_id] = None
         self._seq = max(self._seq, job.seq)
         self._count_team(job.req.team, 1)
         if job.req.elastic:
@@ -288,6 +298,7 @@ class Scheduler:
             return
         self._elastic.discard(job_id)
         self._reserved.discard(job_id)
+        self._demoted.pop(job_id, None)
         self._count_team(job.req.team, -1)
         if job.state is JobState.PENDING:
             self._dequeue(job)
@@ -370,11 +381,22 @@ class Scheduler:
             if not job.waiting_on:
                 self._try_start(job, self.class_types(job.req.gpu_type), now, decisions, None)
         classes = [c for c, n in self._pending_count.items() if n]
-        classes.sort(key=lambda c: -max(r for r, teams in self._pending[c].items() if any(teams.values())))
+        if self.ours:  # critical work within quota first, then reserved gangs, then the poorest team waiting
+            reserved = {self.jobs[j].req.gpu_type for j in self._reserved}
+            classes.sort(key=lambda c: (not any(self._pending[c].get(CRITICAL, {}).values()), c not in reserved,
+                                        min(self.share(t) for teams in self._pending[c].values()
+                                            for t, lst in teams.items() if lst), c))
+        else:
+            classes.sort(key=lambda c: -max(r for r, teams in self._pending[c].items() if any(teams.values())))
         for cls in classes:
             self._pass(cls, now, decisions)
         if self.ours and self._elastic:
             self._grow(now, decisions)
+        for job_id in self._demoted:
+            job = self.jobs[job_id]
+            if job.state is JobState.PENDING and not job.reason.startswith(DEMOTED):
+                job.reason = f"{DEMOTED} (team {job.req.team}'s critical quota: {self.critical_quota(job.req.team)} " \
+                             f"GPUs): {job.reason}"
         return decisions
 
     def _pass(self, cls: str, now: float, decisions: list[Decision]) -> None:
@@ -421,8 +443,9 @@ class Scheduler:
                 job.reason = f"head of {cls} queue: needs {req.floor_gpus} GPUs, {free} free; GPUs reserved for it"
 
     def _starving(self, head: Job, types: tuple[str, ...], now: float) -> bool:
-        """Give the head a standing reservation when its team is under its fair share (it stays the head of its
-        priority class until it starts); True once its start would come later than `patience_s` after that."""
+        """Give the head a standing reservation when its team is under its fair share (it is then ordered ahead of
+        every job of its class but critical ones until it starts); True once its start would come later than
+        `patience_s` after that."""
         if math.isnan(head.reserved_since):
             if head.rank == PREEMPTIBLE or not self.under_fair_share(head.req.team):
                 return False  # preemptible work is anyone's to take: it holds no reservation and takes nothing
@@ -433,13 +456,15 @@ class Scheduler:
 
     def _keeps_reservation(self, job: Job) -> bool:
         """A standing reservation lasts while its team is under its fair share and no poorer team waits in the
-        same class, at any priority (that team's gang then becomes the head and gets the reservation)."""
+        same class, at any priority but `preemptible` (which gets none) and critical (which goes first anyway): that
+        team's gang then becomes the head and gets the reservation."""
         team = job.req.team
         if not self.under_fair_share(team):
             return False
         mine = self.share(team)
         return not any(lst and self.share(t) < mine - 1e-12
-                       for teams in self._pending.get(job.req.gpu_type, {}).values() for t, lst in teams.items())
+                       for rank, teams in self._pending.get(job.req.gpu_type, {}).items()
+                       if rank not in (PREEMPTIBLE, CRITICAL) for t, lst in teams.items())
 
     def next_wakeup(self, now: float) -> float:
         """When the policy next needs a pass though no event comes: a reserved gang's patience runs out, or a
@@ -448,6 +473,13 @@ class Scheduler:
                  if self.jobs[j].planned is None]
         times += [self.jobs[j].preempt_deadline for j in self._preempting]
         return min((t for t in times if t > now), default=math.inf)
+
+    def queue_order(self, cls: str) -> list[Job]:
+        """The pending jobs of GPU class `cls` in the order the next pass considers them (the queue's positions)."""
+        if not self._pending_count.get(cls):
+            return []
+        self._share_memo = (-1, {})
+        return [j for j in self._ordered(cls) if j.state is JobState.PENDING]
 
     def _ordered(self, cls: str) -> Iterator[Job]:
         by_rank = self._pending[cls]
@@ -682,7 +714,12 @@ class Scheduler:
         chosen: list[Job] = []
         released: list[Job] = []
         if plan is None:
+            taken: dict[str, int] = {}  # GPUs of each team chosen so far under the final-share guard
             for v in victims:
+                if v.state is JobState.RUNNING and self._rule(job, v, starving) == "fair-share":
+                    if not self._final_share_ok(job, v, taken.get(v.req.team, 0)):
+                        continue
+                    taken[v.req.team] = taken.get(v.req.team, 0) + v.gpus
                 for k, (e, _, removed) in enumerate(shrunk):
                     if e is v:  # shrinking was not enough: preempt it whole instead
                         self.state.allocate(e.job_id, removed)
