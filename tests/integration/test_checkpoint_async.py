@@ -164,7 +164,16 @@ def test_overlapped_copy_is_exactly_the_state_at_the_save_step(tmp_path, monkeyp
     m(torch.randn(8, 64)).pow(2).mean().backward()  # updates the BatchNorm running statistics in place
     assert not torch.equal(m[1].running_mean, expected_model["1.running_mean"])
     assert not ck._staging[1].done()  # the copy has not run yet: it overlaps forward/backward
-    threading.Timer(0.2, gate.set).start()
+    fut = ck._staging[1]
+    result = fut.result
+
+    def result_once_the_gate_opens(*args, **kwargs):
+        # The gate opens 0.2 s after the loop starts waiting, so the wait lasts at least that long (a timer started
+        # before the wait call opened it early by the call's own delay: 0.196 s on a loaded CI machine).
+        threading.Timer(0.2, gate.set).start()
+        return result(*args, **kwargs)
+
+    fut.result = result_once_the_gate_opens
     if wait == "explicit":
         assert not opt._optimizer_step_pre_hooks  # no hidden hook: the loop's own call is the only wait
         ck.wait_staging()
