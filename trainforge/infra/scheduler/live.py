@@ -43,7 +43,6 @@ from trainforge.infra.scheduler.model import (
     SchedulerConfig,
     TeamPolicy,
     priority_name,
-    priority_rank,
 )
 from trainforge.infra.scheduler.placement import compute_quality
 from trainforge.infra.scheduler.policy import Scheduler
@@ -460,7 +459,7 @@ class LiveScheduler:
             running = r["state"] != JobState.PENDING.value
             out.append({
                 "job_id": r["job_id"], "team": r["team"], "priority": r["priority"],
-                "scheduled_as": priority_name(rt.get("rank", priority_rank(r["priority"]))), "state": r["state"],
+                "scheduled_as": priority_name(sched.jobs[r["job_id"]].rank), "state": r["state"],
                 "gpu_type": pl["gpu_type"] if pl else req["gpu_type"],
                 "gpus": sum(len(g) for _, g in pl["nodes"]) if pl else req["num_gpus"],
                 "nodes": len(pl["nodes"]) if pl else 0,

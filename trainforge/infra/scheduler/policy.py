@@ -10,7 +10,7 @@ One pass, per GPU class (a job's acceptable GPU types), in policy order:
   holding a standing reservation, then the teams by weighted dominant share (DRF over the GPUs of each type,
   recomputed as jobs start; requeued-after-failure work first), each team's jobs in its own priority order, then
   submit time. Team quotas are hard caps. The first job that cannot start is the head: it shrinks elastic jobs and
-  preempts (`_may_take`) its own team's lower-priority jobs, `preemptible` jobs, borrowers of its team's pool, and,
+  preempts (`_taking_rule`) its own team's lower-priority jobs, `preemptible` jobs, borrowers of its team's pool, and,
   when its team is under its fair share, lower-priority jobs of teams holding a larger share (past `patience_s`,
   any of their jobs, at its next checkpoint boundary); least lost work first, with checkpoint-then-stop grace. A
   job of a team at or above its share never takes an under-share team's GPUs (critical within quota, pool owners
@@ -129,8 +129,11 @@ class Scheduler:
             value = memo[team] = self._share(team)
         return value
 
-    def _share(self, team: str) -> float:
-        held = self._alloc.get(team)
+    def _share(self, team: str, change: tuple[str, int] | None = None) -> float:
+        """The team's weighted dominant share; with `change` = (GPU type, GPUs), as if it held that many more."""
+        held = self._alloc.get(team) or {}
+        if change is not None:
+            held = {**held, change[0]: held.get(change[0], 0) + change[1]}
         if not held:
             return 0.0
         cap = self.state.capacity
@@ -179,60 +182,39 @@ class Scheduler:
         asked = sum(j.req.num_gpus for j in self.jobs.values() if j.rank == CRITICAL and j.req.team == req.team)
         return asked + req.num_gpus <= self.critical_quota(req.team)
 
-    def _may_take(self, job: Job, v: Job, starving: bool, *, shrink: bool = False) -> bool:
-        """May `job` (a blocked head) preempt `v`, shrink it (`shrink`: same priority allowed) or take over its
-        preemption plan? Priority orders a team's own work; between teams, fair share decides."""
+    def _taking_rule(self, job: Job, v: Job, starving: bool, *, shrink: bool = False) -> PreemptRule | None:
+        """The rule that lets `job` (a blocked head) preempt `v`, shrink it (`shrink`: same priority allowed) or
+        take over its preemption plan; None if none does. Priority orders a team's own work; between teams, fair
+        share decides."""
         team, other = job.req.team, v.req.team
         if team in v.borrowed_from:  # a dedicated pool's owner reclaims it
-            return True
-        if v.rank == CRITICAL and team != other:  # within its team's critical quota: no other team's to take
-            return False
-        if v.rank == PREEMPTIBLE and job.rank > PREEMPTIBLE:  # free to take, whichever team runs it
-            return True
+            return "pool"
         lower = v.rank <= job.rank if shrink else v.rank < job.rank
         if team == other:
-            return lower
+            return "own-team" if lower else None
+        if v.rank == CRITICAL:  # within its team's critical quota: no other team's to take
+            return None
+        if v.rank == PREEMPTIBLE:  # free to take, whichever team runs it, by anything but preemptible work
+            return "preemptible" if job.rank > PREEMPTIBLE else None
         if job.rank == PREEMPTIBLE:
-            return False
+            return None
         if job.rank == CRITICAL:
-            return True
+            return "critical"
         if not self.under_fair_share(team) or self.share(other) <= self.share(team) + 1e-12:
-            return False  # at or above its share, a team takes no other team's GPUs; under it, only a richer team's
+            return None  # at or above its share, a team takes no other team's GPUs; under it, only a richer team's
         if starving:
-            return True
+            return "starving"
         # At once, only what leaves the victim's team no poorer than the requester's would be (Kueue's
         # LessThanOrEqualToFinalShare): a 1-GPU job of a poorer team does not stop a whole-cluster gang just
         # started, only to be stopped in turn. Per victim here; `_make_room` adds up what one team loses.
-        return lower and self._final_share_ok(job, v, 0)
+        return "fair-share" if lower and self._final_share_ok(job, v, 0) else None
 
     def _final_share_ok(self, job: Job, v: Job, taken: int) -> bool:
         """The requester's team with the job started is no richer than `v`'s team without `v` and the `taken`
-        GPUs of it already chosen as victims."""
-        return (self._share_with(job.req.team, v, job.req.floor_gpus)
-                <= self._share_with(v.req.team, v, -(v.gpus + taken)) + 1e-12)
-
-    def _share_with(self, team: str, v: Job, gpus: int) -> float:
-        """The team's weighted share with `gpus` more (or fewer) GPUs of the type `v` runs on."""
-        t = v.placement.gpu_type if v.placement is not None else None
-        cap = self.state.capacity.get(t or "", 0)
-        if not cap:
-            return self.share(team)
-        held = dict(self._alloc.get(team, {}))
-        held[t] = held.get(t, 0) + gpus
-        caps = self.state.capacity
-        return max((g / caps[k] for k, g in held.items() if caps.get(k)), default=0.0) / self.team(team).weight
-
-    def _rule(self, job: Job, v: Job, starving: bool) -> PreemptRule:
-        """Which of `_may_take`'s rules lets `job` preempt `v` (for the decision's record)."""
-        if job.req.team in v.borrowed_from:
-            return "pool"
-        if v.req.team == job.req.team:
-            return "own-team"
-        if v.rank == PREEMPTIBLE:
-            return "preemptible"
-        if job.rank == CRITICAL:
-            return "critical"
-        return "starving" if starving else "fair-share"
+        GPUs of it already chosen as victims (both on the GPU type `v` runs on)."""
+        t = v.placement.gpu_type
+        return (self._share(job.req.team, (t, job.req.floor_gpus))
+                <= self._share(v.req.team, (t, -(v.gpus + taken))) + 1e-12)
 
     def _blocked(self, job_id: str) -> Collection[int]:
         """Nodes earmarked for other jobs' preemption plans (a job's own plan is taken before it places anew)."""
@@ -256,7 +238,7 @@ class Scheduler:
         job = Job(req, now, self._seq)
         if req.rank == CRITICAL and self.ours and not self._within_critical_quota(req):
             job.rank = HIGH
-            job.reason = f"{DEMOTED} (team {req.team}'s critical quota: {self.critical_quota(req.team)} GPUs)"
+            job.reason = self._demoted_reason(job, "queued")
             self._demoted[req.job_id] = None
         self.jobs[req.job_id] = job
         self._count_team(req.team, 1)
@@ -395,9 +377,11 @@ class Scheduler:
         for job_id in self._demoted:
             job = self.jobs[job_id]
             if job.state is JobState.PENDING and not job.reason.startswith(DEMOTED):
-                job.reason = f"{DEMOTED} (team {job.req.team}'s critical quota: {self.critical_quota(job.req.team)} " \
-                             f"GPUs): {job.reason}"
+                job.reason = self._demoted_reason(job, job.reason)
         return decisions
+
+    def _demoted_reason(self, job: Job, why: str) -> str:
+        return f"{DEMOTED} (team {job.req.team}'s critical quota: {self.critical_quota(job.req.team)} GPUs): {why}"
 
     def _pass(self, cls: str, now: float, decisions: list[Decision]) -> None:
         types = self.class_types(cls)
@@ -650,7 +634,7 @@ class Scheduler:
     # -- room for a blocked head: shrink elastic jobs, then preempt ------------------------------------------
     def _make_room(self, job: Job, types: tuple[str, ...], now: float, decisions: list[Decision],
                    starving: bool = False) -> None:
-        """Shrink elastic jobs, then preempt what `_may_take` allows; a starving reserved gang (`_starving`) may
+        """Shrink elastic jobs, then preempt what `_taking_rule` allows; a starving reserved gang (`_starving`) may
         also take any job of a team holding a larger share than its own, each at its next checkpoint boundary."""
         if job.planned is not None or (now < job.room_retry_at and not starving):
             return
@@ -662,9 +646,13 @@ class Scheduler:
         shrinkable = [self.jobs[j] for j in sorted(self._elastic)
                       if self.jobs[j].state is JobState.RUNNING and self.jobs[j].gpus > self.jobs[j].req.floor_gpus
                       and self.jobs[j].placement.gpu_type in types
-                      and self._may_take(job, self.jobs[j], starving, shrink=True)]
-        victims = [v for t in types for v in (self.jobs[j] for j in self._running_on[t])
-                   if v.state is JobState.RUNNING and self._may_take(job, v, starving)]
+                      and self._taking_rule(job, self.jobs[j], starving, shrink=True)]
+        rules: dict[str, PreemptRule] = {}
+        for t in types:
+            for v in (self.jobs[j] for j in self._running_on[t]):
+                if v.state is JobState.RUNNING and (rule := self._taking_rule(job, v, starving)):
+                    rules[v.job_id] = rule
+        victims = [self.jobs[j] for j in rules]
         # A starving gang may also take over the preemption plans of jobs it could preempt (lower priority, or a
         # richer team's): their victims are already stopping, each by its own boundary plus the grace period, so
         # waiting on them keeps the bound; leaving those nodes to a richer team's plan would not (its victims
@@ -673,7 +661,7 @@ class Scheduler:
         stopping: list[Job] = []
         if starving:
             stealable = {p for p in set(self._earmarked.values())
-                         if p != req.job_id and self._may_take(job, self.jobs[p], starving)}
+                         if p != req.job_id and self._taking_rule(job, self.jobs[p], starving)}
             stopping = sorted((self.jobs[j] for t in types for j in self._running_on[t]
                                if self.jobs[j].state is JobState.PREEMPTING), key=lambda v: v.preempt_deadline)
         if not shrinkable and not victims and not stopping:
@@ -716,7 +704,7 @@ class Scheduler:
         if plan is None:
             taken: dict[str, int] = {}  # GPUs of each team chosen so far under the final-share guard
             for v in victims:
-                if v.state is JobState.RUNNING and self._rule(job, v, starving) == "fair-share":
+                if rules.get(v.job_id) == "fair-share":
                     if not self._final_share_ok(job, v, taken.get(v.req.team, 0)):
                         continue
                     taken[v.req.team] = taken.get(v.req.team, 0) + v.gpus
@@ -758,7 +746,7 @@ class Scheduler:
             self._victim_of.setdefault(v.job_id, set()).add(req.job_id)
             if v.state is JobState.PREEMPTING:
                 continue  # already stopping, by its own deadline
-            rule = self._rule(job, v, starving)
+            rule = rules[v.job_id]
             why = {"pool": f"reclaiming team {req.team}'s dedicated pool",
                    "own-team": f"{priority_name(job.rank)} job {req.job_id} of its own team needs its GPUs",
                    "preemptible": f"{priority_name(job.rank)} job {req.job_id} needs its GPUs",

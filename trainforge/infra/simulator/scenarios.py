@@ -42,7 +42,6 @@ def flood_trace(seed: int = 0, *, days: float = 2.0, every_s: float = 300.0, hig
 
 @dataclass(frozen=True, slots=True)
 class GangRun:
-    policy: str
     wait_s: float
     preemptions: int
     lost_to_preemption_gpu_s: float
@@ -58,7 +57,7 @@ def gang_wait(policy: str, jobs: list[TraceJob], nodes: list[NodeInfo], *, patie
     sim.run()
     r = sim.runs["gang"]
     stats = getattr(sim.sched, "stats", {})
-    return GangRun(policy, r.first_start - r.submit, stats.get("preemptions", 0), sim.lost["preemption"],
+    return GangRun(r.first_start - r.submit, stats.get("preemptions", 0), sim.lost["preemption"],
                    stats.get("kills", 0)), sim
 
 

@@ -6,8 +6,8 @@
   exists, which becomes ObjectExistsError. That is the commit primitive of checkpoints: two racing writers,
   exactly one wins. A conditional write goes as one PutObject up to `conditional_put_limit` (5 GiB, PutObject's
   own limit), however big: servers check a conditional CompleteMultipartUpload less carefully than a PutObject
-  (SeaweedFS 4.48 checks it outside its object lock, so two racing completions can both succeed: seen here, two
-  winners out of two). Only beyond that limit does the condition ride on CompleteMultipartUpload.
+  (SeaweedFS 4.48 checks it outside its object lock: four racing completions had 1-3 winners per round here,
+  four racing PutObjects always one). Only beyond that limit does the condition ride on CompleteMultipartUpload.
 - Throttling, 5xx and connection errors are retried by botocore's "standard" mode (exponential backoff with
   jitter, `max_attempts` in all); a 409 ConditionalRequestConflict on a conditional write is retried here.
 - `max_upload_bytes_per_s` bounds the average upload rate of the whole store (token bucket, per request/part).
