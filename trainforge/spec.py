@@ -696,6 +696,11 @@ class Problem:
     fix: str = ""
     severity: Literal["error", "not-checked", "warning"] = "error"
 
+    def __post_init__(self) -> None:
+        # A NaN never equals itself: a problem carrying one would not equal its copy, nor survive strict JSON.
+        if isinstance(self.value, float) and math.isnan(self.value):
+            object.__setattr__(self, "value", "nan")
+
     def render(self) -> str:
         shown = "" if self.value is None else f" (got {_short(self.value)})"
         fix = f" Fix: {self.fix}" if self.fix else ""
