@@ -143,8 +143,8 @@ class _Gang:
         self.calls.append(("provision", reason))
         return {"workers": 2}
 
-    def release(self) -> None:
-        self.calls.append(("release", None))
+    def release(self, outcome: str = "ended") -> None:
+        self.calls.append(("release", outcome))
 
     def reprovision(self, lost: tuple[str, ...]) -> dict:
         self.calls.append(("reprovision", lost))
@@ -182,7 +182,7 @@ def test_driver_loop_acts_on_each_decision(tmp_path):
                                       (18, "resize"), SegmentFailed("nan", "divergence", 0), (24, None)])
     results = driver.drive()
     assert [r.last_step for r in results] == [8, 13, 18, 24]
-    assert gang.calls == [("provision", "provisioned"), ("provision", "segment boundary"), ("release", None),
+    assert gang.calls == [("provision", "provisioned"), ("provision", "segment boundary"), ("release", "stopped"),
                           ("provision", "re-provisioned after a preemption"), ("reprovision", ()),
                           ("provision", "the scheduler resized the allocation")]  # divergence: same gang
     assert [type(f).__name__ for f in driver.failures] == ["SegmentFailed", "SegmentFailed"]

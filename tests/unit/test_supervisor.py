@@ -105,6 +105,35 @@ def test_the_scheduler_preemption_goes_down_as_a_notice(tmp_path, record):
         channel.close()
 
 
+def test_a_preemption_at_the_next_checkpoint_boundary_waits_for_that_commit(tmp_path, record, monkeypatch):
+    """A starving gang stops a victim at its next checkpoint boundary (`preempt_at`): no notice before the boundary
+    time nor before a commit made after the preemption was seen; the first of the two sends it."""
+    import trainforge.tasks.supervisor as supervisor_module
+    from trainforge.contract.events import CheckpointCommitted, Sender
+    from trainforge.events import EventWriter
+
+    monkeypatch.setattr(supervisor_module, "PREEMPTION_CHECK_S", 0.0)
+    channel = LocalChannel(tmp_path / "objects")
+    try:
+        status = {"state": "preempting", "preempt_deadline": time.time() + 3720, "preempt_at": time.time() + 3600}
+        sup = channel.supervisor(record, scheduler_status=lambda: status)
+        channel.deliver(sup, channel.beat(0, step=1))
+        for _ in range(5):
+            sup.poll()
+        assert not sup.preempting and channel.sent() == []
+        EventWriter(record.folder, True, Sender(job=record.job_id, attempt=0, rank=0)).publish(
+            CheckpointCommitted(step=8, prefix="checkpoints/step-00000008"))
+        _until(sup, lambda: sup.preempting)
+        assert [c.kind for c in channel.sent()] == ["preemption_notice"]
+        assert any("at its checkpoint boundary" in i.message for i in sup.incidents)
+
+        later = channel.supervisor(record, scheduler_status=lambda: {**status, "preempt_at": time.time() - 1})
+        channel.deliver(later, channel.beat(0, step=9))
+        _until(later, lambda: later.preempting)  # the boundary time passed: no commit needed
+    finally:
+        channel.close()
+
+
 def test_beats_are_typed_and_a_malformed_one_is_skipped_by_name(tmp_path, record, caplog):
     channel = LocalChannel(tmp_path / "objects")
     try:

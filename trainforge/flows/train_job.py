@@ -198,7 +198,7 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
         raise
     finally:
         job_credentials.revoke(record.job_id)
-        release_gang(record.job_id)
+        release_gang(record.job_id, "completed" if record.data.get("state") == "completed" else "ended")
 
 
 def _provision(spec: JobSpec, record: JobRecord, plan: dict[str, Any], reason: str) -> dict[str, Any]:
@@ -222,8 +222,8 @@ class _FlowGang:
     def provision(self, reason: str) -> dict[str, Any]:
         return _provision(self.spec, self.record, self.plan, reason)
 
-    def release(self) -> None:
-        release_gang(self.record.job_id)
+    def release(self, outcome: str = "ended") -> None:
+        release_gang(self.record.job_id, outcome)
 
     def reprovision(self, lost: tuple[str, ...]) -> dict[str, Any]:
         record = JobStore(self.record.folder.parent).get(self.record.job_id)  # the failed attempt's incidents

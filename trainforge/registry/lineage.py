@@ -28,7 +28,6 @@ model's checkpoint, marked withdrawn. lineage_withdrawal.py adds the MLflow tags
 from __future__ import annotations
 
 import fnmatch
-import getpass
 import json
 import os
 import threading
@@ -58,7 +57,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from trainforge.home import home
+from trainforge.home import current_user, home
 
 ENV_URL = "TRAINFORGE_LINEAGE_URL"
 NODE_KINDS = ("dataset", "job", "checkpoint", "model", "weights")  # weights: a base model from outside
@@ -507,7 +506,7 @@ class LineageStore:
         checkpoints and model versions from promotion and loading. Recorded with who and why."""
         if not why.strip():
             raise ValueError("say why the dataset version is withdrawn (it is recorded for the audit)")
-        who = who or _who()
+        who = who or current_user()
         datasets = self.find_datasets(name, version)
         if not datasets:
             raise LookupError(f"no dataset version {name}@{version} in the lineage store")
@@ -524,7 +523,7 @@ class LineageStore:
         return result
 
     def quarantine(self, node_ids: list[str], *, who: str | None = None, why: str) -> None:
-        who = who or _who()
+        who = who or current_user()
         with self.engine.begin() as conn:
             for node_id in node_ids:
                 conn.execute(update(nodes).where(nodes.c.id == node_id).values(status="quarantined"))
@@ -574,13 +573,6 @@ def _audit(conn: Any, node_id: str, action: str, who: str, why: str) -> None:
 
 def _last_why(history: list[dict[str, Any]]) -> str:
     return f" ({history[-1]['who']}: {history[-1]['why']})" if history else ""
-
-
-def _who() -> str:
-    try:
-        return os.environ.get("TRAINFORGE_USER") or getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"
 
 
 def _read_manifest(path: str) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainforge.home import current_user
 from trainforge.registry.checkpoints import (
     best_step,
     checkpoint_metrics,
@@ -27,7 +28,7 @@ from trainforge.registry.checkpoints import (
     job_store,
 )
 from trainforge.registry.jobs import JobRecord, JobStore
-from trainforge.registry.lineage import LineageStore, _who, checkpoint_id, model_id
+from trainforge.registry.lineage import LineageStore, checkpoint_id, model_id
 from trainforge.registry.manifest import verify
 from trainforge.registry.secrets import redact_file
 from trainforge.registry.tracking import Tracker
@@ -91,7 +92,7 @@ def promote(job: str, *, step: int | None = None, best: bool = False, alias: str
         raise ValueError(f"checkpoint step {step} of {record.job_id} is corrupt: {'; '.join(problems)}")
     lineage = lineage or LineageStore()
     lineage.check_usable(checkpoint_id(record.job_id, step))
-    who = who or _who()
+    who = who or current_user()
     out = record.folder / "export" / f"step-{step}"
     if not (out / "model.safetensors").is_file():
         export_safetensors(record.folder / "worker-config.json", config, step, out)

@@ -171,11 +171,11 @@ class _ChaosGang:
         t0, self._released_at = self._released_at, None  # a release + re-request is timed from the release
         return _provision(self.job, reason, t0=t0)
 
-    def release(self) -> None:
+    def release(self, outcome: str = "ended") -> None:
         from trainforge.tasks.provision import release_gang
 
         self._released_at = time.monotonic()
-        release_gang(self.job.record.job_id)
+        release_gang(self.job.record.job_id, outcome)
 
     def reprovision(self, lost: tuple[str, ...]) -> dict[str, Any]:
         return _provision(self.job, "", lost=lost)

@@ -35,7 +35,8 @@ class Gang(Protocol):
     def provision(self, reason: str) -> dict[str, Any] | None:
         """Request the gang (idempotent while it is held: the current, possibly resized, allocation)."""
 
-    def release(self) -> None: ...
+    def release(self, outcome: str = "ended") -> None:
+        """Give the gang back: `stopped` after a preemption (it waits again in its place), else `ended`."""
 
     def reprovision(self, lost: tuple[str, ...]) -> dict[str, Any] | None:
         """Mark `lost` nodes unhealthy, release the gang and request a new one."""
@@ -47,7 +48,7 @@ class NoGang:
     def provision(self, reason: str) -> None:
         return None
 
-    def release(self) -> None:
+    def release(self, outcome: str = "ended") -> None:
         return None
 
     def reprovision(self, lost: tuple[str, ...]) -> None:
@@ -122,7 +123,7 @@ class SegmentDriver:
                 raise TooManySegments(decision.reason)
             self.log.info("segment ended at step %s (%s); starting the next one", result.last_step, result.reason)
             if decision.action is Action.PREEMPTED:  # emergency checkpoint committed: give the GPUs back, queue again
-                self.gang.release()
+                self.gang.release("stopped")
             self.allocation = self.gang.provision(decision.reason)
 
     def before_attempt(self) -> dict[str, Any] | None:

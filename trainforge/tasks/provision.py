@@ -25,6 +25,7 @@ from typing import Any
 
 from trainforge.contract.events import CheckpointCommitted, Resize, Sender
 from trainforge.events import EventWriter, read_typed_events
+from trainforge.home import current_user
 from trainforge.plan.cluster import default_cluster
 from trainforge.plan.elastic import accumulation, elastic_sizes, layout_for
 from trainforge.registry.jobs import JobRecord
@@ -64,7 +65,7 @@ def provision_gang(job_id: str, spec: JobSpec, layout: dict[str, Any],
         num_gpus=top, min_gpus=floor if floor < top else None,
         gpus_per_node=min(spec.resources.gpus_per_node, top),
         tp=layout["tp"], pp=layout["pp"], dp=None if floor < top else top // (layout["tp"] * layout["pp"]),
-        max_runtime_s=spec.max_runtime_s,
+        max_runtime_s=spec.max_runtime_s, user=current_user(),
     )
     scheduler = live_scheduler()
     with watching_queue(scheduler, job_id, on_wait):
@@ -179,8 +180,10 @@ def record_allocation(record: JobRecord, allocation: dict[str, Any], reason: str
     return entry
 
 
-def release_gang(job_id: str) -> None:
-    live_scheduler().release(job_id)
+def release_gang(job_id: str, outcome: str = "ended") -> None:
+    """Give the gang back: `completed` (the scheduler learns the job's runtime), `stopped` (preempted: it waits
+    again in its place) or `ended` (failed, cancelled)."""
+    live_scheduler().release(job_id, outcome)
 
 
 def report_checkpoint(job_id: str) -> str | None:

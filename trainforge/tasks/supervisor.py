@@ -155,6 +155,7 @@ class SegmentSupervisor:
         self._slow_counts: dict[int, int] = {}
         self._slow_seen: dict[int, int] = {}
         self._last_preempt_check = 0.0
+        self._preempt_seen: float | None = None  # when a preemption at a later checkpoint boundary was first seen
         self.preempting = False
         self.terminate_requested: str | None = None
         self._evict_after: float | None = None
@@ -506,10 +507,18 @@ class SegmentSupervisor:
         except Exception:  # the scheduler's database is busy or gone: try again next time
             return
         if status and status.get("state") == "preempting":
+            at = status.get("preempt_at")
+            if at is not None and now < at:
+                # Stopped at its next checkpoint boundary (a starving gang's preemption): train on until then,
+                # or until the commit that comes first, so the preemption loses no work.
+                if self._preempt_seen is None:
+                    self._preempt_seen = now
+                if not self._checkpoint_since(self._preempt_seen):
+                    return
             self.preempting = True
             self._record("preemption", None, f"the scheduler preempts this job (deadline "
-                         f"{status.get('preempt_deadline')}): termination notice to every worker", beats,
-                         action="emergency checkpoint")
+                         f"{status.get('preempt_deadline')}{', at its checkpoint boundary' if at else ''}): "
+                         "termination notice to every worker", beats, action="emergency checkpoint")
             self._send("preemption_notice", deadline_s=status.get("preempt_deadline"))
         elif status and status.get("state") == "running":
             self._check_resize(int(status.get("gpus") or 0), beats)

@@ -33,10 +33,15 @@ class RuntimeHistory:
     _runs: dict[Key, deque[float]] = field(default_factory=dict)
 
     @staticmethod
+    def size_class(num_gpus: int) -> int:
+        """Jobs of sizes within one power of two are alike."""
+        return max(1, num_gpus).bit_length()
+
+    @staticmethod
     def keys(team: str, user: str, num_gpus: int) -> list[Key]:
         """From the most similar jobs to all jobs: the user's of this size class (powers of two), the user's, the
         team's of this size, the team's, everyone's."""
-        size = max(1, num_gpus).bit_length()
+        size = RuntimeHistory.size_class(num_gpus)
         return [("user", team, user, size), ("user", team, user), ("team", team, size), ("team", team), ("all",)]
 
     def estimate(self, *, team: str, user: str, num_gpus: int, max_runtime_s: float | None = None) -> float:

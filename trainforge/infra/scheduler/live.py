@@ -15,7 +15,14 @@ operation raise `SchedulerBusy`, which names the database. Tables are created un
 `CREATE TABLE` on PostgreSQL fails with a duplicate key in its catalog).
 
 The flow's provision task calls `request(GangRequest, timeout_s)`, which blocks (polling with a bounded backoff)
-until the gang is admitted, and `release(job_id)` when the job completes, fails or is preempted.
+until the gang is admitted (`submit` + `poll` without blocking), `checkpointed(job_id)` at each commit, and
+`release(job_id, outcome)` when the job completes, fails or stops for a preemption.
+
+The live path learns as the simulator does (one policy, one estimator): the runtimes of completed jobs are kept in
+the database (`sched_history`: they survive a restart of the control plane) and each request's runtime estimate
+comes from them (`RuntimeHistory`: the user's similar jobs first, then the team's, then everyone's; never past the
+job's own `max_runtime`); each job's checkpoint interval is learned from the commits it reports, so a starving gang
+preempts a victim at the victim's next checkpoint boundary (`preempt_at` in its status), not "checkpoint now".
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from trainforge.infra.scheduler.estimates import RuntimeHistory
 from trainforge.infra.scheduler.model import (
     Boost,
     Job,
@@ -66,22 +74,30 @@ class GangRequest:
     pp: int = 1
     dp: int | None = None
     """None = num_gpus / (tp * pp)."""
-    max_runtime_s: float = 86_400.0
+    max_runtime_s: float | None = None
+    """The job's limit (it is stopped there). The scheduler's estimate is the learned runtime of similar jobs,
+    never more than this; with neither, `RuntimeHistory.default_s`."""
     min_gpus: int | None = None
     """Elastic jobs: the smallest size they accept (None = not elastic)."""
     checkpoint_interval_s: float | None = None
+    """None (the flow's): learned from the commits the job reports (`checkpointed`)."""
+    user: str = ""
+    """Who submitted it (estimates look at the user's own jobs first)."""
 
     def __post_init__(self) -> None:
         if self.dp is not None and self.dp * self.tp * self.pp != self.num_gpus:
             raise ValueError(f"job {self.job_id}: dp({self.dp}) * tp({self.tp}) * pp({self.pp}) = "
                              f"{self.dp * self.tp * self.pp} != num_gpus ({self.num_gpus})")
-        self.to_job_request()  # validates
+        if self.max_runtime_s is not None and not self.max_runtime_s > 0:
+            raise ValueError(f"job {self.job_id}: max_runtime_s ({self.max_runtime_s}) must be > 0")
+        self.to_job_request(self.max_runtime_s or 1.0)  # validates
 
-    def to_job_request(self) -> JobRequest:
+    def to_job_request(self, estimate_s: float) -> JobRequest:
+        """The policy's request, with the runtime estimate the scheduler made for it."""
         return JobRequest(job_id=self.job_id, team=self.team, priority=self.priority, gpu_type=self.gpu_type,
                           num_gpus=self.num_gpus, min_gpus=self.min_gpus, gpus_per_node=self.gpus_per_node,
-                          tp=self.tp, pp=self.pp, max_runtime_s=self.max_runtime_s,
-                          checkpoint_interval_s=self.checkpoint_interval_s)
+                          tp=self.tp, pp=self.pp, max_runtime_s=estimate_s,
+                          checkpoint_interval_s=self.checkpoint_interval_s, user=self.user)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +215,17 @@ NODES = sa.Table(
     sa.Column("name", sa.String(200), primary_key=True),
     sa.Column("healthy", sa.Boolean, nullable=False),
 )
+HISTORY = sa.Table(
+    "sched_history", _meta,
+    sa.Column("job_id", sa.String(200), primary_key=True),
+    sa.Column("team", sa.String(200), nullable=False, index=True),
+    sa.Column("user", sa.String(200), nullable=False),
+    sa.Column("num_gpus", sa.Integer, nullable=False),
+    sa.Column("size_class", sa.Integer, nullable=False),
+    sa.Column("gpu_seconds", sa.Float, nullable=False),  # held so far, over every run (a preempted job runs again)
+    sa.Column("ended_at", sa.Float, nullable=True, index=True),  # when it completed; NULL while it has not
+    sa.Column("runtime_s", sa.Float, nullable=True),  # gpu_seconds / num_gpus at completion: runtime at full size
+)
 META = sa.Table(
     "sched_meta", _meta,
     sa.Column("key", sa.String(50), primary_key=True),
@@ -232,7 +259,8 @@ def _engine(url: str, attempt_s: float = 10.0) -> sa.Engine:
 class LiveScheduler:
     def __init__(self, cluster: ClusterSpec, db_url: str | None = None, *,
                  teams: dict[str, TeamPolicy] | None = None, config: SchedulerConfig | None = None,
-                 stale_after_s: float = 300.0, busy_timeout_s: float = 120.0):
+                 stale_after_s: float = 300.0, busy_timeout_s: float = 120.0,
+                 clock: Callable[[], float] = time.time, history: RuntimeHistory | None = None):
         if db_url is None:
             from trainforge.home import home
 
@@ -243,6 +271,10 @@ class LiveScheduler:
         self.stale_after_s = stale_after_s
         self.busy_timeout_s = busy_timeout_s
         """How long an operation keeps retrying a database locked by other writers before SchedulerBusy."""
+        self.clock = clock
+        """The policy's time (wall clock; a test replaying a simulation gives the simulation's)."""
+        self.history = history or RuntimeHistory()
+        """The estimator's settings; what it learned is read from `sched_history` at each submit."""
         self.engine = _engine(db_url, attempt_s=min(10.0, busy_timeout_s / 4))
         self._sqlite = db_url.startswith("sqlite")
         self._db_key = _database_key(self.engine.url)
@@ -307,7 +339,7 @@ class LiveScheduler:
         return sched, rows
 
     def _save(self, conn: sa.Connection, sched: Scheduler, rows: dict[str, dict[str, Any]]) -> None:
-        now = time.time()
+        now = self.clock()
         for job_id in rows.keys() - sched.jobs.keys():
             conn.execute(JOBS.delete().where(JOBS.c.job_id == job_id))
         for job_id, job in sched.jobs.items():
@@ -338,6 +370,9 @@ class LiveScheduler:
             "start_time": _num(job.start_time), "last_checkpoint": _num(job.last_checkpoint),
             "preempt_deadline": _num(job.preempt_deadline), "num_preemptions": job.num_preemptions,
             "num_requeues": job.num_requeues, "reserved_since": _num(job.reserved_since), "rank": job.rank,
+            "last_commit": _num(job.last_commit), "checkpoint_every": _num(job.checkpoint_every),
+            "preempt_at": _num(job.preempt_at),
+            "room_retry_at": job.room_retry_at if math.isfinite(job.room_retry_at) else None,
         }
         return {"job_id": job.job_id, "seq": job.seq, "request": json.dumps(_request_dict(job.req)),
                 "state": job.state.value, "team": job.req.team, "priority": job.req.priority,
@@ -357,6 +392,10 @@ class LiveScheduler:
         job.num_preemptions, job.num_requeues = rt["num_preemptions"], rt["num_requeues"]
         job.reserved_since = _nan(rt.get("reserved_since"))  # rows written before standing reservations: none
         job.rank = rt.get("rank", req.rank)  # a critical job over its team's critical quota runs as high
+        job.last_commit = _nan(rt.get("last_commit"))  # rows written before the live path learned: none
+        job.checkpoint_every = _nan(rt.get("checkpoint_every"))
+        job.preempt_at = _nan(rt.get("preempt_at"))
+        job.room_retry_at = rt.get("room_retry_at") or -math.inf
         job.reason = row["reason"]
         return job
 
@@ -369,37 +408,64 @@ class LiveScheduler:
                 sched.finish(job_id, now)
 
     # -- API ----------------------------------------------------------------------------------------------
+    def submit(self, request: GangRequest) -> Allocation | None:
+        """Queue the gang (or find it queued, e.g. a preemption victim that stopped) and run a pass: its allocation
+        if admitted now, else None (then `poll` until it is: a requester that stops polling for `stale_after_s`
+        is dropped from the queue)."""
+        out = self._tx(f"request job {request.job_id}", lambda conn, sched: self._poll(conn, sched, request))
+        assert not isinstance(out, SchedulingTimeout)
+        return out
+
+    def poll(self, job_id: str) -> Allocation | None:
+        """A pass, then the job's allocation if it is admitted (None while it waits). KeyError if the scheduler does
+        not know the job (dropped, released or never submitted)."""
+        def body(conn: sa.Connection, sched: Scheduler) -> Allocation | None:
+            if job_id not in sched.jobs:
+                raise KeyError(f"job {job_id} is neither queued nor running in this scheduler")
+            out = self._poll(conn, sched, job_id)
+            assert not isinstance(out, SchedulingTimeout)
+            return out
+
+        return self._tx(f"poll job {job_id}", body)
+
+    def _poll(self, conn: sa.Connection, sched: Scheduler, job: GangRequest | str,
+              timeout_s: float | None = None) -> Allocation | SchedulingTimeout | None:
+        """One pass inside a transaction, for one requester: a request (`GangRequest`) not known yet is submitted
+        first; with `timeout_s`, a job the pass did not admit is withdrawn (SchedulingTimeout, returned)."""
+        now = self.clock()
+        if isinstance(job, GangRequest):
+            request, job_id = job, job.job_id
+            if job_id not in sched.jobs:
+                self._expire_stale(conn, sched, now, keep=job_id)
+                sched.submit(request.to_job_request(self._estimate(conn, request)), now)
+        else:
+            job_id = job
+        sched.schedule(now)
+        mine = sched.jobs[job_id]
+        conn.execute(JOBS.update().where(JOBS.c.job_id == job_id).values(last_seen=now))
+        if mine.state is not JobState.PENDING:
+            return self._allocation(sched.state, mine)
+        if timeout_s is None:
+            return None
+        same = sched.queue_order(mine.req.gpu_type)
+        position = next((i for i, j in enumerate(same, 1) if j is mine), len(same))
+        reason = mine.reason
+        sched.finish(job_id, now)  # withdrawn in the same transaction that decides the timeout
+        return SchedulingTimeout(job_id, timeout_s, reason, position, len(same))
+
     def request(self, request: GangRequest, timeout_s: float, *, poll_s: float = 0.05,
                 max_poll_s: float = 1.0) -> Allocation:
         """Queue the gang (or find it queued) and block until it is admitted, at most `timeout_s` seconds.
         Raises SchedulingTimeout (a TimeoutError) saying why it still waits; the request is then withdrawn."""
-        req = request.to_job_request()
         deadline = time.monotonic() + timeout_s
         wait = poll_s
-        submitted = False
 
         def poll(conn: sa.Connection, sched: Scheduler) -> Allocation | SchedulingTimeout | None:
-            now = time.time()
-            if not submitted:
-                self._expire_stale(conn, sched, now, keep=req.job_id)
-                if req.job_id not in sched.jobs:
-                    sched.submit(req, now)
-            sched.schedule(now)
-            job = sched.jobs[req.job_id]
-            conn.execute(JOBS.update().where(JOBS.c.job_id == req.job_id).values(last_seen=now))
-            if job.state is not JobState.PENDING:
-                return self._allocation(sched.state, job)
-            if time.monotonic() < deadline:
-                return None
-            same = sched.queue_order(req.gpu_type)
-            position = next((i for i, j in enumerate(same, 1) if j is job), len(same))
-            reason = job.reason
-            sched.finish(req.job_id, now)  # withdrawn in the same transaction that decides the timeout
-            return SchedulingTimeout(req.job_id, timeout_s, reason, position, len(same))
+            late = timeout_s if time.monotonic() >= deadline else None
+            return self._poll(conn, sched, request, late)  # queued again if it was dropped meanwhile
 
         while True:
-            out = self._tx(f"request job {req.job_id}", poll)
-            submitted = True
+            out = self._tx(f"request job {request.job_id}", poll)
             if isinstance(out, Allocation):
                 return out
             if out is not None:
@@ -407,25 +473,99 @@ class LiveScheduler:
             time.sleep(max(0.0, min(wait, deadline - time.monotonic())))
             wait = min(wait * 2, max_poll_s)
 
-    def release(self, job_id: str) -> None:
-        """The job completed, failed, was cancelled or stopped after a preemption notice: free its GPUs."""
-        def body(_conn: sa.Connection, sched: Scheduler) -> None:
-            now = time.time()
-            sched.finish(job_id, now)
+    def schedule(self) -> None:
+        """One pass with no event (what each waiting requester's poll runs): deadlines that passed, patience that
+        ran out."""
+        self._tx("run a scheduling pass", lambda _conn, sched: sched.schedule(self.clock()) and None)
+
+    def release(self, job_id: str, outcome: str = "ended") -> None:
+        """Free the job's GPUs. `outcome`: `completed` (its runtime is learned), `stopped` (a preemption victim
+        checkpointed and stopped: it waits again in its old place, its next `request` finds it queued) or `ended`
+        (failed, cancelled: forgotten)."""
+        if outcome not in RELEASE_OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}; use one of {', '.join(RELEASE_OUTCOMES)}")
+
+        def body(conn: sa.Connection, sched: Scheduler) -> None:
+            now = self.clock()
+            job = sched.jobs.get(job_id)
+            if job is not None:
+                self._account(conn, job, now, completed=outcome == "completed")
+                if outcome == "stopped" and job.state is JobState.PREEMPTING:
+                    sched.stopped(job_id, now)
+                    conn.execute(JOBS.update().where(JOBS.c.job_id == job_id).values(last_seen=now))
+                else:
+                    sched.finish(job_id, now)
             sched.schedule(now)
 
         self._tx(f"release job {job_id}", body)
+
+    # -- what the live path learns ------------------------------------------------------------------------
+    def _account(self, conn: sa.Connection, job: Job, now: float, *, completed: bool) -> None:
+        """Add the GPU-seconds of the job's run that ends now to its history row; at completion its runtime at
+        full size (GPU-seconds / requested GPUs: an elastic job that ran smaller took longer) is learned."""
+        held = job.gpus * max(0.0, now - job.start_time) if job.state is not JobState.PENDING else 0.0
+        req = job.req
+        if not held and not completed:
+            return  # withdrawn before it ran: nothing to learn
+        row = conn.execute(sa.select(HISTORY.c.gpu_seconds).where(HISTORY.c.job_id == req.job_id)).first()
+        total = (row.gpu_seconds if row else 0.0) + held
+        values: dict[str, Any] = {"gpu_seconds": total}
+        if completed:
+            values.update(ended_at=now, runtime_s=total / req.num_gpus)
+        if row is None:
+            conn.execute(HISTORY.insert().values(job_id=req.job_id, team=req.team, user=req.user,
+                                                 num_gpus=req.num_gpus, size_class=RuntimeHistory.size_class(req.num_gpus),
+                                                 **values))
+        else:
+            conn.execute(HISTORY.update().where(HISTORY.c.job_id == req.job_id).values(**values))
+
+    def _learned(self, conn: sa.Connection, team: str, user: str, num_gpus: int) -> RuntimeHistory:
+        """An estimator holding, for each of its keys for this request, that key's most recent completed runtimes
+        (its window): what the simulator's in-memory one would hold had it seen the same jobs end."""
+        h = HISTORY.c
+        done = h.ended_at.is_not(None)
+        size = RuntimeHistory.size_class(num_gpus)
+        filters = [sa.and_(h.team == team, h.user == user, h.size_class == size), sa.and_(h.team == team, h.user == user),
+                   sa.and_(h.team == team, h.size_class == size), h.team == team, sa.true()]
+        rows: dict[str, tuple[float, str, float, str, str, int]] = {}
+        for f in filters:
+            q = (sa.select(h.ended_at, h.job_id, h.runtime_s, h.team, h.user, h.num_gpus).where(done, f)
+                 .order_by(h.ended_at.desc(), h.job_id.desc()).limit(self.history.window))
+            for r in conn.execute(q):
+                rows[r.job_id] = tuple(r)
+        est = RuntimeHistory(default_s=self.history.default_s, window=self.history.window,
+                             quantile=self.history.quantile, min_samples=self.history.min_samples)
+        for _, _, runtime_s, t, u, g in sorted(rows.values()):  # in the order they ended
+            est.observe(team=t, user=u, num_gpus=g, runtime_s=runtime_s)
+        return est
+
+    def _estimate(self, conn: sa.Connection, request: GangRequest) -> float:
+        return self._learned(conn, request.team, request.user, request.num_gpus).estimate(
+            team=request.team, user=request.user, num_gpus=request.num_gpus, max_runtime_s=request.max_runtime_s)
+
+    def estimate(self, team: str, user: str, num_gpus: int, max_runtime_s: float | None = None) -> float:
+        """The runtime estimate a request like this would get now (read-only)."""
+        with self.engine.connect().execution_options(**{_READ_ONLY: True}) as conn:
+            return self._learned(conn, team, user, num_gpus).estimate(team=team, user=user, num_gpus=num_gpus,
+                                                                       max_runtime_s=max_runtime_s)
+
+    def policy(self) -> Scheduler:
+        """The policy as the next transaction will see it, rebuilt from the tables (read-only: a copy)."""
+        with self.engine.connect().execution_options(**{_READ_ONLY: True}) as conn:
+            return self._load(conn)[0]
 
     def status(self, job_id: str) -> dict[str, Any] | None:
         """The job's row: state (`preempting` means checkpoint now and release before `preempt_deadline`)."""
         return next((r for r in self.queue() if r["job_id"] == job_id), None)
 
     def checkpointed(self, job_id: str) -> None:
-        self._tx(f"record a checkpoint of job {job_id}", lambda _conn, sched: sched.checkpointed(job_id, time.time()))
+        """The job committed a checkpoint (the flow reports each): its work since then is what a preemption loses,
+        and the gaps between commits are its checkpoint interval."""
+        self._tx(f"record a checkpoint of job {job_id}", lambda _conn, sched: sched.checkpointed(job_id, self.clock()))
 
     def node_failed(self, node: str, reason: str = "node failure") -> None:
         def body(conn: sa.Connection, sched: Scheduler) -> None:
-            now = time.time()
+            now = self.clock()
             sched.fail_node(node, now, reason)
             self._set_node(conn, node, False)
             sched.schedule(now)
@@ -436,7 +576,7 @@ class LiveScheduler:
         def body(conn: sa.Connection, sched: Scheduler) -> None:
             sched.restore_node(node)
             self._set_node(conn, node, True)
-            sched.schedule(time.time())
+            sched.schedule(self.clock())
 
         self._tx(f"mark node {node} restored", body)
 
@@ -446,7 +586,7 @@ class LiveScheduler:
 
     def queue(self) -> list[dict[str, Any]]:
         """Running and pending jobs, per team, with why each pending job waits (read-only)."""
-        now = time.time()
+        now = self.clock()
         with self.engine.connect().execution_options(**{_READ_ONLY: True}) as conn:
             sched, by_id = self._load(conn)  # the policy, for the positions of the pending jobs
             rows = sorted(by_id.values(), key=lambda r: (r["team"], r["seq"]))
@@ -466,6 +606,9 @@ class LiveScheduler:
                 "since_s": round(now - (rt["start_time"] if running and rt["start_time"] else r["submit_time"]), 1),
                 "reason": "" if r["state"] == JobState.RUNNING.value else r["reason"],
                 "preempt_deadline": rt["preempt_deadline"],
+                "preempt_at": rt.get("preempt_at"),
+                "estimate_s": req["max_runtime_s"],
+                "checkpoint_every_s": rt.get("checkpoint_every"),
                 "position": positions.get(r["job_id"]),
             })
         return out
@@ -474,6 +617,9 @@ class LiveScheduler:
         pl = job.placement
         return Allocation(job.job_id, pl.gpu_type, [(state.nodes[n].name, list(g)) for n, g in pl.assignments],
                           pl.quality.to_dict())
+
+
+RELEASE_OUTCOMES = ("completed", "stopped", "ended")
 
 
 def _request_dict(req: JobRequest) -> dict[str, Any]:

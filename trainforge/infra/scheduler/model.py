@@ -66,6 +66,9 @@ class JobRequest:
     max_runtime_s: float = 86_400.0
     """Runtime estimate used for backfill reservations (EASY)."""
     checkpoint_interval_s: float | None = None
+    """Declared (a trace's); None = learned from the commits the job reports (`Job.checkpoint_every`)."""
+    user: str = ""
+    """Who submitted it: runtime estimates look at the user's own similar jobs first (estimates.py)."""
 
     def __post_init__(self) -> None:
         priority_rank(self.priority)
@@ -164,6 +167,12 @@ class SchedulerConfig:
     its reservation began preempts any job of a richer team (critical within quota aside) at its next checkpoint
     boundary (docs/scheduler.md, "No gang starves": the bound)."""
 
+    checkpoint_interval_s: float = 1800.0
+    """`ours`: the checkpoint interval assumed for a victim that neither declared one nor has shown its own yet
+    (two commits in one run): a starving gang stops it at its next boundary by that, so every start keeps at least
+    one interval of progress (with "checkpoint now" two starving gangs stopped each other in turn, training
+    nothing). The flow's victims stop at their first commit after the notice, often sooner."""
+
     def __post_init__(self) -> None:
         if not 0.0 <= self.critical_share <= 1.0:
             raise ValueError(f"critical_share ({self.critical_share}) must be within 0..1")
@@ -202,6 +211,14 @@ class Job:
     rank: int = -1
     """The priority the policy schedules it at: its request's, except a `critical` job beyond its team's critical
     quota when submitted, which runs as `high` (-1 here = the request's)."""
+    last_commit: float = math.nan
+    """When the job last reported a committed checkpoint (`Scheduler.checkpointed`); NaN = none yet."""
+    checkpoint_every: float = math.nan
+    """Its checkpoint interval in seconds, learned from its reports: the gap between its last two commits of one
+    run (a gap across a stop and restart holds a queue wait, so it is not one). NaN = not learned yet."""
+    preempt_at: float = math.nan
+    """A victim told to stop at its next checkpoint boundary: that boundary (it trains on until then and stops
+    once that checkpoint is written, by `preempt_deadline`). NaN = checkpoint on notice."""
 
     def __post_init__(self) -> None:
         if self.rank < 0:
@@ -214,6 +231,13 @@ class Job:
     @property
     def gpus(self) -> int:
         return self.placement.num_gpus if self.placement else 0
+
+    @property
+    def checkpoint_interval_s(self) -> float | None:
+        """The interval its next boundary is predicted by: learned from its commits, else the declared one."""
+        if not math.isnan(self.checkpoint_every):
+            return self.checkpoint_every
+        return self.req.checkpoint_interval_s
 
     @property
     def est_end(self) -> float:

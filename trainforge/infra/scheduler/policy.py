@@ -298,12 +298,18 @@ class Scheduler:
         self._victim_done(job_id)
         job.state = JobState.PENDING
         job.last_checkpoint = now
+        job.preempt_at = math.nan
         self._enqueue(job)
 
     def checkpointed(self, job_id: str, now: float) -> None:
+        """The job committed a checkpoint: victims are picked by the work since their last one, and the gaps
+        between a run's commits are its checkpoint interval (a starving gang preempts at the next boundary)."""
         job = self.jobs.get(job_id)
-        if job is not None:
-            job.last_checkpoint = now
+        if job is None:
+            return
+        if job.state is not JobState.PENDING and job.last_commit >= job.start_time and now > job.last_commit:
+            job.checkpoint_every = now - job.last_commit
+        job.last_checkpoint = job.last_commit = now
 
     def fail_node(self, name: str, now: float, reason: str = "node failure") -> list[Decision]:
         """A node failed or its spot capacity was reclaimed: mark it unhealthy; each running job on it gets a
@@ -758,6 +764,7 @@ class Scheduler:
             at = self._next_checkpoint(v, now) if starving else now
             deadline = at + self.config.grace_s
             self._signal(v, deadline)
+            v.preempt_at = at if at > now else math.nan
             decisions.append(Preempt(v.job_id, deadline, req.job_id, why, at if at > now else math.nan, rule))
         job.planned = plan
         job.waiting_on = frozenset(v.job_id for v in chosen)
@@ -767,9 +774,11 @@ class Scheduler:
 
     def _next_checkpoint(self, v: Job, now: float) -> float:
         """The victim's next periodic checkpoint boundary after its last one, so that every start makes at least
-        one checkpoint of progress (two starving gangs cannot preempt each other in a loop that trains nothing);
-        now if it has no interval or never checkpointed."""
-        every = v.req.checkpoint_interval_s
+        one checkpoint of progress (two starving gangs cannot preempt each other in a loop that trains nothing).
+        The interval: learned from its commits, else declared, else `SchedulerConfig.checkpoint_interval_s`."""
+        every = v.checkpoint_interval_s
+        if every is None:
+            every = self.config.checkpoint_interval_s
         last = self.checkpoint_clock(v, now) if self.checkpoint_clock else v.last_checkpoint
         if not every or math.isnan(last):
             return now

@@ -46,7 +46,8 @@ from trainforge.infra.simulator.traces import ESTIMATE_FACTOR, Trace, TraceJob
 POLICIES = (*SCHEDULER_POLICIES, "kueue", "las")
 
 # event kinds, in processing order at equal times (_TICK: a pass the policy asked for, `next_wakeup`)
-_FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT, _TICK = range(8)
+# (_CKPT: a job's periodic commit, reported to the policy as the flow does, with SimConfig.live_view)
+_FINISH, _STOP, _FAIL, _REPAIR, _SPOT, _SPOT_BACK, _SUBMIT, _CKPT, _TICK = range(9)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +75,14 @@ class SimConfig:
     one, else the runtimes of similar jobs that ended, `RuntimeHistory`) or `oracle` (ESTIMATE_FACTOR x the real
     duration: no real scheduler knows it; kept for comparison)."""
 
+    live_view: bool = False
+    """What the live scheduler sees (tests/integration/test_live_scheduler_learns.py replays it there): jobs
+    declare no checkpoint interval, each commit is reported to the policy as it happens (`Scheduler.checkpointed`,
+    as the flow reports them) and the policy learns each job's interval from them; a completed job's runtime is
+    learned as the GPU-seconds it held over its requested size (a preempted job's includes its checkpoint writes).
+    Off: the policy reads each job's trace interval and computes its last commit (no event per commit), and the
+    runtime learned is the trace's duration."""
+
     def __post_init__(self) -> None:
         if self.estimates not in ESTIMATES:
             raise ValueError(f"unknown estimates {self.estimates!r}; use one of {', '.join(ESTIMATES)}")
@@ -98,6 +107,8 @@ class _Run:
     alloc: dict[tuple[str, str], int] = field(default_factory=dict)
     """GPUs held now per (GPU type, market), booked into Simulation.gpu_seconds when the allocation changes."""
     alloc_since: float = 0.0
+    held_gpu_s: float = 0.0
+    """GPU-seconds it has held, over all its runs."""
 
     def last_checkpoint(self, now: float) -> float:
         i = self.tj.checkpoint_interval_s
@@ -125,7 +136,8 @@ class Simulation:
         else:
             self.sched = Scheduler(self.state, config.teams, SchedulerConfig(
                 policy=config.policy, grace_s=config.grace_s, patience_s=config.patience_s))
-        self.sched.checkpoint_clock = self._ckpt_clock
+        if not config.live_view:
+            self.sched.checkpoint_clock = self._ckpt_clock
         self.rng = random.Random(config.seed)
         self.history = RuntimeHistory()
         self.runs: dict[str, _Run] = {}
@@ -143,6 +155,10 @@ class Simulation:
         """Allocated GPU-seconds per (team, GPU type, market): what the cluster would bill; sums to busy_integral."""
         self.counts = {"node_failures": 0, "spot_reclaims": 0, "rejected": 0}
         self.rejected: list[str] = []
+        self.journal: list[tuple[float, str, Any]] | None = None
+        """Set to a list to keep every event the policy was told, in order: (time, kind, what), kind one of
+        submit (the TraceJob), finish, stop, checkpoint (a job id), fail, restore (a node name) and pass (a pass
+        no event asked for: the live scheduler's requesters poll). A live scheduler told the same replays it."""
 
     def _ckpt_clock(self, job: Job, now: float) -> float:
         return self.runs[job.job_id].last_checkpoint(now)
@@ -167,7 +183,7 @@ class Simulation:
         handlers: dict[int, Callable[[Any], None]] = {
             _FINISH: self._on_finish, _STOP: self._on_stop, _FAIL: self._on_fail, _REPAIR: self._on_repair,
             _SPOT: self._on_spot, _SPOT_BACK: self._on_spot_back, _SUBMIT: self._on_submit,
-            _TICK: lambda _: None}
+            _CKPT: self._on_checkpoint, _TICK: lambda _: self._note("pass", None)}
         ticks: set[float] = set()
         events = self.events
         while events:
@@ -191,6 +207,10 @@ class Simulation:
                 self._push(wake, _TICK, None)
         return summarize(self, time.perf_counter() - wall)
 
+    def _note(self, kind: str, what: Any) -> None:
+        if self.journal is not None:
+            self.journal.append((self.now, kind, what))
+
     def _active(self) -> bool:
         return bool(self.sched.jobs)
 
@@ -207,9 +227,11 @@ class Simulation:
         else:
             estimate = self.history.estimate(team=tj.team, user=tj.user, num_gpus=tj.num_gpus,
                                              max_runtime_s=tj.max_runtime_s)
+        declared = None if self.config.live_view else tj.checkpoint_interval_s
         req = JobRequest(job_id=tj.job_id, team=tj.team, priority=tj.priority, gpu_type=tj.gpu_type,
                          num_gpus=tj.num_gpus, min_gpus=tj.min_gpus, tp=tj.tp, pp=tj.pp,
-                         max_runtime_s=estimate, checkpoint_interval_s=tj.checkpoint_interval_s)
+                         max_runtime_s=estimate, checkpoint_interval_s=declared, user=tj.user)
+        self._note("submit", tj)
         try:
             self.sched.submit(req, self.now)
         except ValueError as exc:
@@ -230,9 +252,11 @@ class Simulation:
         self._book(r, None)
         r.held = r.rate = 0
         r.end = self.now
+        self._note("finish", job_id)
         self.sched.finish(job_id, self.now)
         tj = r.tj  # the platform learns the job's runtime (its work at full size) as it ends
-        self.history.observe(team=tj.team, user=tj.user, num_gpus=tj.num_gpus, runtime_s=tj.duration_s)
+        runtime = r.held_gpu_s / tj.num_gpus if self.config.live_view else tj.duration_s
+        self.history.observe(team=tj.team, user=tj.user, num_gpus=tj.num_gpus, runtime_s=runtime)
 
     def _on_stop(self, payload: tuple[str, int]) -> None:
         job_id, version = payload
@@ -246,6 +270,7 @@ class Simulation:
         self.busy -= r.held
         self._book(r, None)
         r.held = 0
+        self._note("stop", job_id)
         self.sched.stopped(job_id, self.now)
 
     def _on_fail(self, _: Any) -> None:
@@ -259,12 +284,14 @@ class Simulation:
             self._push(self.now + self._next_failure(), _FAIL, None)
 
     def _fail(self, name: str, reason: str) -> None:
+        self._note("fail", name)
         t1 = time.perf_counter()
         decisions = self.sched.fail_node(name, self.now, reason)
         self.latencies.append(time.perf_counter() - t1)
         self._apply(decisions)
 
     def _on_repair(self, name: str) -> None:
+        self._note("restore", name)
         self.sched.restore_node(name)
 
     def _on_spot(self, _: Any) -> None:
@@ -280,7 +307,23 @@ class Simulation:
 
     def _on_spot_back(self, names: list[str]) -> None:
         for name in names:
+            self._note("restore", name)
             self.sched.restore_node(name)
+
+    def _on_checkpoint(self, payload: tuple[str, int]) -> None:
+        job_id, version = payload
+        r = self.runs[job_id]
+        job = self.sched.jobs.get(job_id)
+        if r.version != version or job is None or job.state is not JobState.RUNNING:
+            return  # the run it belonged to ended (stopped, resized, failed, preempted)
+        self._note("checkpoint", job_id)
+        self.sched.checkpointed(job_id, self.now)
+        self._push(self.now + r.tj.checkpoint_interval_s, _CKPT, payload)
+
+    def _commits(self, r: _Run) -> None:
+        """With SimConfig.live_view: the run that starts now commits every interval until it changes."""
+        if self.config.live_view and r.tj.checkpoint_interval_s > 0:
+            self._push(self.now + r.tj.checkpoint_interval_s, _CKPT, (r.tj.job_id, r.version))
 
     # -- decisions ----------------------------------------------------------------------------------------
     def _apply(self, decisions: list[Decision]) -> None:
@@ -297,6 +340,7 @@ class Simulation:
                 if math.isnan(r.first_start):
                     r.first_start = now
                 self._push(now + max(r.work_left, 0.0) / g, _FINISH, (d.job_id, r.version))
+                self._commits(r)
             elif isinstance(d, Preempt):
                 self.preemptions.append((d.job_id, d.for_job, d.rule))
                 r.settle(now)
@@ -337,6 +381,7 @@ class Simulation:
                 r.seg_start = now
                 r.version += 1
                 self._push(now + max(r.work_left, 0.0) / g, _FINISH, (d.job_id, r.version))
+                self._commits(r)
             elif isinstance(d, Requeue):
                 r.settle(now)
                 self._lose(r, now, "failure")
@@ -351,6 +396,7 @@ class Simulation:
             dt = self.now - r.alloc_since
             for (gpu_type, market), gpus in r.alloc.items():
                 self.gpu_seconds[(r.tj.team, gpu_type, market)] += gpus * dt
+                r.held_gpu_s += gpus * dt
         r.alloc = {}
         r.alloc_since = self.now
         if placement is not None:
