@@ -339,3 +339,22 @@ def test_a_commit_report_that_cannot_reach_the_scheduler_says_why_and_raises_not
     monkeypatch.setenv("TRAINFORGE_SCHEDULER_URL", f"sqlite:///{tmp_path / 'db'}")
     why = report_checkpoint("j")
     assert why and "OperationalError" in why
+
+
+def test_runtimes_are_learned_from_completed_jobs_only_and_survive_a_restart(tmp_path):
+    url = f"sqlite:///{tmp_path / 'sched.db'}"
+    now = [1000.0]
+    sched = LiveScheduler(CLUSTER, url, clock=lambda: now[0])
+    assert sched.estimate("a", "ann", 8) == 4 * 3600  # nothing learned: the default
+    for i, (hours, outcome) in enumerate([(1, "completed"), (2, "completed"), (9, "ended"), (3, "completed")]):
+        assert sched.submit(GangRequest(job_id=f"j{i}", team="a", user="ann", num_gpus=8)) is not None
+        now[0] += hours * 3600
+        sched.release(f"j{i}", outcome)  # a failed or cancelled job's runtime teaches nothing
+    restarted = LiveScheduler(CLUSTER, url, clock=lambda: now[0])
+    assert restarted.estimate("a", "ann", 8) == 3 * 3600  # the 0.9 quantile of 1, 2 and 3 h
+    assert restarted.estimate("a", "ann", 8, max_runtime_s=7200) == 7200  # never past the job's own limit
+    assert restarted.estimate("b", "bob", 8) == 3 * 3600  # everyone's, for a team with no history of its own
+    pending = GangRequest(job_id="next", team="a", user="ann", num_gpus=8)
+    restarted.submit(pending)
+    [row] = [r for r in restarted.queue() if r["job_id"] == "next"]
+    assert row["estimate_s"] == 3 * 3600
