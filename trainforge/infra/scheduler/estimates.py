@@ -12,7 +12,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-Key = tuple[str | int, ...]
+Key = tuple[tuple[str, str | int], ...]
 
 
 def _quantile(values: deque[float], q: float) -> float:
@@ -38,11 +38,17 @@ class RuntimeHistory:
         return max(1, num_gpus).bit_length()
 
     @staticmethod
-    def keys(team: str, user: str, num_gpus: int) -> list[Key]:
-        """From the most similar jobs to all jobs: the user's of this size class (powers of two), the user's, the
-        team's of this size, the team's, everyone's."""
+    def scopes(team: str, user: str, num_gpus: int) -> list[dict[str, str | int]]:
+        """From the most similar jobs to all jobs, as the fields a similar job shares with this one: the user's of
+        this size class, the user's, the team's of this size, the team's, everyone's. (The live scheduler selects
+        its database rows by the same fields.)"""
         size = RuntimeHistory.size_class(num_gpus)
-        return [("user", team, user, size), ("user", team, user), ("team", team, size), ("team", team), ("all",)]
+        return [{"team": team, "user": user, "size_class": size}, {"team": team, "user": user},
+                {"team": team, "size_class": size}, {"team": team}, {}]
+
+    @staticmethod
+    def keys(team: str, user: str, num_gpus: int) -> list[Key]:
+        return [tuple(sorted(scope.items())) for scope in RuntimeHistory.scopes(team, user, num_gpus)]
 
     def estimate(self, *, team: str, user: str, num_gpus: int, max_runtime_s: float | None = None) -> float:
         learned = None

@@ -27,6 +27,7 @@ preempts a victim at the victim's next checkpoint boundary (`preempt_at` in its 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -437,7 +438,8 @@ class LiveScheduler:
             request, job_id = job, job.job_id
             if job_id not in sched.jobs:
                 self._expire_stale(conn, sched, now, keep=job_id)
-                sched.submit(request.to_job_request(self._estimate(conn, request)), now)
+                estimate = self._estimate(conn, request.team, request.user, request.num_gpus, request.max_runtime_s)
+                sched.submit(request.to_job_request(estimate), now)
         else:
             job_id = job
         sched.schedule(now)
@@ -476,7 +478,10 @@ class LiveScheduler:
     def schedule(self) -> None:
         """One pass with no event (what each waiting requester's poll runs): deadlines that passed, patience that
         ran out."""
-        self._tx("run a scheduling pass", lambda _conn, sched: sched.schedule(self.clock()) and None)
+        def body(_conn: sa.Connection, sched: Scheduler) -> None:
+            sched.schedule(self.clock())
+
+        self._tx("run a scheduling pass", body)
 
     def release(self, job_id: str, outcome: str = "ended") -> None:
         """Free the job's GPUs. `outcome`: `completed` (its runtime is learned), `stopped` (a preemption victim
@@ -491,7 +496,7 @@ class LiveScheduler:
             if job is not None:
                 self._account(conn, job, now, completed=outcome == "completed")
                 if outcome == "stopped" and job.state is JobState.PREEMPTING:
-                    sched.stopped(job_id, now)
+                    sched.stopped(job_id, now)  # pending again: seen now, or the next submit drops it as stale
                     conn.execute(JOBS.update().where(JOBS.c.job_id == job_id).values(last_seen=now))
                 else:
                     sched.finish(job_id, now)
@@ -513,41 +518,33 @@ class LiveScheduler:
         if completed:
             values.update(ended_at=now, runtime_s=total / req.num_gpus)
         if row is None:
+            size = RuntimeHistory.size_class(req.num_gpus)
             conn.execute(HISTORY.insert().values(job_id=req.job_id, team=req.team, user=req.user,
-                                                 num_gpus=req.num_gpus, size_class=RuntimeHistory.size_class(req.num_gpus),
-                                                 **values))
+                                                 num_gpus=req.num_gpus, size_class=size, **values))
         else:
             conn.execute(HISTORY.update().where(HISTORY.c.job_id == req.job_id).values(**values))
 
-    def _learned(self, conn: sa.Connection, team: str, user: str, num_gpus: int) -> RuntimeHistory:
-        """An estimator holding, for each of its keys for this request, that key's most recent completed runtimes
-        (its window): what the simulator's in-memory one would hold had it seen the same jobs end."""
+    def _estimate(self, conn: sa.Connection, team: str, user: str, num_gpus: int,
+                  max_runtime_s: float | None) -> float:
+        """The estimator as the simulator's would stand had it seen the same jobs end: for each of its scopes for
+        this request, that scope's most recent completed runtimes (its window), observed in the order they ended."""
         h = HISTORY.c
-        done = h.ended_at.is_not(None)
-        size = RuntimeHistory.size_class(num_gpus)
-        filters = [sa.and_(h.team == team, h.user == user, h.size_class == size), sa.and_(h.team == team, h.user == user),
-                   sa.and_(h.team == team, h.size_class == size), h.team == team, sa.true()]
         rows: dict[str, tuple[float, str, float, str, str, int]] = {}
-        for f in filters:
-            q = (sa.select(h.ended_at, h.job_id, h.runtime_s, h.team, h.user, h.num_gpus).where(done, f)
+        for scope in RuntimeHistory.scopes(team, user, num_gpus):
+            q = (sa.select(h.ended_at, h.job_id, h.runtime_s, h.team, h.user, h.num_gpus)
+                 .where(h.ended_at.is_not(None), *(h[k] == v for k, v in scope.items()))
                  .order_by(h.ended_at.desc(), h.job_id.desc()).limit(self.history.window))
             for r in conn.execute(q):
                 rows[r.job_id] = tuple(r)
-        est = RuntimeHistory(default_s=self.history.default_s, window=self.history.window,
-                             quantile=self.history.quantile, min_samples=self.history.min_samples)
-        for _, _, runtime_s, t, u, g in sorted(rows.values()):  # in the order they ended
-            est.observe(team=t, user=u, num_gpus=g, runtime_s=runtime_s)
-        return est
-
-    def _estimate(self, conn: sa.Connection, request: GangRequest) -> float:
-        return self._learned(conn, request.team, request.user, request.num_gpus).estimate(
-            team=request.team, user=request.user, num_gpus=request.num_gpus, max_runtime_s=request.max_runtime_s)
+        learned = dataclasses.replace(self.history, _runs={})
+        for _, _, runtime_s, t, u, g in sorted(rows.values()):
+            learned.observe(team=t, user=u, num_gpus=g, runtime_s=runtime_s)
+        return learned.estimate(team=team, user=user, num_gpus=num_gpus, max_runtime_s=max_runtime_s)
 
     def estimate(self, team: str, user: str, num_gpus: int, max_runtime_s: float | None = None) -> float:
         """The runtime estimate a request like this would get now (read-only)."""
         with self.engine.connect().execution_options(**{_READ_ONLY: True}) as conn:
-            return self._learned(conn, team, user, num_gpus).estimate(team=team, user=user, num_gpus=num_gpus,
-                                                                       max_runtime_s=max_runtime_s)
+            return self._estimate(conn, team, user, num_gpus, max_runtime_s)
 
     def policy(self) -> Scheduler:
         """The policy as the next transaction will see it, rebuilt from the tables (read-only: a copy)."""

@@ -765,7 +765,7 @@ class Scheduler:
             deadline = at + self.config.grace_s
             self._signal(v, deadline)
             v.preempt_at = at if at > now else math.nan
-            decisions.append(Preempt(v.job_id, deadline, req.job_id, why, at if at > now else math.nan, rule))
+            decisions.append(Preempt(v.job_id, deadline, req.job_id, why, v.preempt_at, rule))
         job.planned = plan
         job.waiting_on = frozenset(v.job_id for v in chosen)
         job.reason = f"preempting {len(chosen)} job(s); they checkpoint then stop"
