@@ -210,6 +210,10 @@ class Heartbeat(_Event):
     restart: int = 0
     """torchrun's restart generation of the gang."""
     host: str | None = None
+    netns: str | None = None
+    """The rank's own network namespace as it sees it (`/proc/self/ns/net`, e.g. `net:[4026532288]`)."""
+    address: str | None = None
+    """The rank's own address towards its gang's rendezvous (the source address the kernel picks for it)."""
     phase: Phase
     phase_note: str | None = None
     step: int | None = None

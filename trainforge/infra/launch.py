@@ -1,11 +1,15 @@
-"""Pure builders for the launch of a gang: the torchrun command line and the worker environment."""
+"""Pure builders for the launch of a gang: each node's launch (`gang_launch`), the torchrun command line and the
+worker environment. The backends only run what is built here (infra/backends/local.py on this host,
+infra/backends/hosts.py on the cluster description's machines): the split Determined's harness makes between
+building the launch command and starting it."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 # Script mode's per-rank environment is computed on the worker; it lives in the contract, below both sides.
 from trainforge.contract.script_env import jax_script_env as jax_script_env
@@ -17,28 +21,47 @@ from trainforge.infra.storage.credentials import KEY_ENV, SECRET_ENV, TOKEN_ENV,
 WORKER_MODULE = "trainforge.trainer.worker"
 
 
+Rendezvous = Literal["static", "c10d"]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchSpec:
     nproc_per_node: int
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
+    """The rendezvous's address: the static rendezvous's master, or the c10d store's endpoint (the first node)."""
     master_port: int
     max_restarts: int = 0
     log_dir: str
     python: str = sys.executable
+    rendezvous: Rendezvous = "static"
+    run_id: str = "none"
+    """The c10d rendezvous's id (one per segment attempt, so a late agent of an old attempt never joins)."""
+    is_host: bool = False
+    """c10d: this agent hosts the rendezvous store (the first node only; set, never guessed from hostnames)."""
+    local_addr: str | None = None
+    """c10d: the address this node is known by (its peers connect to it; torch orders the nodes by it)."""
 
 
 def torchrun_command(spec: LaunchSpec) -> list[str]:
-    """torchrun with the static rendezvous (the agent's store is recreated per restart attempt: clean restarts),
-    per-rank stdout/stderr redirected to files under log_dir, and the worker module as the entry point."""
+    """torchrun with per-rank stdout/stderr redirected to files under log_dir and the worker module as the entry
+    point. One node (and the local emulation of several) uses the static rendezvous: the agent's store is
+    recreated per restart attempt (clean restarts) and `--node-rank` is exact. A gang across machines meets at a
+    c10d rendezvous hosted by its first node (`is_host` there only, so no agent has to guess from hostnames)."""
+    if spec.rendezvous == "static":
+        meet = [f"--node-rank={spec.node_rank}", f"--master-addr={spec.master_addr}",
+                f"--master-port={spec.master_port}"]
+    else:
+        meet = ["--rdzv-backend=c10d", f"--rdzv-endpoint={spec.master_addr}:{spec.master_port}",
+                f"--rdzv-id={spec.run_id}", f"--rdzv-conf=is_host={int(spec.is_host)}"]
+        if spec.local_addr:
+            meet.append(f"--local-addr={spec.local_addr}")
     return [
         spec.python, "-m", "torch.distributed.run",
         f"--nnodes={spec.nnodes}",
         f"--nproc-per-node={spec.nproc_per_node}",
-        f"--node-rank={spec.node_rank}",
-        f"--master-addr={spec.master_addr}",
-        f"--master-port={spec.master_port}",
+        *meet,
         f"--max-restarts={spec.max_restarts}",
         "--monitor-interval=0.5",
         f"--log-dir={spec.log_dir}",
@@ -46,6 +69,85 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
         "--tee=3",
         "-m", WORKER_MODULE,
     ]
+
+
+def with_rendezvous_port(argv: list[str], port: int) -> list[str]:
+    """A c10d torchrun command whose rendezvous port was left 0 (to be picked on the first node), with `port`."""
+    return [f"{a[:-2]}:{port}" if a.startswith("--rdzv-endpoint=") and a.endswith(":0") else a for a in argv]
+
+
+@dataclass(frozen=True, slots=True)
+class GangNode:
+    """One node of a gang as the scheduler placed it: its name (the scheduler's), the address its peers reach it at,
+    its rack and the accelerator indices it was given there."""
+
+    name: str
+    address: str = "127.0.0.1"
+    rack: str | None = None
+    devices: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeLaunch:
+    """Everything one node's agent starts with: its torchrun launch and what its processes add to the gang's
+    environment (accelerators, the collectives' interface, the node's channel socket)."""
+
+    node: GangNode
+    launch: LaunchSpec
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> range:
+        """The global ranks this node runs (torchrun numbers them node by node)."""
+        n = self.launch.nproc_per_node
+        return range(self.launch.node_rank * n, (self.launch.node_rank + 1) * n)
+
+    def command(self) -> list[str]:
+        return torchrun_command(self.launch)
+
+
+def gang_launch(nodes: Sequence[GangNode], *, nproc_per_node: int, port: int, run_id: str, max_restarts: int,
+                log_dir: Callable[[int, GangNode], str], python: str = sys.executable, gpu_type: str = "cpu",
+                interface: str | None = None, rendezvous: Rendezvous = "static",
+                base: Mapping[str, str] | None = None) -> list[NodeLaunch]:
+    """Each node's launch, in node-rank order, every value from the allocation and the launcher's settings.
+
+    One torchrun agent per node running `nproc_per_node` workers. The static rendezvous keeps the nodes in the
+    order given (`--node-rank`) at the first node's address. The c10d rendezvous runs on the first node, which alone
+    hosts its store (`is_host`); torch numbers its nodes by their addresses in string order, so the nodes are put
+    in that order here and the ranks each one runs are known before it starts (a gang whose racks are contiguous
+    in address order keeps each rack's nodes consecutive). `base` is the environment the node's accelerators are
+    narrowed within (`device_environment`); None leaves the narrowing to the node (`devices` stay in GangNode)."""
+    if not nodes:
+        raise ValueError("a gang needs at least one node")
+    if nproc_per_node < 1:
+        raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a node appears twice in the gang: {names}")
+    ordered = list(nodes)
+    if rendezvous == "c10d":
+        addresses = [n.address for n in nodes]
+        if len(set(addresses)) != len(addresses):
+            raise ValueError(f"the c10d rendezvous orders nodes by address, but two share one: {addresses} (use "
+                             "the static rendezvous for several agents on one host)")
+        ordered.sort(key=lambda n: n.address)
+    first = ordered[0]
+    out = []
+    for rank, node in enumerate(ordered):
+        env: dict[str, str] = {"TRAINFORGE_NODE": node.name}
+        if interface:
+            env["GLOO_SOCKET_IFNAME"] = interface
+            env["NCCL_SOCKET_IFNAME"] = interface
+        if base is not None:
+            env.update(device_environment(gpu_type, node.devices, base))
+        spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=len(ordered), node_rank=rank,
+                          master_addr=first.address, master_port=port, max_restarts=max_restarts,
+                          log_dir=log_dir(rank, node), python=python, rendezvous=rendezvous, run_id=run_id,
+                          is_host=rendezvous == "c10d" and rank == 0,
+                          local_addr=node.address if rendezvous == "c10d" else None)
+        out.append(NodeLaunch(node=node, launch=spec, env=env))
+    return out
 
 
 def worker_environment(base: dict[str, str], *, config_path: str, segment_attempt: int, threads_per_worker: int,
@@ -72,6 +174,23 @@ def worker_environment(base: dict[str, str], *, config_path: str, segment_attemp
         if token:  # STS session credentials
             env.update({TOKEN_ENV: token, "AWS_SESSION_TOKEN": token})
     return env
+
+
+NODE_ENV_PREFIXES = ("TRAINFORGE_", "AWS_", "NCCL_", "GLOO_", "TORCH_", "TORCHELASTIC_", "HF_", "OMP_", "MKL_",
+                     "PYTORCH_")
+NODE_ENV_NAMES = frozenset({"PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "LD_PRELOAD"})
+NODE_ENV_NEVER = frozenset({"TRAINFORGE_HOME", "TRAINFORGE_CLUSTER", "CUDA_VISIBLE_DEVICES"})
+"""The flow host's own folders and devices: another machine has its own (its home, its accelerators)."""
+
+
+def node_environment(worker_env: Mapping[str, str], secrets: Mapping[str, str]) -> dict[str, str]:
+    """What a node on another machine gets of the workers' environment, on top of its own: trainforge's and the
+    libraries' settings (the prefixes above) and the job's own secrets and identity (`secrets`, by name), never
+    the flow host's PATH, home, folders or accelerators."""
+    keep = {k: v for k, v in worker_env.items()
+            if (k.startswith(NODE_ENV_PREFIXES) or k in NODE_ENV_NAMES) and k not in NODE_ENV_NEVER}
+    keep.update({k: worker_env[k] for k in secrets if k in worker_env})
+    return keep
 
 
 def device_environment(gpu_type: str, gpus: Sequence[int] | None, base: Mapping[str, str]) -> dict[str, str]:

@@ -15,7 +15,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trainforge.spec import GpuType, Problem, SpecError, _problems_from_validation, read_document
 
+HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+"""A host's name in the cluster description: it names the node in the scheduler, in runner templates and in
+sandboxes, so it is kept to what a hostname, a shell word and a file name all allow."""
+
 Link = Literal["nvlink", "nvswitch", "pcie", "infiniband", "efa", "gpudirect-tcpx", "ethernet", "loopback"]
+
+
+class HostSpec(BaseModel):
+    """One machine of a node group, for the `hosts` launcher: the launcher starts the node's agent on it through
+    the runner template and its peers reach it at `address`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    name: str = Field(pattern=HOST_NAME)
+    """The host's name: the node's name in the scheduler and `{host}` in the runner template (`ssh {host} ...`)."""
+    address: str = Field(min_length=1)
+    """The address the other hosts and the control plane reach it at (rendezvous, collectives, `--local-addr`)."""
+    rack: str | None = None
+    """Its rack (gangs are placed rack-aware); None: the group's racks filled in order (`nodes_per_rack`)."""
 
 
 class NodeGroup(BaseModel):
@@ -50,9 +68,31 @@ class NodeGroup(BaseModel):
     """Spot / preemptible cloud capacity."""
     pool: str = "shared"
     """`shared`, or the name of the team that owns this dedicated pool."""
+    hosts: list[HostSpec] = Field(default_factory=list)
+    """The machines of the group, one per node in order (the `hosts` launcher needs them; `nodes` must equal their
+    number). Empty: nodes are named `<group>-<n>` and launched by the local or Kubernetes backend."""
+
+    @model_validator(mode="after")
+    def _hosts_match_nodes(self) -> NodeGroup:
+        if self.hosts and len(self.hosts) != self.nodes:
+            raise ValueError(f"node group {self.name!r} lists {len(self.hosts)} hosts for nodes: {self.nodes}: "
+                             "give one host per node (or leave `hosts` out)")
+        return self
+
+    def node_name(self, index: int) -> str:
+        """The scheduler's name of the group's node `index`: its host's name, else `<group>-<index>`."""
+        return self.hosts[index].name if self.hosts else f"{self.name}-{index}"
+
+    def rack_name(self, index: int) -> str:
+        """The rack of node `index`: its host's `rack`, else `<group>-r<k>` with racks filled in order."""
+        if self.hosts and self.hosts[index].rack:
+            return str(self.hosts[index].rack)
+        return f"{self.name}-r{index // self.nodes_per_rack}"
 
     @property
     def racks(self) -> int:
+        if self.hosts:
+            return len({self.rack_name(i) for i in range(self.nodes)})
         return -(-self.nodes // self.nodes_per_rack)
 
     @property
@@ -77,6 +117,43 @@ class TeamSpec(BaseModel):
     cluster's GPUs, rounded down (the scheduler's `critical_share`)."""
 
 
+class LauncherSpec(BaseModel):
+    """How a gang's nodes are started (trainforge/infra/launch.py builds each node's launch; a backend runs it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    backend: Literal["local", "hosts"] = "local"
+    """`local`: every node's agent on the flow's own host (one node: the plain local job). `hosts`: each node's
+    agent on its machine from the node groups' `hosts`, started through `runner`."""
+    runner: str = "ssh {host} {command}"
+    """How a command is run on a host: `{host}` is the host's name, `{command}` the command as one shell-quoted
+    string for a shell (`ssh`, `sh -c`; DeepSpeed's and torchx's multi-node launchers start remote agents over ssh
+    the same way), or `{argv}` the command as separate words for a program that takes one (`sudo -u svc {argv}`,
+    `docker exec -i box {argv}`)."""
+    python: str | None = None
+    """The Python interpreter with trainforge installed on every host; None: this interpreter's path (the same
+    virtual environment at the same path on every host)."""
+    interface: str | None = None
+    """The network interface the collectives use on every host (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME); None:
+    the libraries' own choice, which is wrong on hosts whose hostname resolves to a loopback address."""
+    rendezvous_port: int | None = Field(default=None, ge=1024, le=65535)
+    """The TCP port of the c10d rendezvous on a gang's first node (its agent hosts the store); None: a free port
+    the first node picks at each start (two gangs whose first node is one host never collide). Set one where a
+    firewall opens only that port, and then run one gang's first node per host."""
+    work_dir: str = "/tmp/trainforge-node"
+    """The node-local folder for a segment's logs, staging and config on each host."""
+    start_timeout_s: float = Field(default=60.0, gt=0)
+    """How long a node's agent may take to start before the launch is given up (every agent stopped, the
+    allocation released, the error naming the host)."""
+
+    @model_validator(mode="after")
+    def _runner_fields(self) -> LauncherSpec:
+        if "{host}" not in self.runner or ("{command}" in self.runner) == ("{argv}" in self.runner):
+            raise ValueError(f"launcher.runner {self.runner!r} needs {{host}} and one of {{command}} (a shell "
+                             "string) or {argv} (separate words): write e.g. 'ssh {host} {command}'")
+        return self
+
+
 class ClusterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -88,6 +165,8 @@ class ClusterSpec(BaseModel):
     """Mean time between failures of one node, in hours (for checkpoint intervals and the simulator)."""
     teams: dict[str, TeamSpec] = Field(default_factory=dict)
     """Fair-share weights and quotas per team; teams not listed get weight 1 and no quota."""
+    launcher: LauncherSpec = LauncherSpec()
+    """How gangs are started on the nodes (`local` by default; `hosts`: on the machines the groups list)."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> ClusterSpec:
@@ -95,7 +174,20 @@ class ClusterSpec(BaseModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"node group names must be unique; repeated: {', '.join(dupes)}")
+        hosts = [h.name for g in self.node_groups for h in g.hosts]
+        dupes = sorted({n for n in hosts if hosts.count(n) > 1})
+        if dupes:
+            raise ValueError(f"host names must be unique across node groups; repeated: {', '.join(dupes)}")
+        if self.launcher.backend == "hosts":
+            missing = [g.name for g in self.node_groups if not g.hosts]
+            if missing:
+                raise ValueError(f"launcher.backend 'hosts' starts agents on the listed machines, but node group(s) "
+                                 f"{', '.join(missing)} list no `hosts`: add them (name, address, rack)")
         return self
+
+    def host(self, name: str) -> HostSpec | None:
+        """The machine a node of the scheduler's is, when the groups list hosts."""
+        return next((h for g in self.node_groups for h in g.hosts if h.name == name), None)
 
     def groups_of(self, gpu_type: str) -> list[NodeGroup]:
         return [g for g in self.node_groups if g.gpu_type == gpu_type]

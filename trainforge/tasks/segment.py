@@ -28,9 +28,25 @@ from trainforge.contract.channel import ChannelReader, CommandWriter, channel_ro
 from trainforge.contract.config import SegmentConfig
 from trainforge.contract.events import FailureKind, FailureReport, SegmentEnd, from_file
 from trainforge.events import last_of
+from trainforge.infra.backends.hosts import (
+    HostsGang,
+    HostUnreachable,
+    RemoteNode,
+    agent_command,
+    runner_command,
+)
 from trainforge.infra.backends.local import LocalGang, LocalMultiNodeGang, SidecarSpec, free_port
-from trainforge.infra.launch import LaunchSpec, allocator_environment, worker_environment
+from trainforge.infra.backends.node_agent import NodeProgram
+from trainforge.infra.launch import (
+    GangNode,
+    NodeLaunch,
+    allocator_environment,
+    gang_launch,
+    node_environment,
+    worker_environment,
+)
 from trainforge.infra.storage import open_store
+from trainforge.plan.cluster import LauncherSpec
 from trainforge.plan.layout import Layout
 from trainforge.registry.jobs import JobRecord
 from trainforge.tasks.supervisor import SegmentSupervisor, offending_samples
@@ -61,8 +77,10 @@ class SegmentResult:
     reason: str | None
 
 
+Gang = LocalGang | LocalMultiNodeGang | HostsGang
+
 # Gangs alive in this process, so a cancel or Ctrl-C can stop every worker (no orphans).
-_LIVE: dict[str, LocalGang] = {}
+_LIVE: dict[str, Gang] = {}
 _LIVE_LOCK = threading.Lock()
 
 
@@ -107,12 +125,15 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
                 extra_env: dict[str, str] | None = None, cancel: threading.Event | None = None,
                 scheduler_status: Callable[[], dict[str, Any] | None] | None = None, nnodes: int = 1,
                 node_names: list[str] | None = None, layout: dict[str, Any] | None = None,
-                sizes: list[int] | None = None) -> SegmentResult:
+                sizes: list[int] | None = None, hosts: list[GangNode] | None = None,
+                launcher: LauncherSpec | None = None, gpu_type: str = "cpu") -> SegmentResult:
     """One launch of the gang. `nnodes` > 1 runs one torchrun agent per node (`nproc` / `nnodes` workers each)
     on this host, sharing one rendezvous; `node_names` (the scheduler's placement, in rank order) names them, so
-    a lost node is reported under the name the scheduler knows. `layout` is this size's layout (elastic jobs);
-    `sizes` the sizes the job can run at: when the scheduler grows or shrinks the allocation to another of them,
-    the segment ends at an emergency checkpoint with reason `resize` (the caller re-provisions)."""
+    a lost node is reported under the name the scheduler knows. With a `hosts` launcher, `hosts` are the gang's
+    machines (the allocation's nodes with their addresses): one node agent each, started through the runner
+    (infra/backends/hosts.py). `layout` is this size's layout (elastic jobs); `sizes` the sizes the job can run
+    at: when the scheduler grows or shrinks the allocation to another of them, the segment ends at an emergency
+    checkpoint with reason `resize` (the caller re-provisions)."""
     if cancel is not None and cancel.is_set():  # a retry scheduled before the cancel: start nothing
         raise SegmentCancelled(f"{config.job_id} was cancelled before segment {next_attempt(record)} started")
     # Checked before anything is recorded: a bad TRAINFORGE_ALLOCATOR fails here, leaving no segment behind.
@@ -129,34 +150,50 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
     env = worker_environment(base_env, config_path=str(config_path),
                              segment_attempt=attempt, threads_per_worker=threads)
     env.update(allocator)
-    gang: LocalGang | LocalMultiNodeGang
-    rank_hosts: dict[int, str] = {}
-    names = node_names or [f"node-{i}" for i in range(nnodes)]
+    remote = launcher is not None and launcher.backend == "hosts"
+    if remote:
+        if not hosts:
+            raise ValueError("the hosts launcher needs the gang's hosts (the allocation's nodes and their addresses)")
+        nodes = list(hosts)
+    else:
+        nodes = [GangNode(name) for name in (node_names or [f"node-{i}" for i in range(nnodes)])]
+    nnodes = len(nodes)
     # Every message between this control plane and the workers goes through the segment attempt's channel in
     # the job's store: one sidecar publisher per node, commands down; nothing through this host's disk or pids.
     store = open_store(config.storage_url)
     root = f"{channel_root(config.storage_prefix)}/segment-{attempt}"
     token = uuid.uuid4().hex[:12]
-    sidecars = [SidecarSpec(config.storage_url, root, names[i], f"@trainforge-{token}-{i}") for i in range(nnodes)]
-    if nnodes == 1:
-        gang = LocalGang(LaunchSpec(nproc_per_node=nproc, master_port=free_port(), max_restarts=max_restarts,
-                                    log_dir=str(log_dir)), env, log_dir / "agent.log", sidecars[0])
+    if remote:
+        assert launcher is not None
+        gang, launches = _hosts_gang(launcher, nodes, nproc // nnodes, max_restarts, config, config_path, attempt,
+                                     env, extra_env or {}, store_root=root, token=token, log_dir=log_dir,
+                                     gpu_type=gpu_type)
     else:
-        per_node, port = nproc // nnodes, free_port()
-        rank_hosts = {i * per_node + r: names[i] for i in range(nnodes) for r in range(per_node)}
-        gang = LocalMultiNodeGang([
-            LocalGang(LaunchSpec(nproc_per_node=per_node, nnodes=nnodes, node_rank=i, master_port=port,
-                                 max_restarts=max_restarts, log_dir=str(log_dir / f"node-{i}")), env,
-                      log_dir / ("agent.log" if i == 0 else f"agent-node-{i}.log"), sidecars[i])
-            for i in range(nnodes)])
+        gang, launches = _local_gang(nodes, nproc, max_restarts, env, config, root, token, log_dir)
+    rank_hosts = {r: launch.node.name for launch in launches for r in launch.ranks} if nnodes > 1 else {}
+    names = [launch.node.name for launch in launches]
     reader = ChannelReader(store, root, lost_after_s=policy.heartbeat_timeout_s,
-                           flush_interval_s=sidecars[0].flush_interval_s)
+                           flush_interval_s=SidecarSpec.flush_interval_s)
     supervisor = SegmentSupervisor(record, attempt, policy, scheduler_status=scheduler_status,
                                    rank_hosts=rank_hosts, world=nproc, sizes=sizes, channel=reader,
-                                   commands=CommandWriter(store, root))
+                                   commands=CommandWriter(store, root), stop_on_lost_node=remote)
+    if isinstance(gang, HostsGang):
+        gang.lost = lambda: supervisor.lost_nodes
     t0 = time.monotonic()
     started = time.time()
-    gang.start()
+    try:
+        gang.start()
+    except HostUnreachable as exc:  # every agent already started was stopped: the host is left out next time
+        supervisor.node_lost(exc.host, str(exc).splitlines()[0])
+        supervisor.finish()
+        reader.close()
+        _finish(record, attempt, "failed", error=str(exc))
+        raise SegmentFailed(f"{exc}: treated as an infrastructure fault (recovery: a gang without {exc.host})",
+                            "infra", None) from exc
+    except BaseException:  # an interrupt or a runner that cannot start: nothing was left running (start's own)
+        reader.close()
+        _finish(record, attempt, "cancelled")
+        raise
     with _LIVE_LOCK:
         _LIVE[config.job_id] = gang
     try:
@@ -208,6 +245,63 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
         reason = "resize"
     _finish(record, attempt, {"preempted": "preempted", "resize": "resized"}.get(reason or "", "completed"))
     return SegmentResult(attempt, code, duration, end.step if end is not None else None, reason)
+
+
+def _local_gang(nodes: list[GangNode], nproc: int, max_restarts: int, env: dict[str, str], config: SegmentConfig,
+                root: str, token: str, log_dir: Path) -> tuple[LocalGang | LocalMultiNodeGang, list[NodeLaunch]]:
+    """The local backend: every node's agent on this host (several: the static rendezvous, one port)."""
+    nnodes = len(nodes)
+    launches = gang_launch(nodes, nproc_per_node=nproc // nnodes, port=free_port(), run_id=token,
+                           max_restarts=max_restarts,
+                           log_dir=lambda i, _: str(log_dir if nnodes == 1 else log_dir / f"node-{i}"))
+    gangs = [LocalGang(launch.launch, env | launch.env,
+                       log_dir / ("agent.log" if i == 0 else f"agent-node-{i}.log"),
+                       SidecarSpec(config.storage_url, root, launch.node.name, f"@trainforge-{token}-{i}"))
+             for i, launch in enumerate(launches)]
+    return (gangs[0] if nnodes == 1 else LocalMultiNodeGang(gangs)), launches
+
+
+def _hosts_gang(launcher: LauncherSpec, nodes: list[GangNode], per_node: int, max_restarts: int,
+                config: SegmentConfig, config_path: Path, attempt: int, env: dict[str, str],
+                extra_env: dict[str, str], *, store_root: str, token: str, log_dir: Path,
+                gpu_type: str) -> tuple[HostsGang, list[NodeLaunch]]:
+    """The hosts backend: one node agent per machine through the runner; its config, environment and logs are the
+    node's own (the program goes down the runner's stdin, logs stay in the node's work folder)."""
+    from trainforge.infra.backends.hosts import python_on_hosts
+
+    python = python_on_hosts(launcher.python)
+    work = f"{launcher.work_dir.rstrip('/')}/{config.job_id}/segment-{attempt}"
+    launches = gang_launch(nodes, nproc_per_node=per_node, port=launcher.rendezvous_port or 0,
+                           run_id=f"{config.job_id}-{attempt}-{token}", max_restarts=max_restarts,
+                           log_dir=lambda _, node: f"{work}/{node.name}/logs", python=python,
+                           interface=launcher.interface, rendezvous="c10d")
+    node_env = node_environment(env, extra_env)
+    # This host's cores say nothing of a node's: each node divides its own, unless the user set the count.
+    node_env.pop("OMP_NUM_THREADS", None)
+    threads = extra_env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    if threads:
+        node_env["OMP_NUM_THREADS"] = threads
+    racks = [launch.node.rack for launch in launches]
+    split = sorted({r for r in racks if r is not None and racks.index(r) + racks.count(r) - 1 !=
+                    max(i for i, x in enumerate(racks) if x == r)})
+    if split:  # the scheduler meant each rack's nodes to be consecutive ranks; torch numbers them by address
+        logger.warning("job %s: the nodes of rack(s) %s do not get consecutive ranks (torch's c10d rendezvous "
+                       "numbers nodes by address): give each rack's hosts addresses that sort together",
+                       config.job_id, ", ".join(split))
+    text = config_path.read_text()
+    remote = []
+    for i, launch in enumerate(launches):
+        sidecar = SidecarSpec(config.storage_url, store_root, launch.node.name, f"@trainforge-{token}-{i}",
+                              python=python)
+        program = NodeProgram(node=launch.node.name, work_dir=f"{work}/{launch.node.name}", torchrun=launch.command(),
+                              sidecar=sidecar.command(), env=node_env | launch.env | {
+                                  "TRAINFORGE_CHANNEL_SOCKET": sidecar.socket},
+                              config=text, gpu_type=gpu_type, devices=list(launch.node.devices),
+                              workers=per_node, pick_port=i == 0 and launcher.rendezvous_port is None)
+        argv = runner_command(launcher.runner, launch.node.name, agent_command(python))
+        remote.append(RemoteNode(launch.node.name, launch.node.address, argv, program,
+                                 log_dir / f"runner-{launch.node.name}.log"))
+    return HostsGang(remote, start_timeout_s=launcher.start_timeout_s), launches
 
 
 def _finish(record: JobRecord, attempt: int, state: str, error: str | None = None) -> None:

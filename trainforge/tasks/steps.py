@@ -17,7 +17,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainforge.contract.config import SegmentConfig
-from trainforge.plan.cluster import ClusterSpec
+from trainforge.infra.launch import GangNode
+from trainforge.plan.cluster import ClusterSpec, default_cluster
 from trainforge.plan.layout import Layout
 from trainforge.registry.jobs import JobRecord
 from trainforge.spec import JobSpec
@@ -132,13 +133,33 @@ def train_segment(record: JobRecord, config_path: str, config: SegmentConfig, np
     # The gang this segment runs on (an elastic job's size may have changed since the flow submitted it).
     allocation = fresh.data.get("allocation") or {}
     nodes = allocation.get("nodes") or []
+    cluster = default_cluster()
+    status = _scheduler_status(fresh.job_id) if spec else None
+    if cluster.launcher.backend == "hosts" and nodes:  # one node agent per allocated machine
+        return run_segment(fresh, Path(config_path), config, nproc=allocation.get("workers", nproc),
+                           max_restarts=max_restarts, cancel=cancel, extra_env=extra, scheduler_status=status,
+                           layout=allocation.get("layout"), sizes=allocation.get("sizes"),
+                           hosts=gang_hosts(cluster, allocation), launcher=cluster.launcher,
+                           gpu_type=allocation.get("gpu_type", "cpu"))
     if len(nodes) == 1:  # the local launch: its workers see only the GPUs the scheduler gave this job here
         extra.update(device_environment(allocation.get("gpu_type", "cpu"),
                                         (allocation.get("devices") or {}).get(nodes[0]), os.environ))
     return run_segment(fresh, Path(config_path), config, nproc=allocation.get("workers", nproc),
-                       max_restarts=max_restarts, cancel=cancel, extra_env=extra,
-                       scheduler_status=_scheduler_status(fresh.job_id) if spec else None,
+                       max_restarts=max_restarts, cancel=cancel, extra_env=extra, scheduler_status=status,
                        layout=allocation.get("layout"), sizes=allocation.get("sizes"))
+
+
+def gang_hosts(cluster: ClusterSpec, allocation: dict[str, Any]) -> list[GangNode]:
+    """The allocation's nodes as the machines the hosts launcher starts them on (address, rack, accelerators)."""
+    out = []
+    for name in allocation["nodes"]:
+        host = cluster.host(name)
+        if host is None:
+            raise ValueError(f"the scheduler placed the job on {name!r}, which no node group of cluster "
+                             f"{cluster.name!r} lists under `hosts`: the hosts launcher cannot start it")
+        devices = tuple((allocation.get("devices") or {}).get(name) or ())
+        out.append(GangNode(name, host.address, host.rack, devices))
+    return out
 
 
 def reprovision(record: JobRecord, spec: JobSpec, lost: tuple[str, ...] | None = None) -> dict[str, Any]:

@@ -128,8 +128,13 @@ class SegmentSupervisor:
     def __init__(self, record: JobRecord, attempt: int, policy: HealthPolicy, *, channel: ChannelReader,
                  commands: CommandWriter, scheduler_status: Callable[[], dict[str, Any] | None] | None = None,
                  rank_hosts: dict[int, str] | None = None, world: int | None = None,
-                 sizes: list[int] | None = None):
+                 sizes: list[int] | None = None, stop_on_lost_node: bool = False):
         self.record, self.attempt, self.policy = record, attempt, policy
+        # Across machines (the hosts backend) a node behind a broken link or stopped whole ends no process the
+        # launcher sees: its silence in the channel is the only sign, and the survivors would wait in their next
+        # collective until its timeout. So there a node the channel lost stops the gang at once. On one host the
+        # launcher sees an agent die directly, and a silence alone (a loaded machine) is only recorded.
+        self.stop_on_lost_node = stop_on_lost_node
         # The channel (contract/channel.py): the workers' events, heartbeats and failure reports come up through
         # it and the notices and kills go down as commands, so the workers share neither this host's disk nor
         # its process ids.
@@ -231,11 +236,24 @@ class SegmentSupervisor:
         self._renew_lease()
         self._journal(self.channel.poll())
         self._beats = rank_beats(self.channel, self.rank_hosts)
-        for node in self.channel.lost_nodes():
-            if node not in self._lost_nodes:  # no batch for lost_after_s: the node (its publisher too) is gone
-                self._lost_nodes.add(node)
-                self.node_lost(node, f"no batch from its publisher for {self.channel.lost_after_s:g}s")
+        new = [node for node in self.channel.lost_nodes() if node not in self._lost_nodes]
+        self._lost_nodes.update(new)
+        everyone = set(self.rank_hosts.values())
+        # Every node silent at once is the store's outage or this side's, not the nodes': the gang is not stopped
+        # for it (the survivors' collectives and the nodes' lease decide).
+        outage = len(everyone) > 1 and everyone <= self._lost_nodes
+        for node in new:  # no batch for lost_after_s: the node (its publisher too) is gone
+            self.node_lost(node, f"no batch from its publisher for {self.channel.lost_after_s:g}s")
+            if self.stop_on_lost_node and self.terminate_requested is None and not outage:
+                self.terminate_requested = (f"node {node} lost: no batch from its publisher for "
+                                            f"{self.channel.lost_after_s:g}s")
+                self.finish()  # the incident is in the record before the segment's failure is handled
         return self._beats
+
+    @property
+    def lost_nodes(self) -> frozenset[str]:
+        """Nodes the channel has lost (no batch for lost_after_s): nothing is to be waited for from them."""
+        return frozenset(self._lost_nodes)
 
     def _journal(self, batches: list[Batch]) -> None:
         """What came up the channel, kept in the job's folder: events appended to the job's events.jsonl (the

@@ -139,6 +139,23 @@ def stacks_file_name(rank: int, restart: int) -> str:
     return f"rank-{rank:05d}-restart-{restart}.txt"
 
 
+def where_am_i() -> dict[str, str]:
+    """What a rank observes of its own placement: its network namespace and the address it reaches its gang's
+    rendezvous from (a UDP `connect` sends nothing; it only asks the kernel for the route's source address). So
+    where a rank ran is known from the rank itself, not from what its launcher meant to do."""
+    import socket
+
+    out = {}
+    with contextlib.suppress(OSError):
+        out["netns"] = os.readlink("/proc/self/ns/net")
+    master = os.environ.get("MASTER_ADDR")
+    if master:
+        with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master, int(os.environ.get("MASTER_PORT", "9"))))
+            out["address"] = s.getsockname()[0]
+    return out
+
+
 def heartbeat_path(run_dir: str | Path, attempt: int | str, rank: int) -> Path:
     """Where the control plane journals a rank's last heartbeat at the end of a segment (tasks/supervisor.py)."""
     return health_dir(run_dir, attempt) / f"rank-{rank:05d}.json"
@@ -336,7 +353,8 @@ class HealthMonitor:
         self.stop_requested_at: float | None = None
         self._ctx: Any = None
         self._state: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "restart": self.restart,
-                                       "host": os.uname().nodename, "phase": "starting", "step": None,
+                                       "host": os.uname().nodename, **where_am_i(), "phase": "starting",
+                                       "step": None,
                                        "step_started": time.time(), "steps_done": 0, "step_s": None,
                                        "local_s": None, "started": time.time()}
         self._local: deque[float] = deque(maxlen=8)

@@ -34,9 +34,10 @@ class SidecarSpec:
     node: str
     socket: str
     flush_interval_s: float = 0.5
+    python: str = sys.executable
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "trainforge.infra.backends.sidecar", "--store", self.store_url,
+        return [self.python, "-m", "trainforge.infra.backends.sidecar", "--store", self.store_url,
                 "--root", self.root, "--node", self.node, "--socket", self.socket,
                 "--flush-interval", str(self.flush_interval_s)]
 

@@ -118,7 +118,7 @@ class GangNode:
 
 
 def rack_of(group: NodeGroup, index: int) -> str:
-    return f"{group.name}-r{index // group.nodes_per_rack}"
+    return group.rack_name(index)
 
 
 def block_of(group: NodeGroup, index: int) -> str | None:

@@ -52,12 +52,12 @@ class NodeInfo:
 
 
 def nodes_from_spec(cluster: ClusterSpec) -> list[NodeInfo]:
-    """Node names are `<group>-<n>`, racks `<group>-r<k>`, filled in order (as NodeGroup documents)."""
+    """Node names are `<group>-<n>` (or the hosts' names), racks `<group>-r<k>` filled in order (or the hosts'
+    racks), as NodeGroup documents."""
     out = []
     for g in cluster.node_groups:
         for i in range(g.nodes):
-            out.append(NodeInfo(f"{g.name}-{i}", str(g.gpu_type), g.gpus_per_node,
-                                f"{g.name}-r{i // g.nodes_per_rack}", g.pool, g.spot))
+            out.append(NodeInfo(g.node_name(i), str(g.gpu_type), g.gpus_per_node, g.rack_name(i), g.pool, g.spot))
     return out
 
 

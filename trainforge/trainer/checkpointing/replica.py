@@ -76,7 +76,14 @@ class MemoryReplica:
         return self.root / f"holder-{self.rank:05d}" / f"rank-{shard:05d}"
 
     def clear(self) -> None:
+        """Drop this attempt's replicas, and the job's and the base folder when nothing else is left in them: a
+        finished job leaves nothing in /dev/shm (the memory is the node's, not the job's)."""
         shutil.rmtree(self.root, ignore_errors=True)
+        for folder in (self.root.parent, self.root.parent.parent):
+            try:
+                folder.rmdir()  # only when empty: another attempt or job keeps it
+            except OSError:
+                break
 
     # ---- save: own copy + ring exchange (collective over the group) ----------------------------------
 

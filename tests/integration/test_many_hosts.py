@@ -1,0 +1,250 @@
+"""Many hosts, step 1: the train-job flow launches, supervises and heals a gang that spans machines.
+
+The machines are network-namespace test hosts on one bridge (tests/fixtures/netns_hosts.py): each has its own
+network stack, so the rendezvous and the collectives cross a real (virtual) network between the node agents the
+`hosts` backend starts through the runner template (`nsenter --net=... sh -c {command}`, in place of `ssh`).
+
+Run: .venv/bin/python -m pytest tests/integration/test_many_hosts.py   (as root)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from safetensors.numpy import load_file
+
+from tests.fixtures.netns_hosts import TestHosts, netns_hosts
+from tests.fixtures.suite import make_test_home
+from trainforge.datasets.demo import ensure_demo_dataset
+from trainforge.events import read_events
+from trainforge.home import home
+from trainforge.registry.jobs import JobStore
+from trainforge.tasks.chaos import chaos_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+STEPS = 12
+
+
+def tiny_spec(workers: int, per_node: int, name: str = "tiny-hosts") -> dict[str, Any]:
+    """The tiny job, data parallel over `workers` (one micro-batch of 2 each), checkpointed every 4 steps."""
+    doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    doc["name"] = name
+    doc["training"].update({"max_steps": STEPS, "global_batch_size": 2 * workers, "seq_len": 64})
+    doc["resources"].update({"min_gpus": workers, "gpus_per_node": per_node})
+    doc["parallelism"].update({"dp": workers, "micro_batch_size": 2})
+    doc["checkpoint"]["interval_steps"] = 4
+    doc["evaluation"]["batches"] = 1
+    return doc
+
+
+def rig_cluster(rig: TestHosts, work_dir: Path, racks: list[str] | None = None, per_node: int = 2) -> dict:
+    racks = racks or ["rack-a"] * len(rig.names)
+    return {"name": f"rig-{rig.token}", "node_mtbf_hours": 10000,
+            "launcher": {"backend": "hosts", "runner": rig.runner_template, "interface": "eth0",
+                         "work_dir": str(work_dir), "start_timeout_s": 30},
+            "node_groups": [{"name": "rig", "gpu_type": "cpu", "nodes": len(rig.names), "gpus_per_node": per_node,
+                             "memory_per_node_gb": 16, "intra_node_link": "loopback",
+                             "inter_node_link": "ethernet",
+                             "hosts": [{"name": h, "address": rig.addresses[h], "rack": racks[i]}
+                                       for i, h in enumerate(rig.names)]}]}
+
+
+def one_host_cluster(workers: int) -> dict:
+    return {"name": "one-host", "node_mtbf_hours": 10000, "node_groups": [
+        {"name": "local", "gpu_type": "cpu", "nodes": 1, "gpus_per_node": workers, "nodes_per_rack": 1,
+         "memory_per_node_gb": 16, "intra_node_link": "loopback", "inter_node_link": "loopback"}]}
+
+
+def run_flow(doc: dict, cluster: dict, job_id: str | None = None) -> dict[str, Any]:
+    from trainforge.flows.train_job import train_job
+
+    with chaos_cluster(cluster):
+        return train_job(copy.deepcopy(doc), "many-hosts.yaml", str(EXAMPLES), job_id)
+
+
+def losses(job_id: str, jobs: Path | None = None) -> dict[int, float]:
+    events, _ = read_events(JobStore(jobs).get(job_id).events_path)
+    return {e["step"]: e["loss"] for e in events if e["type"] == "metrics"}
+
+
+def weights(result: dict[str, Any]) -> dict[str, Any]:
+    return load_file(result["model"]["path"])
+
+
+def same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+@dataclass
+class Reference:
+    """The tiny job trained once, fault-free, on 3 test hosts x 2 workers, in a home of its own."""
+
+    home: Path
+    result: dict[str, Any]
+    hosts: list[str]
+    work_dir: Path
+
+    @property
+    def losses(self) -> dict[int, float]:
+        return losses(self.result["job_id"], self.home / "jobs")
+
+
+@pytest.fixture(scope="module")
+def reference(prefect_api, tmp_path_factory) -> Reference:
+    with pytest.MonkeyPatch.context() as mp, make_test_home(tmp_path_factory, mp, "hosts-ref", tracking=True) as home:
+        ensure_demo_dataset()
+        work = tmp_path_factory.mktemp("hosts-ref-nodes")
+        with netns_hosts(3) as rig:
+            result = run_flow(tiny_spec(workers=6, per_node=2), rig_cluster(rig, work))
+        return Reference(home, result, rig.names, work)
+
+
+def test_three_hosts_train_the_tiny_job_through_the_flow_as_one_host_does(reference):
+    spread = reference.result
+    assert spread["state"] == "completed" and spread["model"]["version"]
+    record = JobStore(reference.home / "jobs").get(spread["job_id"])
+    assert sorted(record.data["allocation"]["nodes"]) == sorted(reference.hosts)
+    # every node agent ran on its own host: the workers' logs are in each host's node-local work folder
+    for host in reference.hosts:
+        assert list((reference.work_dir / spread["job_id"]).glob(f"segment-0/{host}/logs/*/attempt_0/*/stdout.log"))
+
+    ensure_demo_dataset()
+    alone = run_flow(tiny_spec(workers=6, per_node=6), one_host_cluster(6))  # the same layout, one host
+    assert alone["state"] == "completed"
+    assert reference.losses == losses(alone["job_id"])  # bitwise: the same reductions over 6 ranks
+    assert same_weights(weights(spread), weights(alone))
+
+
+# ------------------------------------------------------------------------------------------- a host lost, twice
+
+@dataclass
+class Fault:
+    host: str
+    at: float
+
+
+def inject_when_committed(rig: TestHosts, job_id: str, how: str, out: list[Fault], stop: threading.Event) -> None:
+    """Once the job has committed its first checkpoint and trained two steps past it, take one of its hosts away:
+    `kill` every process in the host's namespace, or `partition` it (link down, every process SIGSTOPped)."""
+    path = home() / "jobs" / job_id / "events.jsonl"
+    while not stop.wait(0.1):
+        events = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+        committed = [e["step"] for e in events if e["type"] == "checkpoint"]
+        if committed and any(e["type"] == "metrics" and e["step"] >= committed[0] + 2 for e in events):
+            break
+    else:
+        return
+    nodes = JobStore().get(job_id).data["allocation"]["nodes"]
+    victim = nodes[1]
+    pids = rig.run_root("ip", "netns", "pids", rig.netns(victim)).stdout.split()
+    t = time.time()
+    if how == "kill":
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+    else:
+        rig.link(victim, up=False)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGSTOP)
+    out.append(Fault(victim, t))
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("how", ["kill", "partition"])
+def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_nothing_happened(
+        reference, how, tmp_path, monkeypatch):
+    from trainforge.tasks.chaos import FAST_HEALTH
+
+    monkeypatch.setenv("TRAINFORGE_HEALTH", json.dumps(FAST_HEALTH))  # the chaos drills' windows (one-host figures)
+    ensure_demo_dataset()
+    job_id = f"tiny-hosts-{how}"
+    faults: list[Fault] = []
+    stop = threading.Event()
+    with netns_hosts(4) as rig:
+        watcher = threading.Thread(target=inject_when_committed, args=(rig, job_id, how, faults, stop), daemon=True)
+        watcher.start()
+        try:
+            result = run_flow(tiny_spec(workers=6, per_node=2), rig_cluster(rig, tmp_path / "nodes"), job_id)
+        finally:
+            stop.set()
+            watcher.join(timeout=10)
+            if faults and how == "partition":
+                rig.resume(faults[0].host)
+    [fault] = faults
+    assert result["state"] == "completed"
+    record = JobStore().get(job_id)
+    [incident] = [i for i in record.data["incidents"] if i["scope"] == "node"]
+    assert incident["host"] == fault.host
+    detection = incident["detected_at"] - fault.at
+    segments = record.data["segments"]
+    assert [s["state"] for s in segments] == ["failed", "completed"]
+    restart = segments[1]["started_at"] - incident["detected_at"]
+    second = record.data["allocation"]["nodes"]
+    assert fault.host not in second and len(second) == 3  # the spare took its place
+    from trainforge.tasks.chaos import unhealthy_nodes
+
+    assert unhealthy_nodes() == {fault.host}  # marked failed in the scheduler's database
+    events, _ = read_events(record.events_path)
+    [recovered] = [e for e in events if e["type"] == "recovered"]
+    first_step = recovered["time"] - fault.at
+    assert recovered["lost_steps"] <= 4  # at most one checkpoint interval
+    print(f"\nhost lost ({how}): detected {detection:.2f} s after the fault, recovery started {restart:.2f} s "
+          f"after detection, first step after recovery {first_step:.2f} s after the fault, "
+          f"{recovered['lost_steps']} steps lost")
+    assert detection <= 5.0 and restart <= 30.0
+    assert same_weights(weights(result), weights(reference.result))
+
+
+# ------------------------------------------------------------------------------------------- a hybrid layout
+
+def test_a_hybrid_layout_keeps_each_tensor_group_on_a_host_and_each_pipeline_in_a_rack(prefect_api, tmp_path):
+    """TP 2 x PP 2 x DP 2 on 4 hosts x 2 workers in 2 racks, checked from what each rank observed of itself: its
+    network namespace (the test host it ran on) and its own address, not the plan or the launcher's variables."""
+    from trainforge.trainer.health import read_heartbeats
+    from trainforge.trainer.parallel.mesh import ParallelDims
+
+    ensure_demo_dataset()
+    doc = tiny_spec(workers=8, per_node=2, name="tiny-hybrid")
+    doc["training"]["global_batch_size"] = 8  # dp 2 x 2 micro-batches of 2: two micro-batches in each pipeline
+    doc["parallelism"].update({"dp": 2, "tp": 2, "pp": 2, "micro_batch_size": 2})
+    racks = ["rack-a", "rack-a", "rack-b", "rack-b"]
+    with netns_hosts(4) as rig:
+        namespaces = {os.stat(f"/run/netns/{rig.netns(h)}").st_ino: h for h in rig.names}
+        result = run_flow(doc, rig_cluster(rig, tmp_path / "nodes", racks))
+        rack_of = dict(zip(rig.names, racks, strict=True))
+    assert result["state"] == "completed"
+    record = JobStore().get(result["job_id"])
+    beats = read_heartbeats(record.folder, 0)
+    assert sorted(beats) == list(range(8))
+    host_of = {}
+    for rank, beat in beats.items():
+        host = namespaces[int(beat["netns"].removeprefix("net:[").removesuffix("]"))]
+        assert beat["address"] == rig.addresses[host]  # its own address is its host's
+        host_of[rank] = host
+    assert sorted(set(host_of.values())) == sorted(rig.names)  # two ranks on each of the four hosts
+    dims = ParallelDims.from_layout(record.data["allocation"]["layout"], 8)
+    coords = {r: dims.coords(r) for r in range(8)}
+    tp_groups = {(c["dp"], c["pp"]): [] for c in coords.values()}
+    pp_groups = {(c["dp"], c["tp"]): [] for c in coords.values()}
+    for rank, c in coords.items():
+        tp_groups[(c["dp"], c["pp"])].append(rank)
+        pp_groups[(c["dp"], c["tp"])].append(rank)
+    for group in tp_groups.values():
+        assert len({host_of[r] for r in group}) == 1, f"TP group {group} spans {[host_of[r] for r in group]}"
+    for group in pp_groups.values():
+        assert len({rack_of[host_of[r]] for r in group}) == 1, f"pipeline {group} spans racks"
+    assert len({rack_of[host_of[r]] for r in range(8)}) == 2  # and the data-parallel replicas span both racks

@@ -1,0 +1,171 @@
+"""The node agent (infra/backends/node_agent.py) on this host: whatever ends a segment, nothing of the node's
+outlives it. Stand-ins for torchrun and the sidecar are small Python processes that record their pid and block, so
+each case checks that real processes are gone, within the stated bounds.
+
+Run: .venv/bin/python -m pytest tests/integration/test_node_agent.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainforge.infra.backends.hosts import (
+    HostsGang,
+    HostUnreachable,
+    RemoteNode,
+    agent_command,
+    runner_command,
+)
+from trainforge.infra.backends.node_agent import ORPHAN_GRACE_S, SIDECAR_STOP_S, NodeProgram
+
+pytestmark = pytest.mark.slow  # starts Python processes
+
+# A stand-in for torchrun: writes its pid and its child's (a "worker", in a session of its own as torchrun 2.13
+# starts them, so a signal to the agent's process group does not reach it), then sleeps; exits with $CODE after
+# $AFTER s, and ignores SIGTERM when $STUBBORN is set (a torchrun that does not stop its workers in time).
+AGENT = """
+import os, signal, subprocess, sys, time
+work = sys.argv[1]
+if os.environ.get("STUBBORN"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+open(os.path.join(work, "pids"), "w").write(f"{os.getpid()} {child.pid}")
+after = float(os.environ.get("AFTER", "600"))
+time.sleep(after)
+child.kill()
+sys.exit(int(os.environ.get("CODE", "0")))
+"""
+SIDECAR = """
+import os, signal, sys, time
+open(os.path.join(sys.argv[1], "sidecar-pid"), "w").write(str(os.getpid()))
+signal.signal(signal.SIGTERM, lambda *a: (open(os.path.join(sys.argv[1], "sidecar-closed"), "w").close(), sys.exit(0)))
+time.sleep(600)
+"""
+
+
+def program(work: Path, **env: str) -> NodeProgram:
+    return NodeProgram(node="n1", work_dir=str(work), torchrun=[sys.executable, "-c", AGENT, str(work)],
+                       sidecar=[sys.executable, "-c", SIDECAR, str(work)], env=dict(env), config='{"x": 1}',
+                       workers=2)
+
+
+def start(work: Path, **env: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(agent_command(sys.executable), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(program(work, **env).to_line().encode())
+    proc.stdin.flush()
+    started = json.loads(proc.stdout.readline())
+    assert started["started"]["node"] == "n1" and started_all(work)
+    return proc
+
+
+def pids(work: Path) -> list[int]:
+    return [*map(int, (work / "pids").read_text().split()), int((work / "sidecar-pid").read_text())]
+
+
+def started_all(work: Path, seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if (work / "pids").is_file() and (work / "sidecar-pid").is_file():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone for our purpose (its parent has not reaped it yet)
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def gone_within(work: Path, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(alive(p) for p in pids(work)):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_agent_reports_its_exit_and_closes_the_sidecar(tmp_path):
+    proc = start(tmp_path, AFTER="0.5", CODE="3")
+    assert proc.stdout is not None and proc.stdin is not None
+    last = json.loads(proc.stdout.readline())  # stdin stays open: the agent ends because its torchrun did
+    assert last == {"exit": 3}
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 3
+    # the stand-in killed its worker itself; the sidecar got its SIGTERM (closing batch) and nothing is left
+    assert (tmp_path / "sidecar-closed").is_file() and gone_within(tmp_path, 5)
+
+
+def test_workers_in_their_own_session_do_not_outlive_a_torchrun_killed_past_its_grace(tmp_path):
+    """torchrun ignores the SIGTERM (STUBBORN) and is SIGKILLed after the grace: its worker, in a session of its own,
+    re-parents to the agent (the node's subreaper), which kills it before reporting."""
+    proc = start(tmp_path, STUBBORN="1")
+    assert proc.stdin is not None
+    proc.stdin.write(b"stop 0.5\n")
+    proc.stdin.flush()
+    out, _ = proc.communicate(timeout=30)
+    assert json.loads(out.decode().splitlines()[-1]) == {"exit": -signal.SIGKILL}
+    assert gone_within(tmp_path, 1)
+    assert json.loads((tmp_path / "worker-config.json").read_text()) == {"x": 1}
+
+
+def test_a_stop_line_ends_the_workers_then_the_sidecar(tmp_path):
+    proc = start(tmp_path)
+    assert proc.stdin is not None
+    proc.stdin.write(b"stop 1\n")
+    proc.stdin.flush()
+    out, _ = proc.communicate(timeout=30)
+    assert json.loads(out.decode().splitlines()[-1])["exit"] < 0  # the stand-in died of the SIGTERM
+    assert (tmp_path / "sidecar-closed").is_file() and gone_within(tmp_path, 5)
+
+
+def test_a_control_plane_killed_with_sigkill_leaves_nothing_on_the_node(tmp_path):
+    """The launching process dies (SIGKILL): the node's stdin closes, and its agent, workers and sidecar end within
+    ORPHAN_GRACE_S + SIDECAR_STOP_S."""
+    launcher = subprocess.Popen([sys.executable, "-c", f"""
+import subprocess, sys, time
+from trainforge.infra.backends.node_agent import NodeProgram
+p = subprocess.Popen({agent_command(sys.executable)!r}, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+p.stdin.write(NodeProgram.from_line({program(tmp_path).to_line()!r}).to_line().encode()); p.stdin.flush()
+time.sleep(600)
+"""])
+    assert started_all(tmp_path)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=5)
+    t0 = time.monotonic()
+    assert gone_within(tmp_path, ORPHAN_GRACE_S + SIDECAR_STOP_S + 2)
+    assert time.monotonic() - t0 < ORPHAN_GRACE_S + 2  # the stand-ins die of SIGTERM at once: no grace used up
+
+
+def test_a_host_that_cannot_start_its_agent_stops_the_others_and_is_named(tmp_path):
+    ok = RemoteNode("good", "10.0.0.1", agent_command(sys.executable), program(tmp_path / "good"),
+                    tmp_path / "runner-good.log")
+    bad = RemoteNode("bad", "10.0.0.2", runner_command("sh -c 'sleep 3; {command}' {host}", "bad",
+                                                       ["/nonexistent/python", "-m", "x"]),
+                     program(tmp_path / "bad"), tmp_path / "runner-bad.log")
+    (tmp_path / "good").mkdir()
+    gang = HostsGang([ok, bad], start_timeout_s=20)  # the bad host's runner fails after 3 s: the good one is up
+    t0 = time.monotonic()
+    with pytest.raises(HostUnreachable) as err:
+        gang.start()
+    assert err.value.host == "bad" and "host bad (10.0.0.2)" in str(err.value)
+    assert "/nonexistent/python" in str(err.value)  # what its runner printed
+    assert time.monotonic() - t0 < 20
+    assert started_all(tmp_path / "good", 5) and gone_within(tmp_path / "good", 5)
+    assert ok.poll() is not None

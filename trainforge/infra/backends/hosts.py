@@ -1,0 +1,251 @@
+"""The `hosts` backend: a gang's nodes on the machines of the cluster description, one node agent each.
+
+The launch itself is built elsewhere (infra/launch.py `gang_launch`: pure); this module only runs it. For each node
+the runner template (`ssh {host} {command}` by default; the tests' network-namespace hosts use `nsenter`) starts
+`python -m trainforge.infra.backends.node_agent` on the host, which reads its `NodeProgram` from stdin and keeps
+stdin open as the node's lease (infra/backends/node_agent.py). The runner's process on this host is the handle:
+
+- start: every node's agent must report `started` within the launcher's `start_timeout_s`; a host that does not
+  (unreachable, no such interpreter, a refused login) stops every agent already started and raises
+  `HostUnreachable` naming the host and what its runner printed.
+- poll: a node's exit code comes from its agent's `exit` line; a runner that ended without one lost its node
+  (the host or the connection went away), reported as killed (`killed_nodes`), as a dead local agent is.
+- stop: `stop <grace>` down each node's stdin, then the runner is killed, which closes the node's stdin: the agent
+  stops whatever is left (node_agent.py: within ORPHAN_GRACE_S + SIDECAR_STOP_S).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainforge.infra.backends.node_agent import NodeProgram
+from trainforge.infra.launch import with_rendezvous_port
+
+AGENT_MODULE = "trainforge.infra.backends.node_agent"
+LOST = -int(signal.SIGKILL)
+"""The exit code of a node whose runner ended without its agent's exit line: the node was lost."""
+
+
+class HostUnreachable(RuntimeError):
+    """A node's agent did not start on its host: names the host, the address and what the runner printed."""
+
+    def __init__(self, host: str, message: str):
+        super().__init__(message)
+        self.host = host
+
+
+def runner_command(template: str, host: str, argv: list[str]) -> list[str]:
+    """The local command that runs `argv` on `host`: the template split like a shell would, `{host}` replaced by the
+    host's name, and `{command}` by `exec` + argv shell-quoted as one word (ssh hands it to the remote login shell,
+    `sh -c` to a local one; `exec` makes the agent the shell's own process, so a signal to it reaches the agent),
+    or a word `{argv}` by argv's words themselves (for `sudo`, `docker exec`: programs that take a command)."""
+    command = "exec " + shlex.join(argv)
+    out: list[str] = []
+    for part in shlex.split(template):
+        if part == "{argv}":
+            out.extend(argv)
+        else:
+            out.append(part.replace("{host}", host).replace("{command}", command))
+    return out
+
+
+def agent_command(python: str) -> list[str]:
+    return [python, "-m", AGENT_MODULE]
+
+
+@dataclass
+class RemoteNode:
+    """One node: its program and the runner process that carries it to the host."""
+
+    host: str
+    address: str
+    argv: list[str]
+    program: NodeProgram
+    log: Path
+    """The runner's own output on this host (ssh's errors, the agent's stderr)."""
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    started: threading.Event = field(default_factory=threading.Event, init=False)
+    exit_code: int | None = field(default=None, init=False)
+    error: str | None = field(default=None, init=False)
+    _reader: threading.Thread | None = field(default=None, init=False)
+
+    port: int | None = field(default=None, init=False)
+    """The rendezvous port this node's agent picked (the first node, when the launcher names none)."""
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                             start_new_session=True)
+        except OSError as exc:  # no such runner (ssh, nsenter not installed)
+            self.error = f"its runner `{self.argv[0]}` could not be started: {exc}"
+            return
+        # Sent and read on a thread of its own: a runner that never reads (a host that does not answer) must not
+        # block the start past its timeout.
+        self._reader = threading.Thread(target=self._talk, name=f"node-agent-{self.host}", daemon=True)
+        self._reader.start()
+
+    def _talk(self) -> None:
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(self.program.to_line().encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError) as exc:  # the runner is already gone (refused at once), or closed by a stop
+            self.error = self.error or f"the runner ended before the program was sent ({exc})"
+        for raw in self.proc.stdout:
+            try:
+                message = json.loads(raw)
+            except ValueError:
+                continue  # a login banner or the like: the protocol is JSON lines only
+            if not isinstance(message, dict):
+                continue
+            if "started" in message:
+                self.port = (message["started"] or {}).get("port")
+                self.started.set()
+            elif "exit" in message:
+                self.exit_code = int(message["exit"])
+            elif "error" in message:
+                self.error = str(message["error"])
+
+    def poll(self) -> int | None:
+        """The node's exit code: its agent's, or LOST when the runner ended without one; None while it runs."""
+        if self.proc is None:  # never started
+            return LOST
+        if self.proc.poll() is None:
+            return None
+        if self._reader is not None:
+            self._reader.join(timeout=2)  # the exit line may still be in the pipe
+        return self.exit_code if self.exit_code is not None else LOST
+
+    def send(self, line: str) -> None:
+        if self.proc is None or self.proc.stdin is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.write(line.encode())
+            self.proc.stdin.flush()
+
+    def close(self, wait_s: float) -> None:
+        """Close the node's stdin (its agent stops what is left), wait up to wait_s, then kill the runner."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+
+    def tail(self, n: int = 10) -> str:
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+
+@dataclass
+class HostsGang:
+    """A gang across machines (the same interface as the local backend's LocalMultiNodeGang)."""
+
+    nodes: list[RemoteNode]
+    start_timeout_s: float = 60.0
+    stop_wait_s: float = 30.0
+    """How long a node's agent has, past the grace, to stop its processes and report (node_agent.py: SIGKILL 5 s
+    after the grace, the sidecar's 15 s, the reaping of what is left)."""
+    lost: Callable[[], frozenset[str]] = frozenset
+    """The nodes known lost (the supervisor's channel): a stop does not wait for them, their runner is ended at
+    once (a host behind a broken link cannot answer; fencing it is the network layer's)."""
+
+    def start(self) -> None:
+        """Start every node's agent, the first one first when it picks the rendezvous's port; on any failure (or an
+        interrupt) stop every agent already started before raising."""
+        deadline = time.monotonic() + self.start_timeout_s
+        try:
+            first, rest = self.nodes[0], self.nodes[1:]
+            if first.program.pick_port:
+                first.start()
+                self._wait_started(first, deadline)
+                if first.port is None:
+                    raise HostUnreachable(first.host, f"host {first.host} ({first.address}): its node agent did "
+                                                      "not report the rendezvous port it picked")
+                for node in rest:
+                    node.program = dataclasses.replace(
+                        node.program, torchrun=with_rendezvous_port(node.program.torchrun, first.port))
+            else:
+                first.start()
+            for node in rest:
+                node.start()
+            for node in self.nodes:
+                self._wait_started(node, deadline)
+        except BaseException:
+            self.terminate(grace_s=1.0)
+            raise
+
+    def _wait_started(self, node: RemoteNode, deadline: float) -> None:
+        while not node.started.wait(timeout=0.1):
+            failed = node.error is not None or node.proc is None or node.proc.poll() is not None
+            if failed or time.monotonic() > deadline:
+                if node.error:
+                    why = node.error
+                elif failed:
+                    why = f"its runner exited with code {node.proc.poll() if node.proc else '?'}"
+                else:
+                    why = f"no agent started within {self.start_timeout_s:.0f} s"
+                tail = node.tail()
+                raise HostUnreachable(node.host, f"host {node.host} ({node.address}) could not start its node "
+                                                 f"agent: {why}" + (f"\n--- its runner printed ---\n{tail}"
+                                                                     if tail else ""))
+
+    def poll(self) -> int | None:
+        """None while any node runs and none failed; else the first failing node's code, or 0 when all finished."""
+        codes = [node.poll() for node in self.nodes]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            return failed[0]
+        return None if None in codes else 0
+
+    @property
+    def pid(self) -> int:
+        proc = self.nodes[0].proc
+        assert proc is not None
+        return proc.pid
+
+    def killed_nodes(self) -> list[int]:
+        """Nodes lost whole: the runner ended without the agent's exit line, or the agent died of a signal."""
+        return [i for i, node in enumerate(self.nodes) if (code := node.poll()) is not None and code < 0]
+
+    def stop_sidecar(self, timeout_s: float = 15.0) -> None:
+        """Each node's agent stops its sidecar as soon as its torchrun agent ends: wait for them to report."""
+        deadline = time.monotonic() + timeout_s
+        for node in self.nodes:
+            while node.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        lost = self.lost()
+        for node in self.nodes:
+            if node.host not in lost:
+                node.send(f"stop {grace_s}\n")
+        for node in self.nodes:
+            node.close(wait_s=0.0 if node.host in lost else grace_s + self.stop_wait_s)
+
+
+def python_on_hosts(configured: str | None) -> str:
+    """The interpreter each host runs the node agent with: the launcher's `python`, else this one's path."""
+    return configured or sys.executable

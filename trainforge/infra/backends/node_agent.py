@@ -1,0 +1,316 @@
+"""The node agent: what the `hosts` backend starts on each machine of a gang for one segment.
+
+Started through the cluster's runner (`ssh {host} {command}`) as `python -m trainforge.infra.backends.node_agent`,
+it reads its program (`NodeProgram`, one JSON line) from stdin: the environment its processes get of the control
+plane's, the segment's worker config, its node-local work folder, the sidecar's and torchrun's command lines. So
+no secret is ever on a command line (`ps` on the host shows none) and nothing is read from the flow host's disk.
+
+It then starts the node's channel publisher (sidecar) and its torchrun agent, each in its own session, and keeps
+stdin open as the control plane's lease on the node:
+
+- a `stop <grace_s>` line: SIGTERM the torchrun agent's whole process group, SIGKILL what is left after grace_s,
+  then the sidecar (its closing batch); it exits.
+- end of stdin (the control plane's process ended, whatever ended it, or the ssh connection dropped): the same
+  stop with a short grace. So nothing a node runs for a segment outlives the process that launched it, past
+  `ORPHAN_GRACE_S` + `SIDECAR_STOP_S`.
+- the torchrun agent exits by itself: the sidecar is stopped (its closing batch carries everything the ranks
+  sent) and the agent's exit code is reported.
+
+Its stdout is the protocol back, JSON lines: `{"started": {...}}` once both processes run, `{"exit": code}` as
+the last line (a negative code: the agent died of that signal). Anything else it has to say goes to stderr.
+Both children also get PR_SET_PDEATHSIG (SIGTERM): if the node agent itself is killed, they are told at once.
+The agent is its node's child subreaper (PR_SET_CHILD_SUBREAPER): torchrun starts each worker in a session of its
+own, so a worker whose torchrun was killed re-parents to the agent, which kills whatever is left of its descendants
+before it reports its exit. SIGTERM and SIGHUP to the agent are a stop.
+
+The first node picks the rendezvous's port itself when the launcher names none (`pick_port`): a free port on its
+own host, reported in `started` (`port`), which the control plane then gives the other nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+ORPHAN_GRACE_S = 5.0
+"""Grace the workers get (SIGTERM, then SIGKILL) when the control plane's end of stdin closes."""
+SIDECAR_STOP_S = 15.0
+"""How long the sidecar may take to write its closing batch before it is killed."""
+CONFIG_NAME = "worker-config.json"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeProgram:
+    """One node's segment, as the control plane sends it (one JSON line on the agent's stdin)."""
+
+    node: str
+    work_dir: str
+    """This segment's node-local folder: the worker config, torchrun's per-rank logs, the agent's log."""
+    torchrun: list[str]
+    sidecar: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    """What the node's processes get of the control plane's environment, on top of the host's own."""
+    config: str | None = None
+    """The segment's worker config (JSON); written to work_dir and named by $TRAINFORGE_JOB_CONFIG."""
+    gpu_type: str = "cpu"
+    devices: list[int] = field(default_factory=list)
+    """The accelerators the scheduler gave the job on this node, narrowed within the host's own
+    CUDA_VISIBLE_DEVICES here, where it is known (infra/launch.py `device_environment`)."""
+
+    workers: int = 1
+    """Workers on this node: OMP_NUM_THREADS is the node's cores divided among them, unless `env` sets it."""
+    pick_port: bool = False
+    """Pick a free port here for the rendezvous this node hosts (torchrun's `--rdzv-endpoint=ADDR:0`)."""
+
+    def to_line(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":")) + "\n"
+
+    @classmethod
+    def from_line(cls, line: str) -> NodeProgram:
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            raise ValueError("the node program is not a JSON object")
+        return cls(**data)
+
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the node agent dies."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _children() -> list[int]:
+    """This process's direct children (with the subreaper bit: every orphan of its tree too)."""
+    me, out = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+            out.append(int(entry))
+    return out
+
+
+def _reap_all(grace_s: float = 2.0) -> None:
+    """SIGTERM, then SIGKILL, everything still below the agent, and reap it: nothing of the node outlives it."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        pids = _children()
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                    pass
+            if not _children():
+                return
+            time.sleep(0.05)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+
+
+def _emit(out: IO[str], **message: Any) -> None:
+    out.write(json.dumps(message) + "\n")
+    out.flush()
+
+
+def _kill_group(proc: subprocess.Popen[bytes] | None, grace_s: float) -> None:
+    """SIGTERM the process's group, SIGKILL it after grace_s; returns once the leader and its group are gone."""
+    if proc is None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not _group_alive(proc.pid):
+                return
+            time.sleep(0.05)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stop_sidecar(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=SIDECAR_STOP_S)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, 0.0)
+
+
+class _Lines:
+    """Lines from a raw descriptor (no read-ahead buffer hiding a command from `select`)."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buffer, self.eof = fd, b"", False
+
+    def ready(self, timeout_s: float) -> bool:
+        return b"\n" in self.buffer or self.eof or bool(select.select([self.fd], [], [], timeout_s)[0])
+
+    def read(self) -> list[str]:
+        """The complete lines now available (at least one read); `eof` set when the other end closed."""
+        chunk = os.read(self.fd, 4096) if b"\n" not in self.buffer and not self.eof else b""
+        if not chunk and b"\n" not in self.buffer:
+            self.eof = True
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split(b"\n")
+        return [line.decode(errors="replace") for line in lines]
+
+    def first(self) -> str | None:
+        while True:
+            lines = self.read()
+            if lines:
+                rest = lines[1:]
+                self.buffer = b"".join(line.encode() + b"\n" for line in rest) + self.buffer
+                return lines[0]
+            if self.eof:
+                return None
+
+
+def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
+    from trainforge.infra.launch import device_environment, with_rendezvous_port
+
+    work = Path(program.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ) | program.env
+    # workers x threads must not exceed the node's cores, or every step slows down (ENVIRONMENT.md)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, program.workers))))
+    env.update(device_environment(program.gpu_type, program.devices, os.environ))
+    if program.config is not None:
+        config = work / CONFIG_NAME
+        config.write_text(program.config)
+        env["TRAINFORGE_JOB_CONFIG"] = str(config)
+    torchrun, port = program.torchrun, None
+    if program.pick_port:
+        port = _free_port()
+        torchrun = with_rendezvous_port(torchrun, port)
+    sidecar = agent = None
+    try:
+        if program.sidecar:
+            with open(work / "sidecar.log", "ab") as slog:
+                sidecar = subprocess.Popen(program.sidecar, env=env, stdout=slog, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, start_new_session=True,
+                                           preexec_fn=_die_with_parent)
+        with open(work / "agent.log", "ab") as log:
+            agent = subprocess.Popen(torchrun, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+    except OSError as exc:
+        _kill_group(sidecar, 0.0)
+        _emit(out, error=f"node {program.node}: could not start: {exc}")
+        return 127
+    _emit(out, started={"node": program.node, "agent_pid": agent.pid, "host_pid": os.getpid(), "port": port})
+    try:
+        code = _supervise(agent, sidecar, stdin)
+    finally:
+        _reap_all()  # a worker whose torchrun died first (its own session) re-parented here
+    _emit(out, exit=code)
+    return code
+
+
+def _supervise(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | None, stdin: _Lines) -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    try:
+        return _watch(agent, sidecar, stdin)
+    except _Stop:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time
+        _kill_group(agent, ORPHAN_GRACE_S)
+        _stop_sidecar(sidecar)
+        return agent.returncode if agent.returncode is not None else -signal.SIGKILL
+
+
+def _watch(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | None, stdin: _Lines) -> int:
+    while True:
+        code = agent.poll()
+        if code is not None:
+            _stop_sidecar(sidecar)
+            return code
+        if not stdin.ready(0.2):
+            continue
+        lines = stdin.read()
+        if stdin.eof and not lines:  # the control plane's end closed: nobody supervises this node any more
+            _kill_group(agent, ORPHAN_GRACE_S)
+            _stop_sidecar(sidecar)
+            return agent.returncode if agent.returncode is not None else -signal.SIGKILL
+        for command in lines:
+            if command.startswith("stop"):
+                parts = command.split()
+                grace = float(parts[1]) if len(parts) > 1 else ORPHAN_GRACE_S
+                _kill_group(agent, grace)
+                _stop_sidecar(sidecar)
+                return agent.returncode if agent.returncode is not None else -signal.SIGKILL
+
+
+class _Stop(Exception):
+    """SIGTERM or SIGHUP to the agent: stop the node as for a `stop` line."""
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def main() -> int:
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    stdin = _Lines(sys.stdin.fileno())
+    line = stdin.first()
+    if not line:
+        print("node agent: no program on stdin (the control plane sends one JSON line)", file=sys.stderr)
+        return 2
+    try:
+        program = NodeProgram.from_line(line)
+    except (ValueError, TypeError) as exc:
+        print(f"node agent: the program on stdin is not a NodeProgram: {exc}", file=sys.stderr)
+        return 2
+    return run(program, stdin, sys.stdout)
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.exit(code if code >= 0 else 128 - code)  # died of signal n: 128 + n, as a shell reports it
