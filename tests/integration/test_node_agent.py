@@ -26,7 +26,7 @@ from trainforge.infra.backends.hosts import (
 )
 from trainforge.infra.backends.node_agent import ORPHAN_GRACE_S, SIDECAR_STOP_S, NodeProgram
 
-pytestmark = pytest.mark.slow  # starts Python processes
+pytestmark = [pytest.mark.slow, pytest.mark.timing]  # starts Python processes; bounds how soon they are gone
 
 # A stand-in for torchrun: writes its pid and its child's (a "worker", in a session of its own as torchrun 2.13
 # starts them, so a signal to the agent's process group does not reach it), then sleeps; exits with $CODE after
