@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainforge.infra.servers import COMPONENTS, ServerStack, _group_alive, find_pg_bin
+from trainforge.infra.procs import group_alive
+from trainforge.infra.servers import COMPONENTS, ServerStack, find_pg_bin
 from trainforge.infra.storage.seaweedfs import find_weed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -124,7 +125,7 @@ def test_stack_up_runs_a_job_end_to_end_and_down_leaves_nothing(stack, monkeypat
     stopped = stack.down()
     assert sorted(stopped) == sorted(COMPONENTS)
     for name, pid in pids.items():
-        assert not _group_alive(pid), f"{name} (pid {pid}) still running after down"
+        assert not group_alive(pid), f"{name} (pid {pid}) still running after down"
     assert not any(r["healthy"] for r in stack.status())
     assert not env_file.exists()
     print(f"\nstack start-up {startup_s:.1f} s; tiny job through the stack {job_s:.1f} s; ready at "

@@ -29,7 +29,7 @@ from typing import Any
 
 from trainforge._optional import require
 from trainforge.home import home
-from trainforge.infra.procs import pid_alive
+from trainforge.infra.procs import group_alive, pid_alive
 from trainforge.infra.storage.credentials import PID_FILE, SeaweedFSIdentities
 from trainforge.infra.storage.seaweedfs import LOOPBACK, _free_ports, find_weed
 
@@ -489,24 +489,6 @@ def _kill_group(pid: int | None, grace_s: float, first: int = signal.SIGTERM) ->
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)  # reap when we are the parent (tests), so it is not a zombie
-            if not _group_alive(pid):
+            if not group_alive(pid):
                 return
             time.sleep(0.2)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Only zombies left in the group count as gone.
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().split(")")[-1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False

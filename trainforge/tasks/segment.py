@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -267,9 +268,7 @@ def _hosts_gang(launcher: LauncherSpec, nodes: list[GangNode], per_node: int, ma
                 gpu_type: str) -> tuple[HostsGang, list[NodeLaunch]]:
     """The hosts backend: one node agent per machine through the runner; its config, environment and logs are the
     node's own (the program goes down the runner's stdin, logs stay in the node's work folder)."""
-    from trainforge.infra.backends.hosts import python_on_hosts
-
-    python = python_on_hosts(launcher.python)
+    python = launcher.python or sys.executable  # default: the same environment at the same path on every host
     work = f"{launcher.work_dir.rstrip('/')}/{config.job_id}/segment-{attempt}"
     launches = gang_launch(nodes, nproc_per_node=per_node, port=launcher.rendezvous_port or 0,
                            run_id=f"{config.job_id}-{attempt}-{token}", max_restarts=max_restarts,
@@ -282,8 +281,9 @@ def _hosts_gang(launcher: LauncherSpec, nodes: list[GangNode], per_node: int, ma
     if threads:
         node_env["OMP_NUM_THREADS"] = threads
     racks = [launch.node.rack for launch in launches]
-    split = sorted({r for r in racks if r is not None and racks.index(r) + racks.count(r) - 1 !=
-                    max(i for i, x in enumerate(racks) if x == r)})
+    # a rack is split when its nodes' ranks are not consecutive: between its first and last node, another rack's
+    split = sorted({r for r in racks if r is not None
+                    and len(racks) - racks[::-1].index(r) - racks.index(r) != racks.count(r)})
     if split:  # the scheduler meant each rack's nodes to be consecutive ranks; torch numbers them by address
         logger.warning("job %s: the nodes of rack(s) %s do not get consecutive ranks (torch's c10d rendezvous "
                        "numbers nodes by address): give each rack's hosts addresses that sort together",

@@ -22,13 +22,13 @@ import json
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainforge.infra.backends.local import gang_exit_code
 from trainforge.infra.backends.node_agent import NodeProgram
 from trainforge.infra.launch import with_rendezvous_port
 
@@ -214,17 +214,7 @@ class HostsGang:
 
     def poll(self) -> int | None:
         """None while any node runs and none failed; else the first failing node's code, or 0 when all finished."""
-        codes = [node.poll() for node in self.nodes]
-        failed = [c for c in codes if c not in (None, 0)]
-        if failed:
-            return failed[0]
-        return None if None in codes else 0
-
-    @property
-    def pid(self) -> int:
-        proc = self.nodes[0].proc
-        assert proc is not None
-        return proc.pid
+        return gang_exit_code([node.poll() for node in self.nodes])
 
     def killed_nodes(self) -> list[int]:
         """Nodes lost whole: the runner ended without the agent's exit line, or the agent died of a signal."""
@@ -245,7 +235,3 @@ class HostsGang:
         for node in self.nodes:
             node.close(wait_s=0.0 if node.host in lost else grace_s + self.stop_wait_s)
 
-
-def python_on_hosts(configured: str | None) -> str:
-    """The interpreter each host runs the node agent with: the launcher's `python`, else this one's path."""
-    return configured or sys.executable

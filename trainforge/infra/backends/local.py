@@ -6,17 +6,16 @@ segment stops every worker within seconds and leaves no orphans holding ports or
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainforge._optional import ensure_installed
 from trainforge.infra.launch import LaunchSpec, torchrun_command
+from trainforge.infra.procs import stop_group, stop_process
 
 
 def free_port() -> int:
@@ -73,14 +72,7 @@ class LocalGang:
     def stop_sidecar(self, timeout_s: float = 15.0) -> None:
         """Let the node's publisher write its last (closing) batch and exit; SIGKILL it past `timeout_s`."""
         proc, self.sidecar_proc = self.sidecar_proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc, timeout_s)
 
     def poll(self) -> int | None:
         assert self.proc is not None
@@ -103,28 +95,16 @@ class LocalGang:
 
     def _terminate_agent(self, grace_s: float) -> None:
         assert self.proc is not None
-        pgid = self.proc.pid
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None and not _group_alive(pgid):
-                    return
-                time.sleep(0.1)
-        self.proc.wait(timeout=5)
+        stop_group(self.proc, grace_s, poll_s=0.1)
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+def gang_exit_code(codes: list[int | None]) -> int | None:
+    """A gang's code from its nodes' (None: still running): the first failing node's, else None while any runs,
+    else 0."""
+    failed = [c for c in codes if c not in (None, 0)]
+    if failed:
+        return failed[0]
+    return None if None in codes else 0
 
 
 @dataclass
@@ -142,11 +122,7 @@ class LocalMultiNodeGang:
     def poll(self) -> int | None:
         """None while any node runs and none failed; else the first failing node's code (the survivors are
         stopped by `terminate`, after the supervisor has looked at them), or 0 when every node finished."""
-        codes = [gang.poll() for gang in self.nodes]
-        failed = [c for c in codes if c not in (None, 0)]
-        if failed:
-            return failed[0]
-        return None if None in codes else 0
+        return gang_exit_code([gang.poll() for gang in self.nodes])
 
     @property
     def pid(self) -> int:

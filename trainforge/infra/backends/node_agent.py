@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from trainforge.infra.procs import stop_group, stop_process
+
 ORPHAN_GRACE_S = 5.0
 """Grace the workers get (SIGTERM, then SIGKILL) when the control plane's end of stdin closes."""
 SIDECAR_STOP_S = 15.0
@@ -147,44 +149,6 @@ def _emit(out: IO[str], **message: Any) -> None:
     out.flush()
 
 
-def _kill_group(proc: subprocess.Popen[bytes] | None, grace_s: float) -> None:
-    """SIGTERM the process's group, SIGKILL it after grace_s; returns once the leader and its group are gone."""
-    if proc is None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if proc.poll() is not None and not _group_alive(proc.pid):
-                return
-            time.sleep(0.05)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _stop_sidecar(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=SIDECAR_STOP_S)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc, 0.0)
-
-
 class _Lines:
     """Lines from a raw descriptor (no read-ahead buffer hiding a command from `select`)."""
 
@@ -194,24 +158,26 @@ class _Lines:
     def ready(self, timeout_s: float) -> bool:
         return b"\n" in self.buffer or self.eof or bool(select.select([self.fd], [], [], timeout_s)[0])
 
-    def read(self) -> list[str]:
-        """The complete lines now available (at least one read); `eof` set when the other end closed."""
-        chunk = os.read(self.fd, 4096) if b"\n" not in self.buffer and not self.eof else b""
-        if not chunk and b"\n" not in self.buffer:
-            self.eof = True
+    def _fill(self) -> None:
+        chunk = os.read(self.fd, 4096)
+        self.eof = not chunk
         self.buffer += chunk
+
+    def read(self) -> list[str]:
+        """The complete lines now available (one read unless some are buffered); `eof` once the other end closed."""
+        if b"\n" not in self.buffer and not self.eof:
+            self._fill()
         *lines, self.buffer = self.buffer.split(b"\n")
         return [line.decode(errors="replace") for line in lines]
 
     def first(self) -> str | None:
-        while True:
-            lines = self.read()
-            if lines:
-                rest = lines[1:]
-                self.buffer = b"".join(line.encode() + b"\n" for line in rest) + self.buffer
-                return lines[0]
-            if self.eof:
-                return None
+        """The first line (blocking), the rest left buffered; None when the other end closed before one."""
+        while b"\n" not in self.buffer and not self.eof:
+            self._fill()
+        if b"\n" not in self.buffer:
+            return None
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode(errors="replace")
 
 
 def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
@@ -242,7 +208,7 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
             agent = subprocess.Popen(torchrun, env=env, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
     except OSError as exc:
-        _kill_group(sidecar, 0.0)
+        stop_group(sidecar, 0.0)
         _emit(out, error=f"node {program.node}: could not start: {exc}")
         return 127
     _emit(out, started={"node": program.node, "agent_pid": agent.pid, "host_pid": os.getpid(), "port": port})
@@ -261,8 +227,8 @@ def _supervise(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] 
         return _watch(agent, sidecar, stdin)
     except _Stop:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time
-        _kill_group(agent, ORPHAN_GRACE_S)
-        _stop_sidecar(sidecar)
+        stop_group(agent, ORPHAN_GRACE_S)
+        stop_process(sidecar, SIDECAR_STOP_S)
         return agent.returncode if agent.returncode is not None else -signal.SIGKILL
 
 
@@ -270,21 +236,21 @@ def _watch(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | No
     while True:
         code = agent.poll()
         if code is not None:
-            _stop_sidecar(sidecar)
+            stop_process(sidecar, SIDECAR_STOP_S)
             return code
         if not stdin.ready(0.2):
             continue
         lines = stdin.read()
         if stdin.eof and not lines:  # the control plane's end closed: nobody supervises this node any more
-            _kill_group(agent, ORPHAN_GRACE_S)
-            _stop_sidecar(sidecar)
+            stop_group(agent, ORPHAN_GRACE_S)
+            stop_process(sidecar, SIDECAR_STOP_S)
             return agent.returncode if agent.returncode is not None else -signal.SIGKILL
         for command in lines:
             if command.startswith("stop"):
                 parts = command.split()
                 grace = float(parts[1]) if len(parts) > 1 else ORPHAN_GRACE_S
-                _kill_group(agent, grace)
-                _stop_sidecar(sidecar)
+                stop_group(agent, grace)
+                stop_process(sidecar, SIDECAR_STOP_S)
                 return agent.returncode if agent.returncode is not None else -signal.SIGKILL
 
 
