@@ -11,8 +11,10 @@
   exception in a thread fails the test with its traceback; at the end the scheduler holds no job at all.
 
 The soak is a count of submits, not a wall time: TRAINFORGE_SOAK_S seconds are the SOAK_OPS submits that many
-seconds make on 2 quiet cores (SOAK_OPS_PER_S, measured). A loaded machine (other tests beside it) takes longer to
-make them instead of proving less; one too slow to make them within SOAK_CAP_S fails, saying so.
+seconds make on 2 quiet cores (SOAK_OPS_PER_S, measured). A loaded machine takes longer to make them instead of
+proving less; one too slow to make them within SOAK_CAP_S fails, saying so. So it is a `timing` test, run alone in
+the suite's second phase: beside the parallel phase's other workers a slow CI machine made 1,601 of its 1,732 in the
+cap (stop 47's CI), which says nothing of the scheduler.
 
 Run: TRAINFORGE_SOAK_S=60 pytest -m slow tests/integration/test_live_scheduler_soak.py
 Measure SOAK_OPS_PER_S (with it None the soak runs SOAK_S of wall time and prints its rate): on 2 quiet cores,
@@ -48,7 +50,7 @@ SOAK_OPS_PER_S: float | None = 14.43  # 1,732 submits in 120 s, 2 quiet cores, 2
 SOAK_OPS = math.ceil(SOAK_S * SOAK_OPS_PER_S) if SOAK_OPS_PER_S else None
 # The safety cap: no submit starts past it, and a soak short of SOAK_OPS then fails. With the drain after it (up to
 # 120 s) and 10 s to spare, it stays inside the test's timeout (SOAK_S + 300): 290 s at the CI's 120, 2.4x the quiet
-# soak, for a soak that shares the cores with other xdist workers.
+# soak, for a slow machine.
 SOAK_CAP_S = SOAK_S + 170
 THREADS = 64
 CLUSTER = ClusterSpec(name="soak", node_groups=[
@@ -93,6 +95,7 @@ class Ledger(GpuLedger):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.timeout(SOAK_S + 300)
 def test_soak_64_threads_on_postgresql_never_double_book_nor_lose_a_request(postgres_url):
     ledger = Ledger()

@@ -93,6 +93,30 @@ def test_a_node_whose_batches_never_come_is_lost_whole(tmp_path, record):
         channel.close()
 
 
+def test_a_host_whose_ranks_all_die_is_one_node_incident_in_the_record(tmp_path, record):
+    """Both ranks of node-1 found dead in the same pass are one lost machine: one incident, scope `node`, naming
+    both ranks, in the supervisor and in the job record, however often the record is written."""
+    channel = LocalChannel(tmp_path / "objects", ["node-0", "node-1"])
+    try:
+        hosts = {0: "node-0", 1: "node-0", 2: "node-1", 3: "node-1"}
+        sup = channel.supervisor(record, rank_hosts=hosts)
+        sup.finish()  # a write before the loss: the later writes replace it, they do not add to it
+        channel.deliver(sup, channel.beat(0, step=3), channel.beat(1, step=3),
+                        channel.beat(2, node="node-1", step=3, node_side={"alive": False}),
+                        channel.beat(3, node="node-1", step=3, node_side={"alive": False}))
+        _until(sup, lambda: any(i.scope == "node" for i in _lost(sup)))
+        [inc] = _lost(sup)
+        assert (inc.rank, inc.host, inc.scope, inc.evidence["ranks"]) == (2, "node-1", "node", [2, 3])
+        sup.finish()
+        sup.node_lost("node-1")  # the launcher then sees the node's agent die: the same loss, not a new one
+        sup.finish()
+        record.reload()
+        [written] = [i for i in record.data["incidents"] if i["kind"] == "rank_lost"]
+        assert (written["rank"], written["scope"], written["evidence"]["ranks"]) == (2, "node", [2, 3])
+    finally:
+        channel.close()
+
+
 def test_the_scheduler_preemption_goes_down_as_a_notice(tmp_path, record):
     channel = LocalChannel(tmp_path / "objects")
     try:

@@ -151,7 +151,7 @@ class SegmentSupervisor:
         self.scheduler_status = scheduler_status
         self.started = time.time()
         self.incidents: list[Incident] = []
-        self._written = 0
+        self._written: set[tuple[Any, ...]] = set()  # the keys of the incidents finish() put in the record
         self._handled: set[tuple[str, int, int]] = set()  # (kind, rank, restart generation) already acted on
         self._progress: tuple[Any, ...] = ()
         self._progress_at = self.started
@@ -381,13 +381,17 @@ class SegmentSupervisor:
             else:
                 continue
             if self._once("rank_lost", rank, b.beat.restart):
-                self._record("rank_lost", rank, f"rank {rank} lost: {why}", beats,
-                             action="SIGKILL, then restart" if b.alive
-                             else "restart (torchrun in segment, else segment retry)",
-                             host=b.host, evidence={"node": b.node, "heartbeat_age_s": round(b.age_s, 2),
-                                                    "alive": b.alive})
+                inc = self._record("rank_lost", rank, f"rank {rank} lost: {why}", beats,
+                                   action="SIGKILL, then restart" if b.alive
+                                   else "restart (torchrun in segment, else segment retry)",
+                                   host=b.host, evidence={"node": b.node, "heartbeat_age_s": round(b.age_s, 2),
+                                                          "alive": b.alive})
                 if b.alive:
                     self._to_rank("kill_rank", rank, b)
+                if b.host and any(i.kind == "rank_lost" and i.host == b.host and i.scope == "node"
+                                  for i in self.incidents if i is not inc):
+                    inc.scope = "node"  # a rank of a host already lost whole: part of that loss
+                    self._fold_node(b.host)
 
     def node_lost(self, host: str, why: str = "its agent and workers died without a report") -> None:
         """The launcher saw the host's agent die of a signal, or the channel got no batch from the node: every
@@ -406,6 +410,25 @@ class SegmentSupervisor:
                                action="segment retry on a replacement node", host=host,
                                evidence={"ranks": ranks})
             inc.scope = "node"
+        self._fold_node(host)
+
+    def _fold_node(self, host: str) -> None:
+        """A host lost whole is one incident: the first of its ranks' losses (its detection time), naming every
+        rank of the host in `evidence.ranks`; the later losses of its ranks are folded into it. A partitioned
+        host's ranks go silent together but pass the heartbeat timeout in different passes, and counting one lost
+        machine once per rank would double its share of the incident counts and the MTTR figures."""
+        lost = [i for i in self.incidents if i.kind == "rank_lost" and i.host == host and i.scope == "node"]
+        if not lost:
+            return
+        first = lost[0]
+        ranks = {r for r, h in self.rank_hosts.items() if h == host}
+        for inc in lost:
+            ranks.update(inc.evidence.get("ranks", []))
+            if inc.rank is not None:
+                ranks.add(inc.rank)
+        first.evidence["ranks"] = sorted(ranks)
+        folded = {id(i) for i in lost[1:]}
+        self.incidents = [i for i in self.incidents if id(i) not in folded]
 
     def _check_node_scope(self, beats: dict[int, RankBeat], now: float) -> None:
         """A host with a lost rank whose every rank is now gone was lost whole: its incidents get scope `node`
@@ -420,6 +443,7 @@ class SegmentSupervisor:
                 for inc in self.incidents:
                     if inc.kind == "rank_lost" and inc.host == host:
                         inc.scope = "node"
+                self._fold_node(host)
 
     def _check_progress(self, beats: dict[int, RankBeat], now: float) -> None:
         # The first step of a (re)start is start-up too (the data loader's first batch, lazy imports, the first
@@ -645,14 +669,21 @@ class SegmentSupervisor:
         for rank, b in self._beats.items():
             with contextlib.suppress(OSError):
                 write_json(heartbeat_path(self.run_dir, self.attempt, rank), dump_event(b.beat))
-        new = self.incidents[self._written:]
-        if not new:
+        # This segment's incidents are written whole each time, in place of what the last call wrote: an incident
+        # written before may since have become a node loss (its scope) or been folded into one (_fold_node).
+        current = [asdict(i) for i in self.incidents]
+        keys = {_incident_key(d) for d in current}
+        if not current and not self._written:
             return
         self.record.reload()
-        history = self.record.data.get("incidents", [])
-        history.extend(asdict(i) for i in new)
+        history = [d for d in self.record.data.get("incidents", []) if _incident_key(d) not in self._written]
+        history.extend(current)
         self.record.update(incidents=history)
-        self._written = len(self.incidents)
+        self._written = keys
+
+
+def _incident_key(d: dict[str, Any]) -> tuple[Any, ...]:
+    return d.get("attempt"), d.get("kind"), d.get("rank"), d.get("detected_at")
 
 
 def _warming_up(b: RankBeat) -> bool:
