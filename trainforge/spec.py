@@ -413,6 +413,12 @@ class TrainingSpec(_Model):
     """Clip the global gradient norm to this value; None = no clipping."""
     seed: Int = Field(default=0, ge=0, lt=2**63)
     """Seed for weights, sample order and dropout: same seed + same dataset version = same run."""
+    gradient_reduction: Literal["fixed-order", "fast"] = "fixed-order"
+    """How DDP sums the data-parallel gradients. `fixed-order`: every element in rank order, whatever DDP's bucket
+    layout (an all-to-all and an all-gather, the bytes of a ring all-reduce), so a run resumed from a checkpoint is
+    bitwise the uninterrupted run at any data-parallel degree. `fast`: torch's all-reduce, whose summation order
+    follows the bucket layout DDP rebuilds after each (re)start's first step: with more than 2 replicas a resumed
+    run drifts from the uninterrupted one by a few ulps. FSDP and DeepSpeed keep their own reductions."""
 
     @model_validator(mode="after")
     def _length(self) -> TrainingSpec:
@@ -679,6 +685,8 @@ class JobSpec(_Model):
         doc = self.model_dump(mode="json")
         if doc["code"].get("auth") is None:  # added later: unset, it keeps the hashes (and resumes) of older jobs
             doc["code"].pop("auth", None)
+        if doc["training"].get("gradient_reduction") == "fixed-order":  # added later, as auth; its default
+            doc["training"].pop("gradient_reduction", None)
         canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

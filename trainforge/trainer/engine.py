@@ -72,12 +72,14 @@ class NativeEngine:
                  grad_clip: float | None, device: torch.device):
         self.pm, self.optimizer, self.ckpt, self.grad_clip, self.device = pm, optimizer, ckpt, grad_clip, device
         self.model, self.dp_rank, self.dp_degree = pm.model, pm.dp_rank, pm.dims.dp
+        self.reduction = pm.reduction
 
     @classmethod
     def build(cls, cfg: SegmentConfig, ctx: DistContext, model: torch.nn.Module, publish: Publish) -> NativeEngine:
         tr, layout = cfg.training, cfg.layout
         # The parallel modules take the layout as a mapping (tests drive them with extra knobs: hsdp_shard_degree...).
-        pm = parallelize(model, asdict(layout), world_size=ctx.world_size, rank=ctx.rank, device=ctx.device,
+        pm = parallelize(model, {**asdict(layout), "gradient_reduction": tr.gradient_reduction},
+                         world_size=ctx.world_size, rank=ctx.rank, device=ctx.device,
                          local_batch=tr.global_batch_size // layout.dp)
         pm.precision_ctx = lambda: autocast(tr.precision.value, ctx.device)
         opt = tr.optimizer

@@ -181,21 +181,18 @@ def calibrate_cpu_peak(precision: str = "fp32", threads: int | None = None, cach
 
 
 class CommTimer:
-    """A DDP comm hook (torch's default all-reduce) that stamps when each gradient bucket is issued."""
+    """Stamps when each DDP gradient bucket is issued, through the model's comm hook (trainer/parallel/ddp.py)."""
 
     def __init__(self) -> None:
         self.last_issue = 0.0
         self.buckets = 0
 
-    def install(self, ddp: Any) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    def install(self, reduction: Any) -> None:
+        reduction.on_issue = self._issued
 
-        def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects any annotation but GradBucket
-            self.last_issue = time.perf_counter()
-            self.buckets += 1
-            return default_hooks.allreduce_hook(state, bucket)
-
-        ddp.register_comm_hook(ddp.process_group, hook)
+    def _issued(self) -> None:
+        self.last_issue = time.perf_counter()
+        self.buckets += 1
 
 
 class RankGather:
@@ -273,10 +270,9 @@ class StepMeter:
                                                local_rank=ctx.local_rank, node=int(os.environ.get("GROUP_RANK", "0")))
 
     def _instrument(self, pm: Any) -> None:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        if isinstance(pm.model, DDP):
-            self.comm.install(pm.model)
+        reduction = getattr(pm, "reduction", None)  # the native engine's DDP hook; none under FSDP or DeepSpeed
+        if reduction is not None:
+            self.comm.install(reduction)
         pm.forward_backward = self._timed(pm.forward_backward, "fb")
         pm.finish_gradients = self._timed(pm.finish_gradients, "sync")
         pm.global_loss = self._timed(pm.global_loss, "sync")

@@ -26,7 +26,7 @@ from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_ctx
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainforge.trainer.parallel.activation_checkpointing import apply_ac
-from trainforge.trainer.parallel.ddp import apply_ddp
+from trainforge.trainer.parallel.ddp import GradientReduction, apply_ddp
 from trainforge.trainer.parallel.ep import apply_ep, sync_ep_grads
 from trainforge.trainer.parallel.fsdp import FSDPConfig, apply_fsdp, fsdp_mesh
 from trainforge.trainer.parallel.mesh import MeshAxis, ParallelDims, build_mesh
@@ -68,6 +68,8 @@ class ParallelModel:
     loss_parallel: bool = False
     reshard_every_micro_batch: bool = True
     precision_ctx: Any = field(default=contextlib.nullcontext)
+    reduction: GradientReduction | None = None
+    """DDP's comm hook (kind `ddp` only): the gradient sum's order (parallel/ddp.py)."""
 
     @property
     def dp_rank(self) -> int:
@@ -194,7 +196,8 @@ def parallelize(model: nn.Module, layout: dict[str, Any], *, world_size: int, ra
     if kind == "ddp":
         if dims.ep > 1 or dims.tp > 1:
             raise AssertionError("DDP is only used for pure data parallelism")
-        pm.model = apply_ddp(model, mesh[MeshAxis.DP], [device.index] if device.type == "cuda" else None)
+        pm.model, pm.reduction = apply_ddp(model, mesh[MeshAxis.DP], [device.index] if device.type == "cuda" else None,
+                                           layout.get("gradient_reduction", "fixed-order"))
     if dims.pp > 1:
         # ep with pp never gets here: ParallelDims refuses it (plan/support.py).
         micro = layout.get("micro_batch_size", 1)
