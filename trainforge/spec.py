@@ -416,9 +416,9 @@ class TrainingSpec(_Model):
     gradient_reduction: Literal["fixed-order", "fast"] = "fixed-order"
     """How DDP sums the data-parallel gradients. `fixed-order`: every element in rank order, whatever DDP's bucket
     layout (an all-to-all and an all-gather, the bytes of a ring all-reduce), so a run resumed from a checkpoint is
-    bitwise the uninterrupted run at any data-parallel degree. `fast`: torch's all-reduce, whose summation order
+    bitwise the uninterrupted run at its data-parallel degree, whatever it is. `fast`: torch's all-reduce, whose summation order
     follows the bucket layout DDP rebuilds after each (re)start's first step: with more than 2 replicas a resumed
-    run drifts from the uninterrupted one by a few ulps. FSDP and DeepSpeed keep their own reductions."""
+    run drifts from the uninterrupted one by a few ulps. FSDP, DeepSpeed and script mode (the script's own DDP) keep their own reductions."""
 
     @model_validator(mode="after")
     def _length(self) -> TrainingSpec:

@@ -117,6 +117,28 @@ def test_a_host_whose_ranks_all_die_is_one_node_incident_in_the_record(tmp_path,
         channel.close()
 
 
+def test_a_rank_lost_before_a_restart_is_not_folded_into_the_node_lost_after_it(tmp_path, record):
+    """Rank 2 dies alone (torchrun restarts the gang), then in the restarted gang node-1 dies whole: two faults, two
+    incidents; the first stays a process loss of restart 0 and the second is the node's, of restart 1."""
+    channel = LocalChannel(tmp_path / "objects", ["node-0", "node-1"])
+    try:
+        hosts = {0: "node-0", 1: "node-0", 2: "node-1", 3: "node-1"}
+        sup = channel.supervisor(record, rank_hosts=hosts)
+        channel.deliver(sup, channel.beat(0, step=3), channel.beat(1, step=3),
+                        channel.beat(2, node="node-1", step=3, node_side={"alive": False}),
+                        channel.beat(3, node="node-1", step=3))
+        _until(sup, lambda: bool(_lost(sup)))
+        channel.deliver(sup, channel.beat(0, step=3, restart=1), channel.beat(1, step=3, restart=1),
+                        channel.beat(2, node="node-1", step=3, restart=1, node_side={"alive": False}),
+                        channel.beat(3, node="node-1", step=3, restart=1, node_side={"alive": False}))
+        _until(sup, lambda: any(i.scope == "node" for i in _lost(sup)))
+        before, after = _lost(sup)
+        assert (before.rank, before.scope, before.restart) == (2, "process", 0)
+        assert (after.rank, after.scope, after.restart, after.evidence["ranks"]) == (2, "node", 1, [2, 3])
+    finally:
+        channel.close()
+
+
 def test_the_scheduler_preemption_goes_down_as_a_notice(tmp_path, record):
     channel = LocalChannel(tmp_path / "objects")
     try:

@@ -122,6 +122,8 @@ class Incident:
     """`process`, or `node` when every rank of a host went silent together (the node is reported unhealthy)."""
     host: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    restart: int = 0
+    """torchrun's restart generation of the gang when it was detected (a node loss is one per generation)."""
 
 
 class SegmentSupervisor:
@@ -381,17 +383,13 @@ class SegmentSupervisor:
             else:
                 continue
             if self._once("rank_lost", rank, b.beat.restart):
-                inc = self._record("rank_lost", rank, f"rank {rank} lost: {why}", beats,
-                                   action="SIGKILL, then restart" if b.alive
-                                   else "restart (torchrun in segment, else segment retry)",
-                                   host=b.host, evidence={"node": b.node, "heartbeat_age_s": round(b.age_s, 2),
-                                                          "alive": b.alive})
+                self._record("rank_lost", rank, f"rank {rank} lost: {why}", beats,
+                             action="SIGKILL, then restart" if b.alive
+                             else "restart (torchrun in segment, else segment retry)",
+                             host=b.host, evidence={"node": b.node, "heartbeat_age_s": round(b.age_s, 2),
+                                                    "alive": b.alive})
                 if b.alive:
                     self._to_rank("kill_rank", rank, b)
-                if b.host and any(i.kind == "rank_lost" and i.host == b.host and i.scope == "node"
-                                  for i in self.incidents if i is not inc):
-                    inc.scope = "node"  # a rank of a host already lost whole: part of that loss
-                    self._fold_node(b.host)
 
     def node_lost(self, host: str, why: str = "its agent and workers died without a report") -> None:
         """The launcher saw the host's agent die of a signal, or the channel got no batch from the node: every
@@ -400,8 +398,8 @@ class SegmentSupervisor:
         if self.terminate_requested is not None:  # the policy stopped the gang: its agents died of that
             return
         found = False
-        for inc in self.incidents:
-            if inc.kind == "rank_lost" and inc.host == host:
+        for inc in self.incidents:  # this generation's: an earlier restart's loss on the host was another fault
+            if inc.kind == "rank_lost" and inc.host == host and inc.restart == self._restarts:
                 inc.scope, found = "node", True
         if not found:
             ranks = sorted(r for r, h in self.rank_hosts.items() if h == host)
@@ -417,7 +415,8 @@ class SegmentSupervisor:
         rank of the host in `evidence.ranks`; the later losses of its ranks are folded into it. A partitioned
         host's ranks go silent together but pass the heartbeat timeout in different passes, and counting one lost
         machine once per rank would double its share of the incident counts and the MTTR figures."""
-        lost = [i for i in self.incidents if i.kind == "rank_lost" and i.host == host and i.scope == "node"]
+        lost = [i for i in self.incidents if i.kind == "rank_lost" and i.host == host and i.scope == "node"
+                and i.restart == self._restarts]
         if not lost:
             return
         first = lost[0]
@@ -429,6 +428,12 @@ class SegmentSupervisor:
         first.evidence["ranks"] = sorted(ranks)
         folded = {id(i) for i in lost[1:]}
         self.incidents = [i for i in self.incidents if id(i) not in folded]
+        pending = self._pending
+        if pending and any((pending.get("kind"), pending.get("rank"), pending.get("detected_at"))
+                           == (i.kind, i.rank, i.detected_at) for i in lost[1:]):
+            # the recovery is measured from the loss the record keeps (its MTTR from the node's first detection)
+            self._pending = {**pending, "rank": first.rank, "detected_at": first.detected_at, "step": first.step}
+            self.record.update(pending_recovery=self._pending)
 
     def _check_node_scope(self, beats: dict[int, RankBeat], now: float) -> None:
         """A host with a lost rank whose every rank is now gone was lost whole: its incidents get scope `node`
@@ -441,7 +446,7 @@ class SegmentSupervisor:
                     and (not b.alive or b.age_s > self.policy.heartbeat_timeout_s)
                     for b in on_host):
                 for inc in self.incidents:
-                    if inc.kind == "rank_lost" and inc.host == host:
+                    if inc.kind == "rank_lost" and inc.host == host and inc.restart == self._restarts:
                         inc.scope = "node"
                 self._fold_node(host)
 
@@ -623,7 +628,7 @@ class SegmentSupervisor:
                 host: str | None = None, evidence: dict[str, Any] | None = None) -> Incident:
         step = max((b.beat.step or 0 for b in beats.values()), default=None)
         inc = Incident(kind, rank, time.time(), message, action, self.attempt, step, host=host,
-                       evidence=evidence or {})
+                       evidence=evidence or {}, restart=self._restarts)
         self.incidents.append(inc)
         logger.warning("%s", message)
         self.events.publish(FaultDetected(fault=kind, rank=rank, message=message, action=action, step=step,
@@ -639,7 +644,7 @@ class SegmentSupervisor:
     def note(self, kind: str, rank: int | None, message: str, *, action: str, detected_at: float,
              step: int | None, fatal: bool) -> None:
         """A fault the workers reported themselves (divergence): recorded like the supervisor's own findings."""
-        inc = Incident(kind, rank, detected_at, message, action, self.attempt, step)
+        inc = Incident(kind, rank, detected_at, message, action, self.attempt, step, restart=self._restarts)
         self.incidents.append(inc)
         self.events.publish(FaultDetected(fault=kind, rank=rank, message=message, action=action, step=step,
                                           attempt=self.attempt, detected_at=detected_at))

@@ -5,7 +5,8 @@ Step-time split (seconds, per rank; they add up to the step time):
 - `compute_s`: forward + backward minus what follows below.
 - `exposed_comm_s`: communication the step waited on. DDP: a comm hook stamps each gradient bucket's all-reduce;
   once the last bucket is issued, backward compute is over, so the time from that stamp until backward returns
-  is all-reduce the step waited for. Plus the collectives outside backward (EP gradient sync, the loss all-reduce;
+  is all-reduce the step waited for. The `fixed-order` reduction (trainer/parallel/ddp.py) blocks backward in its
+  collectives instead: the time it blocked, summed over the buckets, is the exposed part. Plus the collectives outside backward (EP gradient sync, the loss all-reduce;
   these also absorb skew between ranks). FSDP/TP overlap inside backward is not separable on CPU: counted as compute.
 - `bubble_s`: pipeline bubble, the schedule's idle share (p-1)/v / (m + (p-1)/v) of forward+backward (Narayanan et
   al. 2021); a formula applied to measured time, not a trace measurement (`trainforge profile` measures it).
@@ -186,8 +187,10 @@ class CommTimer:
     def __init__(self) -> None:
         self.last_issue = 0.0
         self.buckets = 0
+        self.reduction: Any = None
 
     def install(self, reduction: Any) -> None:
+        self.reduction = reduction
         reduction.on_issue = self._issued
 
     def _issued(self) -> None:
@@ -295,6 +298,9 @@ class StepMeter:
         tail = 0.0
         if self.comm.buckets and self.comm.last_issue:
             tail = max(0.0, self._fb_end - self.comm.last_issue)
+        if self.comm.reduction is not None and self.comm.reduction.blocked_s:
+            # the fixed-order reduction blocked backward in every bucket's collectives: all of that was waited on
+            tail, self.comm.reduction.blocked_s = self.comm.reduction.blocked_s, 0.0
         split = split_step(step_time_s, data_wait_s, self.laps["fb"], tail, self.laps["sync"], self.bubble_frac)
         self.laps = {"fb": 0.0, "sync": 0.0}
         self.comm.buckets, self.comm.last_issue = 0, 0.0

@@ -8,11 +8,12 @@ the resumed run's first step differs from the uninterrupted run's by a few ulps,
 `fixed-order` (the default) sums every element in rank order whatever the layout: an all-to-all hands each rank
 one slice of every replica's bucket, the rank adds the slices rank 0, 1, 2, ... in turn, and an all-gather returns
 the sums. That is the same bytes per rank as the ring all-reduce (a reduce-scatter and an all-gather), and a resume
-is bitwise the run it continues at any data-parallel degree. `fast` is torch's all-reduce.
+is bitwise the run it continues at its data-parallel degree, whatever it is. `fast` is torch's all-reduce.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,9 @@ class GradientReduction:
         self.group, self.order = group, order
         self.size = dist.get_world_size(group)
         self.on_issue: Callable[[], None] | None = None
+        self.blocked_s = 0.0
+        """Seconds backward waited in the `fixed-order` collectives (issued in the hook, they block it), for the
+        step-time split (trainer/metrics.py reads and resets it)."""
 
     def hook(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects any annotation but GradBucket
         if self.on_issue is not None:
@@ -43,7 +47,11 @@ class GradientReduction:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             return default_hooks.allreduce_hook(self.group, bucket)
-        return fixed_order_allreduce(self.group, self.size, bucket.buffer())
+        t0 = time.perf_counter()
+        try:
+            return fixed_order_allreduce(self.group, self.size, bucket.buffer())
+        finally:
+            self.blocked_s += time.perf_counter() - t0
 
 
 def fixed_order_allreduce(group: dist.ProcessGroup, n: int, buffer: torch.Tensor) -> torch.futures.Future[Any]:
