@@ -397,35 +397,29 @@ class SegmentSupervisor:
         before the segment ended)."""
         if self.terminate_requested is not None:  # the policy stopped the gang: its agents died of that
             return
-        found = False
-        for inc in self.incidents:  # this generation's: an earlier restart's loss on the host was another fault
-            if inc.kind == "rank_lost" and inc.host == host and inc.restart == self._restarts:
-                inc.scope, found = "node", True
-        if not found:
+        if not self._lose_node(host):
             ranks = sorted(r for r, h in self.rank_hosts.items() if h == host)
-            inc = self._record("rank_lost", ranks[0] if ranks else None,
-                               f"node {host} lost: {why}", self._beats,
-                               action="segment retry on a replacement node", host=host,
-                               evidence={"ranks": ranks})
-            inc.scope = "node"
-        self._fold_node(host)
+            self._record("rank_lost", ranks[0] if ranks else None, f"node {host} lost: {why}", self._beats,
+                         action="segment retry on a replacement node", host=host, evidence={"ranks": ranks})
+            self._lose_node(host)
 
-    def _fold_node(self, host: str) -> None:
-        """A host lost whole is one incident: the first of its ranks' losses (its detection time), naming every
-        rank of the host in `evidence.ranks`; the later losses of its ranks are folded into it. A partitioned
-        host's ranks go silent together but pass the heartbeat timeout in different passes, and counting one lost
-        machine once per rank would double its share of the incident counts and the MTTR figures."""
-        lost = [i for i in self.incidents if i.kind == "rank_lost" and i.host == host and i.scope == "node"
+    def _lose_node(self, host: str) -> bool:
+        """The host was lost whole: its ranks' losses in this restart generation (an earlier restart's loss on the
+        host was another fault) become one incident of scope `node`, the first (its detection time), naming every
+        rank of the host in `evidence.ranks`; the later ones are folded into it. A partitioned host's ranks go
+        silent together and may pass the heartbeat timeout in the same pass, and counting one lost machine once
+        per rank would double its share of the incident counts and the MTTR figures. False: no loss to scope."""
+        lost = [i for i in self.incidents if i.kind == "rank_lost" and i.host == host
                 and i.restart == self._restarts]
         if not lost:
-            return
+            return False
         first = lost[0]
         ranks = {r for r, h in self.rank_hosts.items() if h == host}
         for inc in lost:
             ranks.update(inc.evidence.get("ranks", []))
             if inc.rank is not None:
                 ranks.add(inc.rank)
-        first.evidence["ranks"] = sorted(ranks)
+        first.scope, first.evidence["ranks"] = "node", sorted(ranks)
         folded = {id(i) for i in lost[1:]}
         self.incidents = [i for i in self.incidents if id(i) not in folded]
         pending = self._pending
@@ -434,6 +428,7 @@ class SegmentSupervisor:
             # the recovery is measured from the loss the record keeps (its MTTR from the node's first detection)
             self._pending = {**pending, "rank": first.rank, "detected_at": first.detected_at, "step": first.step}
             self.record.update(pending_recovery=self._pending)
+        return True
 
     def _check_node_scope(self, beats: dict[int, RankBeat], now: float) -> None:
         """A host with a lost rank whose every rank is now gone was lost whole: its incidents get scope `node`
@@ -445,10 +440,7 @@ class SegmentSupervisor:
                     b.beat.phase not in ("done", "failed")
                     and (not b.alive or b.age_s > self.policy.heartbeat_timeout_s)
                     for b in on_host):
-                for inc in self.incidents:
-                    if inc.kind == "rank_lost" and inc.host == host and inc.restart == self._restarts:
-                        inc.scope = "node"
-                self._fold_node(host)
+                self._lose_node(host)
 
     def _check_progress(self, beats: dict[int, RankBeat], now: float) -> None:
         # The first step of a (re)start is start-up too (the data loader's first batch, lazy imports, the first
@@ -675,7 +667,7 @@ class SegmentSupervisor:
             with contextlib.suppress(OSError):
                 write_json(heartbeat_path(self.run_dir, self.attempt, rank), dump_event(b.beat))
         # This segment's incidents are written whole each time, in place of what the last call wrote: an incident
-        # written before may since have become a node loss (its scope) or been folded into one (_fold_node).
+        # written before may since have become a node loss (its scope) or been folded into one (_lose_node).
         current = [asdict(i) for i in self.incidents]
         keys = {_incident_key(d) for d in current}
         if not current and not self._written:

@@ -186,7 +186,6 @@ class CommTimer:
 
     def __init__(self) -> None:
         self.last_issue = 0.0
-        self.buckets = 0
         self.reduction: Any = None
 
     def install(self, reduction: Any) -> None:
@@ -195,7 +194,17 @@ class CommTimer:
 
     def _issued(self) -> None:
         self.last_issue = time.perf_counter()
-        self.buckets += 1
+
+    def exposed_s(self, backward_end: float) -> float:
+        """The step's gradient communication that backward waited for, and a fresh count for the next step: the
+        time the fixed-order reduction blocked backward in its collectives, else the time from the last bucket's
+        issue to backward's end (torch's all-reduce overlaps the rest)."""
+        blocked = self.reduction.blocked_s if self.reduction is not None else 0.0
+        tail = blocked or (max(0.0, backward_end - self.last_issue) if self.last_issue else 0.0)
+        if self.reduction is not None:
+            self.reduction.blocked_s = 0.0
+        self.last_issue = 0.0
+        return tail
 
 
 class RankGather:
@@ -295,15 +304,9 @@ class StepMeter:
 
     def end_step(self, step: int, step_time_s: float, data_wait_s: float) -> dict[str, float]:
         """Fields for the `metrics` event of `step` (1-based), and the rank aggregate of the previous step."""
-        tail = 0.0
-        if self.comm.buckets and self.comm.last_issue:
-            tail = max(0.0, self._fb_end - self.comm.last_issue)
-        if self.comm.reduction is not None and self.comm.reduction.blocked_s:
-            # the fixed-order reduction blocked backward in every bucket's collectives: all of that was waited on
-            tail, self.comm.reduction.blocked_s = self.comm.reduction.blocked_s, 0.0
+        tail = self.comm.exposed_s(self._fb_end)
         split = split_step(step_time_s, data_wait_s, self.laps["fb"], tail, self.laps["sync"], self.bubble_frac)
         self.laps = {"fb": 0.0, "sync": 0.0}
-        self.comm.buckets, self.comm.last_issue = 0, 0.0
         mem = peak_memory_bytes(self.ctx.device)
         local = {"step_time_s": step_time_s, **split, "peak_mem_bytes": float(mem)}
         self._publish(self.gather.collect())

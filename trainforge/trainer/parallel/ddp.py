@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -35,6 +36,8 @@ class GradientReduction:
             raise ValueError(f"gradient reduction {order!r}: use one of {', '.join(REDUCTIONS)}")
         self.group, self.order = group, order
         self.size = dist.get_world_size(group)
+        # Two addends sum alike in either order: with 2 replicas (or `fast`) torch's all-reduce is the reduction.
+        self.exact = order == "fixed-order" and self.size > 2
         self.on_issue: Callable[[], None] | None = None
         self.blocked_s = 0.0
         """Seconds backward waited in the `fixed-order` collectives (issued in the hook, they block it), for the
@@ -43,9 +46,7 @@ class GradientReduction:
     def hook(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects any annotation but GradBucket
         if self.on_issue is not None:
             self.on_issue()
-        if self.order == "fast" or self.size <= 2:  # two addends sum alike in either order: torch's all-reduce
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
+        if not self.exact:
             return default_hooks.allreduce_hook(self.group, bucket)
         t0 = time.perf_counter()
         try:
