@@ -49,6 +49,28 @@ def run_torchrun(nproc: int, module: str, args: list[str], *, timeout: float = 2
     return proc
 
 
+@pytest.fixture(scope="session")
+def deepspeed_ops() -> None:
+    """DeepSpeed's C++ ops compiled for this environment before a test starts its gang. A cold build (a fresh CI
+    clone) takes a minute of both cores here and over three beside the parallel phase, and inside a torchrun it
+    counted against the test's 240 s wait: stop 48's CI timed out in deepspeed.initialize that way. Built in a child
+    with its own bound; xdist workers that race wait on torch's build lock, the later ones only load."""
+    pytest.importorskip("deepspeed")
+    code = "from trainforge.trainer.parallel.deepspeed_engine import prebuild_deepspeed_ops as b; print(b())"
+    with subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as child:
+        try:
+            out, _ = child.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)  # the compiler's children too
+            out, _ = child.communicate()
+            pytest.fail(f"building DeepSpeed's ops took over 900 s:\n{out[-3000:]}")
+    if child.returncode != 0:
+        pytest.fail(f"building DeepSpeed's ops failed ({child.returncode}):\n{out[-3000:]}")
+
+
 def run_layout(tmp: Path, layout: dict[str, Any], *, steps: int = 4, model: dict[str, Any] | None = None,
                global_batch: int = 8, seq_len: int = 16, weights: bool = True, **extra: Any) -> dict[str, Any]:
     """Train `steps` steps under `layout`; returns losses, norms, kind and the merged full weights."""

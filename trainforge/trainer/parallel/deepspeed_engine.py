@@ -75,6 +75,29 @@ def _private_extensions_dir() -> None:
         os.environ["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "torch_extensions" / f"env-{key}")
 
 
+def prebuild_deepspeed_ops() -> list[str]:
+    """Compile the C++ ops DeepSpeed JIT-builds when a job initialises (on CPU: its shm collective) into this
+    environment's extensions folder, ahead of any job. A cold build takes about a minute of both cores here and
+    several on a loaded machine, and it runs inside the gang's start: paid there, it eats the rendezvous and
+    launch timeouts of whichever job comes first. Returns the ops built or found; a second call only loads."""
+    from trainforge._optional import require
+
+    require("deepspeed", purpose="parallelism.engine: deepspeed")
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.ops import __compatible_ops__
+
+    _private_extensions_dir()
+    # The ops deepspeed.comm's TorchBackend builds at init_distributed (deepspeed/comm/torch.py build_shm_op);
+    # an accelerator without them (CUDA) returns None.
+    built = []
+    for name in ("ShareMemCommBuilder",):
+        builder = get_accelerator().create_op_builder(name)
+        if builder is not None and __compatible_ops__.get(builder.NAME, False):
+            builder.load()
+            built.append(builder.NAME)
+    return built
+
+
 def build_deepspeed(model: torch.nn.Module, layout: dict[str, Any], training: dict[str, Any],
                     world_size: int) -> Any:
     from trainforge._optional import require
