@@ -122,7 +122,9 @@ def _config() -> SegmentConfig:
         raise RuntimeUsageError(f"${ENV_VAR} is not set: trainforge.runtime works inside a platform job; submit the "
                                 "script with `code.mode: script` (trainforge submit SPEC) instead of running it "
                                 "directly")
-    return SegmentConfig.load(path)
+    from trainforge.trainer.inputs import localize
+
+    return localize(SegmentConfig.load(path))  # fetched already by the worker: this finds the node's copies
 
 
 def init(*, process_group: bool | None = None, timeout_s: float | None = None) -> Job:

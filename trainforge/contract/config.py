@@ -7,8 +7,11 @@ $TRAINFORGE_JOB_CONFIG, the Kubernetes backend puts it in the job's ConfigMap. T
 `load` / `model_validate_json`; an unknown or misspelt field is refused with its name, never ignored.
 
 It carries no secrets (environment variables) and no topology (rank and world size come from torchrun).
-Fields that are still paths on the flow's host (a remote worker cannot read them until the channel replaces
-them): `run_dir`, `staging_dir`, `code_dir`, `init_weights`, `dataset.path` for a local catalog.
+`run_dir`, `staging_dir`, `code_dir`, `init_weights` and `dataset.path` are paths on the flow's host. A gang on
+other machines (the `hosts` backend) never reads them there: the flow publishes the code tree, the initial weights
+and a local dataset to the job's prefix in the object store (`ShippedInputs`, tasks/inputs.py), each node gets its
+own copy of the config (`for_node`: its own run and staging folders), and every worker fetches the inputs into the
+node's folder before anything reads them (trainer/inputs.py `localize`).
 Pure: pydantic, the spec and the plan's types; no torch.
 """
 
@@ -68,6 +71,24 @@ class ResolvedDataset(_Part):
         return self.version
 
 
+class ShippedInputs(_Part):
+    """What the flow resolved on its own disk, published to the job's prefix in the object store for workers on
+    other machines (tasks/inputs.py `publish_inputs`). Keys are relative to the job's prefix and content-addressed:
+    a later segment, a torchrun restart or another rank on the node finds them fetched already."""
+
+    code: str
+    """The code tree as one tar (inputs/code/{sha256}.tar)."""
+    code_sha256: str
+    init_weights: str | None = None
+    """The fine-tuning weights (inputs/init/{sha256}.safetensors)."""
+    init_weights_sha256: str | None = None
+    dataset_store: str
+    """The store holding the dataset version's shards: the catalog's own (a remote catalog, lakeFS) or, for a
+    version that lives on the flow's disk, the job's store."""
+    dataset_prefix: str
+    """The version's prefix in `dataset_store` (manifest.json and the shards)."""
+
+
 class EngineConfig(_Part):
     """The training engine: the native loop (DDP/FSDP/TP/PP/EP from the layout) or DeepSpeed ZeRO."""
 
@@ -85,7 +106,7 @@ class SegmentConfig(BaseModel):
     team: str
     name: str
     run_dir: str
-    """Job folder on the flow's host: events, per-rank logs, failure reports (flow-host path)."""
+    """Job folder: events, per-rank logs, failure reports (the flow's own; a node's for a gang on other machines)."""
     storage_url: str
     """Object store root (file:///... or s3://bucket)."""
     storage_prefix: str
@@ -94,7 +115,7 @@ class SegmentConfig(BaseModel):
     """Node-local staging folder for checkpoints before upload."""
     code: CodeSpec
     code_dir: str
-    """The resolved code folder the entrypoint is imported from (flow-host path)."""
+    """The resolved code folder the entrypoint is imported from (on the flow's host until `localize`)."""
     code_commit: str = "unknown"
     config_hash: str = ""
     model: ModelShape
@@ -107,9 +128,15 @@ class SegmentConfig(BaseModel):
     segment_max_steps: int | None = Field(default=None, ge=1)
     collective_timeout_s: float = Field(default=120.0, gt=0)
     init_weights: str | None = None
-    """Fine-tuning: a safetensors file of the parent's weights, loaded before step 0 (flow-host path)."""
+    """Fine-tuning: a safetensors file of the parent's weights, loaded before step 0 (on the flow's host until
+    `localize`)."""
     profile_steps: str | None = None
     """A profiler window (trainer/profiling.py `parse_window`); $TRAINFORGE_PROFILE_STEPS when unset."""
+    inputs: ShippedInputs | None = None
+    """Set for a gang on other machines: where its workers fetch the code, the dataset and the initial weights
+    (None: the paths above are read where they are; also None once a worker has fetched them)."""
+    node_dir: str | None = None
+    """This node's own folder for the job (fetched inputs, checkpoint staging), set per node by `for_node`."""
     # The segment attempt's part (for_attempt): absent in the job's base config.
     attempt: int | None = Field(default=None, ge=0)
     health: HealthPolicy = HealthPolicy()
@@ -153,6 +180,12 @@ class SegmentConfig(BaseModel):
         return self.model_copy(update={"attempt": attempt, "health": health,
                                        "skip_samples": tuple(sorted(skip_samples)),
                                        "layout": layout or self.layout})
+
+    def for_node(self, node_dir: str, run_dir: str) -> SegmentConfig:
+        """One node's copy for a gang on other machines: its job folder (inputs, staging; kept across segments so
+        a later one reuses the fetched inputs and the verified checkpoint copy) and this segment's run folder."""
+        return self.model_copy(update={"node_dir": node_dir, "staging_dir": f"{node_dir}/staging",
+                                       "run_dir": run_dir})
 
     def dump_json(self) -> str:
         return self.model_dump_json(indent=1)

@@ -167,16 +167,7 @@ class EmbeddedCatalog:
         return self.resolve(name, manifest.version_id)
 
     def _upload(self, name: str, manifest: DatasetManifest, folder: Path) -> None:
-        prefix = f"{name}/versions/{manifest.version_id}"
-        if self.store.exists(f"{prefix}/{MANIFEST_FILE}"):
-            return
-        for shard in manifest.shards:
-            self.store.put_file(f"{prefix}/{shard.file}", folder / shard.file)
-        if tokenizer.ships_json(manifest.tokenizer):  # a BPE or pretrained tokenizer travels with the version
-            self.store.put_file(f"{prefix}/{tokenizer.TOKENIZER_FILE}", folder / tokenizer.TOKENIZER_FILE)
-        # the manifest is the commit point; ObjectExistsError: committed concurrently with identical content
-        with contextlib.suppress(ObjectExistsError):
-            self.store.put_file(f"{prefix}/{MANIFEST_FILE}", folder / MANIFEST_FILE, if_none_match=True)
+        publish_version(self.store, f"{name}/versions/{manifest.version_id}", manifest, folder)
 
     def set_ref(self, name: str, ref: str, version: str) -> None:
         """Move branch `ref` to `version` (which must be committed)."""
@@ -259,16 +250,38 @@ class EmbeddedCatalog:
     def _materialize(self, name: str, version: str, ref: str) -> ResolvedDataset:
         """A remote version as a local folder: its manifest plus source.json naming the store and prefix."""
         folder = home() / "cache" / "catalog" / name / version
-        if not (folder / MANIFEST_FILE).is_file():
-            folder.mkdir(parents=True, exist_ok=True)
-            data = self.store.get_bytes(self._manifest_key(name, version))
-            source = {"store_url": self.store.url, "prefix": f"{name}/versions/{version}"}
-            _atomic_write(folder / SOURCE_FILE, json.dumps(source).encode())
-            if tokenizer.ships_json(json.loads(data)["tokenizer"]):
-                _atomic_write(folder / tokenizer.TOKENIZER_FILE,
-                              self.store.get_bytes(f"{name}/versions/{version}/{tokenizer.TOKENIZER_FILE}"))
-            _atomic_write(folder / MANIFEST_FILE, data)
+        self._manifest_key(name, version)
+        write_source_folder(folder, self.store, f"{name}/versions/{version}")
         return load_version_dir(folder, ref)
+
+
+def publish_version(store: ObjectStore, prefix: str, manifest: DatasetManifest, folder: Path) -> None:
+    """A version folder's shards, tokenizer and manifest under `prefix`, the manifest last (the commit point);
+    a no-op when the manifest is there already (versions are content-addressed)."""
+    if store.exists(f"{prefix}/{MANIFEST_FILE}"):
+        return
+    for shard in manifest.shards:
+        store.put_file(f"{prefix}/{shard.file}", folder / shard.file)
+    if tokenizer.ships_json(manifest.tokenizer):  # a BPE or pretrained tokenizer travels with the version
+        store.put_file(f"{prefix}/{tokenizer.TOKENIZER_FILE}", folder / tokenizer.TOKENIZER_FILE)
+    # ObjectExistsError: committed concurrently with identical content
+    with contextlib.suppress(ObjectExistsError):
+        store.put_file(f"{prefix}/{MANIFEST_FILE}", folder / MANIFEST_FILE, if_none_match=True)
+
+
+def write_source_folder(folder: Path, store: ObjectStore | _Prefixed, prefix: str, url: str | None = None) -> Path:
+    """A version in a store as a local folder the readers take: its manifest (written last, so a folder with one is
+    complete), its tokenizer if it ships one, and source.json naming the store (`url`, else the store's own) and
+    prefix the shards stream from. Kept when already there."""
+    if not (folder / MANIFEST_FILE).is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        data = store.get_bytes(f"{prefix}/{MANIFEST_FILE}")
+        _atomic_write(folder / SOURCE_FILE, json.dumps({"store_url": url or store.url, "prefix": prefix}).encode())
+        if tokenizer.ships_json(json.loads(data)["tokenizer"]):
+            _atomic_write(folder / tokenizer.TOKENIZER_FILE,
+                          store.get_bytes(f"{prefix}/{tokenizer.TOKENIZER_FILE}"))
+        _atomic_write(folder / MANIFEST_FILE, data)
+    return folder
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

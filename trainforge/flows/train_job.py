@@ -154,6 +154,7 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     init = steps.resolve_init_weights(jobspec, str(record.folder), str(base_dir), dataset) if jobspec.init_from else None
     config = prepare.worker_config(jobspec, record.job_id, record.folder, Path(base_dir), dataset, plan,
                                    code.commit, init.path if init else None, code_path=code.path)
+    config = steps.publish_inputs(config)
     config_path = config.write(record.folder / "worker-config.json")
     lineage = _lineage(jobspec, dataset, config.code_commit, record.job_id)
     run_id = record.data.get("mlflow_run_id") or _start_tracking(jobspec, record, plan, dataset, lineage)

@@ -267,9 +267,11 @@ def _hosts_gang(launcher: LauncherSpec, nodes: list[GangNode], per_node: int, ma
                 extra_env: dict[str, str], *, store_root: str, token: str, log_dir: Path,
                 gpu_type: str) -> tuple[HostsGang, list[NodeLaunch]]:
     """The hosts backend: one node agent per machine through the runner; its config, environment and logs are the
-    node's own (the program goes down the runner's stdin, logs stay in the node's work folder)."""
+    node's own (the program goes down the runner's stdin, logs stay in the node's work folder). Each node's config
+    names its own run and staging folders (`for_node`); its workers fetch the inputs the flow published."""
     python = launcher.python or sys.executable  # default: the same environment at the same path on every host
-    work = f"{launcher.work_dir.rstrip('/')}/{config.job_id}/segment-{attempt}"
+    jobs = f"{launcher.work_dir.rstrip('/')}/{config.job_id}"  # a node's folder for the job, across segments
+    work = f"{jobs}/segment-{attempt}"
     launches = gang_launch(nodes, nproc_per_node=per_node, port=launcher.rendezvous_port or 0,
                            run_id=f"{config.job_id}-{attempt}-{token}", max_restarts=max_restarts,
                            log_dir=lambda _, node: f"{work}/{node.name}/logs", python=python,
@@ -288,7 +290,7 @@ def _hosts_gang(launcher: LauncherSpec, nodes: list[GangNode], per_node: int, ma
         logger.warning("job %s: the nodes of rack(s) %s do not get consecutive ranks (torch's c10d rendezvous "
                        "numbers nodes by address): give each rack's hosts addresses that sort together",
                        config.job_id, ", ".join(split))
-    text = config_path.read_text()
+    attempt_config = SegmentConfig.load(config_path)
     remote = []
     for i, launch in enumerate(launches):
         sidecar = SidecarSpec(config.storage_url, store_root, launch.node.name, f"@trainforge-{token}-{i}",
@@ -296,7 +298,9 @@ def _hosts_gang(launcher: LauncherSpec, nodes: list[GangNode], per_node: int, ma
         program = NodeProgram(node=launch.node.name, work_dir=f"{work}/{launch.node.name}", torchrun=launch.command(),
                               sidecar=sidecar.command(), env=node_env | launch.env | {
                                   "TRAINFORGE_CHANNEL_SOCKET": sidecar.socket},
-                              config=text, gpu_type=gpu_type, devices=list(launch.node.devices),
+                              config=attempt_config.for_node(f"{jobs}/{launch.node.name}",
+                                                             f"{work}/{launch.node.name}/run").dump_json(),
+                              gpu_type=gpu_type, devices=list(launch.node.devices),
                               workers=per_node, pick_port=i == 0 and launcher.rendezvous_port is None)
         argv = runner_command(launcher.runner, launch.node.name, agent_command(python))
         remote.append(RemoteNode(launch.node.name, launch.node.address, argv, program,

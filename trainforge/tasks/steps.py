@@ -54,6 +54,17 @@ def resolve_init_weights(spec: JobSpec, run_dir: str, base_dir: str,
     return prepare.resolve_init_weights(spec, Path(run_dir), Path(base_dir), dataset)
 
 
+@task(name="publish-inputs", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def publish_inputs(config: SegmentConfig) -> SegmentConfig:
+    """A gang on other machines (the `hosts` backend) reads nothing on this host: the code, a local dataset and the
+    initial weights go to the job's prefix in the store first (tasks/inputs.py). One host: the config as it is."""
+    if default_cluster().launcher.backend != "hosts":
+        return config
+    from trainforge.tasks.inputs import publish_inputs as publish
+
+    return publish(config)
+
+
 @task(name="plan", cache_policy=NO_CACHE)
 def plan(spec: JobSpec, dataset: dict[str, Any], cluster: ClusterSpec | None = None,
          layout: Layout | None = None) -> dict[str, Any]:

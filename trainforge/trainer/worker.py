@@ -145,6 +145,11 @@ def main() -> int:
         store_audit.install(event_sink(cfg.run_dir, True, worker_sender(cfg.job_id, rank)).publish)
     # Imported here so a broken torch install is reported like any other failure.
     try:
+        # A gang on other machines: the code, dataset and initial weights come from the object store into this
+        # node's folder (nothing below reads the flow's host); one host: the config as it is.
+        from trainforge.trainer.inputs import localize
+
+        cfg = localize(cfg)
         if cfg.script_mode:
             run_script(cfg)
             current_monitor().close()  # the supervisor's last pass must see this rank finished, not lost

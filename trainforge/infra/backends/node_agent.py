@@ -201,11 +201,13 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
     try:
         if program.sidecar:
             with open(work / "sidecar.log", "ab") as slog:
-                sidecar = subprocess.Popen(program.sidecar, env=env, stdout=slog, stderr=subprocess.STDOUT,
+                sidecar = subprocess.Popen(program.sidecar, env=env, cwd=work, stdout=slog, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, start_new_session=True,
                                            preexec_fn=_die_with_parent)
         with open(work / "agent.log", "ab") as log:
-            agent = subprocess.Popen(torchrun, env=env, stdout=log, stderr=subprocess.STDOUT,
+            # cwd: the node's folder, never wherever the runner landed (a worker's sys.path[0] and the user's
+            # relative paths resolve against it)
+            agent = subprocess.Popen(torchrun, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
     except OSError as exc:
         stop_group(sidecar, 0.0)

@@ -1,0 +1,117 @@
+"""A gang on other machines gets the code, dataset and initial weights through the object store (tasks/inputs.py
+publishes them, trainer/inputs.py fetches them into the node's folder): the node's copies are the flow's, byte for
+byte; a fetch is checked against its hash; nothing is fetched twice; the flow's paths are never read again."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.segment_configs import segment_config
+from trainforge.contract.config import SegmentConfig
+from trainforge.datasets.catalog import EmbeddedCatalog, load_version_dir
+from trainforge.datasets.demo import tiny_dataset
+from trainforge.datasets.stream import CacheConfig, open_reader
+from trainforge.infra.storage import open_store
+from trainforge.tasks.inputs import InputsError, code_tar, publish_inputs
+from trainforge.trainer.inputs import InputsFetchError, localize
+
+
+def code_folder(root: Path) -> Path:
+    code = root / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "pkg" / "model.py").write_text("def build(cfg):\n    return 1\n")
+    (code / "train.sh").write_text("#!/bin/sh\n")
+    os.chmod(code / "train.sh", 0o755)
+    for skipped in (".git", "pkg/__pycache__", ".venv"):
+        (code / skipped).mkdir(parents=True)
+        (code / skipped / "junk").write_text("not shipped")
+    (code / "pkg" / "model.pyc").write_bytes(b"\0")
+    return code
+
+
+@pytest.fixture
+def flow(tmp_path: Path) -> SegmentConfig:
+    """A job's config as the flow makes it: every input a path on the flow's disk, the store a folder."""
+    flow_disk = tmp_path / "flow"
+    ds = tiny_dataset(EmbeddedCatalog(flow_disk / "catalog"), "ds-in", num_samples=40, sample_len=9, seed=5)
+    weights = flow_disk / "init.safetensors"
+    weights.write_bytes(os.urandom(4096))
+    return segment_config(storage_url=(tmp_path / "store").as_uri(), code_dir=str(code_folder(flow_disk)),
+                          init_weights=str(weights), run_dir=str(flow_disk / "run"),
+                          dataset={"ref": "catalog://ds-in@main", "name": "ds-in", "version": ds.version,
+                                   "path": str(ds.path)})
+
+
+def test_the_code_tar_depends_only_on_the_tree(tmp_path: Path) -> None:
+    code = code_folder(tmp_path)
+    first = code_tar(code)
+    os.utime(code / "pkg" / "model.py", (1, 1))  # a touched file, same content
+    assert code_tar(code) == first
+    (code / "pkg" / "model.py").write_text("def build(cfg):\n    return 2\n")
+    assert code_tar(code) != first
+
+
+def test_a_node_gets_the_flows_inputs_byte_for_byte_and_never_reads_the_flows_disk(
+        tmp_path: Path, flow: SegmentConfig) -> None:
+    published = publish_inputs(flow)
+    assert published.inputs is not None and published.inputs.init_weights is not None
+    store = open_store(flow.storage_url)
+    job = flow.storage_prefix
+    assert store.exists(f"{job}/{published.inputs.code}") and store.exists(f"{job}/{published.inputs.init_weights}")
+    assert published.inputs.dataset_prefix.startswith(f"{job}/inputs/datasets/ds-in/versions/")
+    original_rows = open_reader(Path(flow.dataset.path), load_version_dir(Path(flow.dataset.path), "x").manifest)
+    expected = original_rows.get(list(range(40)))
+    init_bytes = Path(flow.init_weights or "").read_bytes()
+
+    shutil.rmtree(tmp_path / "flow")  # the node has none of the flow's paths
+    node = published.for_node(str(tmp_path / "node" / "job"), str(tmp_path / "node" / "seg-0" / "run"))
+    local = localize(node)
+    assert local.inputs is None and local.staging_dir == str(tmp_path / "node" / "job" / "staging")
+    code = Path(local.code_dir)
+    assert code.is_relative_to(tmp_path / "node") and (code / "pkg" / "model.py").read_text().endswith("return 1\n")
+    assert os.access(code / "train.sh", os.X_OK)
+    shipped = {str(p.relative_to(code)) for p in code.rglob("*")}
+    assert shipped == {"pkg", "pkg/model.py", "train.sh"}, "history, caches and environments stay behind"
+    assert Path(local.init_weights or "").read_bytes() == init_bytes
+    data = Path(local.dataset.path)
+    assert data.is_relative_to(tmp_path / "node")
+    ds = load_version_dir(data, local.dataset.ref)
+    assert ds.version == flow.dataset.version
+    cache = CacheConfig(local_dir=tmp_path / "node" / "cache", local_max_bytes=None)
+    assert np.array_equal(open_reader(data, ds.manifest, cache).get(list(range(40))), expected)
+
+    # Another rank, a torchrun restart, a later segment: the node's copies, nothing fetched again.
+    shutil.rmtree(tmp_path / "store" / job / "inputs" / "code")
+    assert localize(node).code_dir == local.code_dir
+
+
+def test_publishing_twice_uploads_nothing_new(tmp_path: Path, flow: SegmentConfig) -> None:
+    first = publish_inputs(flow)
+    keys = set(open_store(flow.storage_url).list(""))
+    assert publish_inputs(flow) == first and set(open_store(flow.storage_url).list("")) == keys
+
+
+def test_a_fetched_input_that_is_not_what_the_config_names_is_refused(tmp_path: Path, flow: SegmentConfig) -> None:
+    published = publish_inputs(flow)
+    assert published.inputs is not None
+    open_store(flow.storage_url).put_bytes(f"{flow.storage_prefix}/{published.inputs.code}", b"tampered")
+    node = published.for_node(str(tmp_path / "node"), str(tmp_path / "node" / "run"))
+    with pytest.raises(InputsFetchError, match="sha256"):
+        localize(node)
+    assert not (tmp_path / "node" / "inputs" / "code" / published.inputs.code_sha256).exists()
+
+
+def test_a_config_without_inputs_is_read_where_it_is(flow: SegmentConfig) -> None:
+    assert localize(flow) is flow
+
+
+def test_a_code_folder_too_big_to_ship_is_refused_saying_what_to_do(tmp_path: Path) -> None:
+    code = code_folder(tmp_path)
+    (code / "weights.bin").write_bytes(b"\0" * 2048)
+    with pytest.raises(InputsError, match="code.repo"):
+        code_tar(code, max_bytes=1024)

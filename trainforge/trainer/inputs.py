@@ -1,0 +1,122 @@
+"""A worker on another machine fetches the job's code, dataset and initial weights into its node's folder.
+
+The flow published them to the job's prefix in the object store (tasks/inputs.py) and named them in
+`SegmentConfig.inputs`; `localize` returns the config with `code_dir`, `init_weights` and `dataset.path` pointing
+at the node's copies, so nothing after it reads the flow's host. Under the node's lock the first rank downloads and
+the others (and later segments, and torchrun restarts) find the copy there: every name is the content's hash, each
+download is checked against it and renamed into place whole, so an interrupted fetch leaves nothing that looks
+complete. A config without `inputs` (one host: the local backend) is returned as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from trainforge.contract.config import SegmentConfig
+from trainforge.datasets.catalog import write_source_folder
+from trainforge.infra.storage import ObjectStore, open_store
+from trainforge.trainer.checkpoint import with_job_credentials
+
+LOCK_TIMEOUT_S = 600.0
+"""How long a rank waits for another rank of its node to finish fetching (a large code tree on a slow link)."""
+
+
+class InputsFetchError(RuntimeError):
+    """An input the flow published is missing or is not what the config says (a platform fault, not the user's)."""
+
+
+@contextlib.contextmanager
+def _node_lock(folder: Path, timeout_s: float) -> Iterator[None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise InputsFetchError(f"another process held {folder / '.lock'} for over {timeout_s:.0f} s "
+                                           "while fetching the job's inputs") from None
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock, also when this process is killed
+
+
+def _checked(data: bytes, sha256: str, key: str) -> bytes:
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        raise InputsFetchError(f"the job's input {key} has sha256 {got[:16]}..., its config says {sha256[:16]}...")
+    return data
+
+
+def _code(store: ObjectStore, key: str, sha256: str, folder: Path) -> Path:
+    final = folder / "code" / sha256
+    if final.is_dir():
+        return final
+    data = _checked(store.get_bytes(key), sha256, key)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=final.parent))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(tmp, filter="data")  # no absolute paths, no '..', no device files
+        tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _weights(store: ObjectStore, key: str, sha256: str, folder: Path) -> Path:
+    final = folder / "init" / f"{sha256}.safetensors"
+    if final.is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".fetch-", dir=final.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(_checked(store.get_bytes(key), sha256, key))
+    os.replace(tmp, final)
+    return final
+
+
+def _dataset_store(url: str) -> ObjectStore:
+    """The store the shard readers stream from (datasets/stream.py `open_reader` opens the same)."""
+    if url.startswith("lakefs://"):
+        from trainforge.datasets.lakefs_catalog import open_lakefs_store
+
+        return open_lakefs_store(url)  # type: ignore[return-value]
+    return open_store(url)
+
+
+def localize(cfg: SegmentConfig, *, lock_timeout_s: float = LOCK_TIMEOUT_S) -> SegmentConfig:
+    """`cfg` with its inputs fetched into `{node_dir}/inputs` (see the module docstring)."""
+    inputs = cfg.inputs
+    if inputs is None:
+        return cfg
+    if cfg.node_dir is None:
+        raise InputsFetchError("the segment config names inputs to fetch but no node folder (SegmentConfig.for_node)")
+    folder = Path(cfg.node_dir) / "inputs"
+    job = with_job_credentials(open_store(cfg.storage_url)).scoped(cfg.storage_prefix)
+    with _node_lock(folder, lock_timeout_s):
+        code = _code(job, f"{cfg.storage_prefix}/{inputs.code}", inputs.code_sha256, folder)
+        weights = None
+        if inputs.init_weights is not None and inputs.init_weights_sha256 is not None:
+            weights = str(_weights(job, f"{cfg.storage_prefix}/{inputs.init_weights}", inputs.init_weights_sha256,
+                                   folder))
+        version = cfg.dataset.require_pinned()
+        data = write_source_folder(folder / "datasets" / version, _dataset_store(inputs.dataset_store),
+                                   inputs.dataset_prefix, url=inputs.dataset_store)
+    return cfg.model_copy(update={"code_dir": str(code), "init_weights": weights, "inputs": None,
+                                  "dataset": cfg.dataset.model_copy(update={"path": str(data)})})
+
