@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -118,31 +119,34 @@ class RecordingIssuer:
         self.revoked.append(credentials.access_key_id)
 
 
-def _config(storage_url: str):
+def _config(storage_url: str, resolved: Path):
+    """A job whose dataset version streams from s3://data/web/v3 (its resolved folder's source.json says so)."""
     from trainforge.contract.config import SegmentConfig
 
+    resolved.mkdir(exist_ok=True)
+    (resolved / "source.json").write_text(json.dumps({"store_url": "s3://data", "prefix": "web/v3"}))
     return SegmentConfig.model_construct(job_id="run-7", team="nlp", storage_url=storage_url,
-                                         dataset=type("D", (), {"path": "s3://data/web/v3"})(), code_dir="/code",
-                                         init_weights=None)
+                                         dataset=type("D", (), {"path": str(resolved)})(), code_dir="/code",
+                                         init_weights=None, inputs=None)
 
 
-def test_flow_holder_hands_keys_to_workers_only_and_revokes_once():
+def test_flow_holder_hands_keys_to_workers_only_and_revokes_once(tmp_path):
     from trainforge.registry.secrets import redact
     from trainforge.tasks import job_credentials
 
     issuer = RecordingIssuer()
-    entry = job_credentials.issue(_config("s3://ckpts/platform"), 3600, issuer)
+    entry = job_credentials.issue(_config("s3://ckpts/platform", tmp_path), 3600, issuer)
     assert entry["isolation"] == "seaweedfs" and entry["identity"] == "job-nlp-run-7"
     assert "AK1" not in json.dumps(entry) and "secret-1" not in json.dumps(entry)  # what the record keeps
     assert issuer.issued[0].reads == ("data/web/v3",)
     assert job_credentials.worker_env("run-7") == {"TRAINFORGE_JOB_S3_ACCESS_KEY_ID": "AK1",
                                                    "TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY": "secret-1"}
     assert "secret-1" not in redact("leaked secret-1")
-    job_credentials.issue(_config("s3://ckpts/platform"), 3600, issuer)  # a resume: the old identity goes first
+    job_credentials.issue(_config("s3://ckpts/platform", tmp_path), 3600, issuer)  # a resume: the old identity goes first
     assert issuer.revoked == ["AK1"] and job_credentials.worker_env("run-7")["TRAINFORGE_JOB_S3_ACCESS_KEY_ID"] == "AK2"
     assert job_credentials.revoke("run-7") and not job_credentials.revoke("run-7")
     assert issuer.revoked == ["AK1", "AK2"] and job_credentials.worker_env("run-7") == {}
-    local = job_credentials.issue(_config("file:///var/store"), 3600, issuer)
+    local = job_credentials.issue(_config("file:///var/store", tmp_path), 3600, issuer)
     assert local["isolation"] == "scoped-handle" and len(issuer.issued) == 2
 
 
@@ -183,3 +187,24 @@ def test_worker_hook_reports_every_refusal_and_changes_nothing_for_the_caller():
         store_audit._done = False
     assert [(e.operation, e.bucket, e.key, e.code) for e in seen] == [("GetObject", "ckpts", "teams/vision/x",
                                                                        "AccessDenied")]
+
+
+def test_the_grant_reads_the_dataset_where_its_shards_stream_from(tmp_path):
+    """The grant's dataset read is the version's prefix in its store (source.json, or the shipped inputs), never
+    the resolved folder's local path (which granted nothing: a remote catalog's shards were refused)."""
+    from tests.segment_configs import segment_config
+    from trainforge.contract.config import ShippedInputs
+    from trainforge.tasks.job_credentials import sources
+
+    folder = tmp_path / "resolved"
+    folder.mkdir()
+    (folder / "source.json").write_text(json.dumps({"store_url": "s3://data/catalog", "prefix": "web/versions/v3"}))
+    remote = segment_config(storage_url="s3://ckpts", dataset={"path": str(folder)})
+    assert sources(remote) == ["s3://data/catalog/web/versions/v3"]
+    grant = grant_from_uris(remote.storage_url, "t", "j", sources(remote))
+    assert grant is not None and grant.reads == ("data/catalog/web/versions/v3",)
+    assert sources(segment_config(storage_url="s3://ckpts", dataset={"path": str(tmp_path)})) == [None]  # local shards
+    shipped = remote.model_copy(update={"inputs": ShippedInputs(
+        code="inputs/code/a.tar", code_sha256="a", dataset_store="s3://ckpts",
+        dataset_prefix="teams/t/jobs/j/inputs/datasets/web/versions/v3")})
+    assert sources(shipped) == ["s3://ckpts/teams/t/jobs/j/inputs/datasets/web/versions/v3"]

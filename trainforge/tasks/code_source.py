@@ -16,8 +16,9 @@
 - An unreachable repository, an unknown commit or an entrypoint missing from the commit is a `JobRejected`
   naming the field, before anything is allocated or recorded.
 
-The tree reaches the workers as `SegmentConfig.code_dir`: a local path on the flow's host today (the local
-backend's workers share it). Remote hosts get it through the object store with the many-hosts launch.
+The tree reaches the workers as `SegmentConfig.code_dir`: a local path on the flow's host (the local backend's
+workers share it). Workers on other machines get it through the object store (tasks/inputs.py publishes it,
+trainer/inputs.py fetches it into the node's folder).
 """
 
 from __future__ import annotations

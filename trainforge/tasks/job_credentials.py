@@ -7,11 +7,14 @@ task result, which Prefect may persist, nor the job record, which keeps the iden
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 from trainforge.contract.config import SegmentConfig
+from trainforge.datasets.catalog import SOURCE_FILE
 from trainforge.infra.storage.credentials import CredentialIssuer, JobCredentials, issuer_from_env
 from trainforge.infra.storage.iam import grant_from_uris, seaweedfs_actions, sts_session_policy
 from trainforge.registry.secrets import register_secret
@@ -23,9 +26,25 @@ _ISSUED: dict[str, tuple[CredentialIssuer, JobCredentials]] = {}
 
 
 def sources(config: SegmentConfig) -> list[str | None]:
-    """What the job reads besides its own prefix: its pinned dataset version, code snapshot and init_from
-    checkpoint (the tokenizer ships inside the dataset version or the init_from checkpoint)."""
-    return [config.dataset.path, config.code_dir, config.init_weights]
+    """What the job reads besides its own prefix: its pinned dataset version where its shards stream from (the
+    tokenizer ships inside it). The code and the init_from weights are files on the flow's host, or, for a gang on
+    other machines, under the job's own prefix (tasks/inputs.py), as is a local dataset version it ships."""
+    return [dataset_source(config)]
+
+
+def dataset_source(config: SegmentConfig) -> str | None:
+    """The dataset version's prefix as a URI (`s3://bucket/.../versions/v`), None when its shards are local files.
+    The resolved folder's `source.json` names it for a remote catalog or lakeFS; the folder's own path never does
+    (granting it granted nothing, and the workers' reads of a remote catalog outside the job's prefix were refused)."""
+    if config.inputs is not None:
+        store, prefix = config.inputs.dataset_store, config.inputs.dataset_prefix
+    else:
+        source = Path(config.dataset.path) / SOURCE_FILE
+        if not config.dataset.path or not source.is_file():
+            return None
+        found = json.loads(source.read_text())
+        store, prefix = found["store_url"], found["prefix"]
+    return f"{store.rstrip('/')}/{prefix.strip('/')}"
 
 
 def issue(config: SegmentConfig, ttl_s: float, issuer: CredentialIssuer | None = None) -> dict[str, Any]:
