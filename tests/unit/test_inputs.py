@@ -135,3 +135,16 @@ def test_a_hosts_job_whose_store_is_a_folder_here_is_refused_before_anything_is_
     with chaos_cluster(hosts_cluster(shared_filesystem=True)):  # every host mounts the folder: it is one store
         assert steps.publish_inputs.fn(flow).inputs is not None
     assert steps.publish_inputs.fn(flow) is flow  # one host (the local backend): read where it is
+
+
+def test_only_a_store_every_host_reaches_passes_for_a_hosts_job() -> None:
+    from trainforge.plan.cluster import LauncherSpec
+    from trainforge.tasks.prepare import JobRejected, check_store_reaches_nodes
+
+    hosts = LauncherSpec(backend="hosts")
+    for here in ("/var/store", "file:///var/store", "store"):  # every form open_store takes for a folder
+        with pytest.raises(JobRejected, match="shared_filesystem"):
+            check_store_reaches_nodes(here, hosts)
+    check_store_reaches_nodes("s3://bucket/root", hosts)
+    check_store_reaches_nodes("/var/store", LauncherSpec(backend="hosts", shared_filesystem=True))
+    check_store_reaches_nodes("/var/store", LauncherSpec())  # one host

@@ -250,7 +250,7 @@ class EmbeddedCatalog:
     def _materialize(self, name: str, version: str, ref: str) -> ResolvedDataset:
         """A remote version as a local folder: its manifest plus source.json naming the store and prefix."""
         folder = home() / "cache" / "catalog" / name / version
-        self._manifest_key(name, version)
+        self._manifest_key(name, version)  # raises CatalogError for a version that is not committed
         write_source_folder(folder, self.store, f"{name}/versions/{version}")
         return load_version_dir(folder, ref)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from trainforge.contract.config import SegmentConfig
 from trainforge.datasets.catalog import write_source_folder
 from trainforge.infra.storage import ObjectStore, open_store
-from trainforge.trainer.checkpoint import with_job_credentials
+from trainforge.infra.storage.credentials import with_job_credentials
 
 LOCK_TIMEOUT_S = 600.0
 """How long a rank waits for another rank of its node to finish fetching (a large code tree on a slow link)."""
