@@ -16,7 +16,7 @@ from trainforge.contract.config import ResolvedDataset, SegmentConfig
 from trainforge.datasets.refs import resolve_reference
 from trainforge.datasets.tokenizer_match import tokenizer_problem
 from trainforge.home import home
-from trainforge.plan.cluster import ClusterSpec
+from trainforge.plan.cluster import ClusterSpec, LauncherSpec
 from trainforge.plan.job import auto_checkpoint_interval
 from trainforge.plan.job import (
     make_plan as make_plan,  # re-exported: the flow's steps and the CLI call it from here
@@ -101,6 +101,18 @@ def code_dir(spec: JobSpec, base_dir: Path) -> Path:
 
 def storage_url() -> str:
     return os.environ.get("TRAINFORGE_STORAGE_URL") or (home() / "store").as_uri()
+
+
+def check_store_reaches_nodes(url: str, launcher: LauncherSpec) -> None:
+    """A gang on other machines (`hosts`) reads and writes everything through the store (checkpoints, the channel,
+    its inputs): one that is a folder on this host is out of their reach, unless every host mounts it."""
+    if launcher.backend != "hosts" or url.startswith("s3://") or launcher.shared_filesystem:
+        return
+    raise JobRejected(
+        f"the object store {url} is a folder on the flow's host, which the cluster's other machines cannot reach "
+        "(launcher.backend: hosts). Fix: set TRAINFORGE_STORAGE_URL to an s3:// bucket every host reaches "
+        "(docs/production.md, \"Running on your machines\"), or set launcher.shared_filesystem: true if every host "
+        "mounts that folder at the same path")
 
 
 def worker_config(spec: JobSpec, job_id: str, run_dir: Path, base_dir: Path, dataset: dict[str, Any],

@@ -61,13 +61,7 @@ def publish_inputs(config: SegmentConfig) -> SegmentConfig:
     launcher = default_cluster().launcher
     if launcher.backend != "hosts":
         return config
-    if config.storage_url.startswith("file:") and not launcher.shared_filesystem:
-        # Checkpoints, the channel and these inputs all go through the store: a folder here is out of the nodes' reach.
-        raise prepare.JobRejected(
-            f"the object store {config.storage_url} is a folder on the flow's host, which the cluster's other "
-            "machines cannot reach (launcher.backend: hosts). Fix: set TRAINFORGE_STORAGE_URL to an s3:// bucket "
-            "every host reaches (docs/production.md, \"Running on your machines\"), or set launcher."
-            "shared_filesystem: true if every host mounts that folder at the same path")
+    prepare.check_store_reaches_nodes(config.storage_url, launcher)  # checked at submit too; the cluster may move
     from trainforge.tasks.inputs import publish_inputs as publish
 
     return publish(config)

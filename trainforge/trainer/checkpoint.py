@@ -47,6 +47,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from trainforge.infra.storage import ObjectStore
+from trainforge.infra.storage.credentials import with_job_credentials
 from trainforge.registry.dedup import ChunkWriter, UploadStats, default_codec, referenced_chunks
 from trainforge.registry.manifest import (
     CheckpointRef,
@@ -83,16 +84,6 @@ def restore_rng(state: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(state["torch_cpu"])
     if "torch_cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["torch_cuda"])
-
-
-def with_job_credentials(store: ObjectStore) -> ObjectStore:
-    """The job's own S3 identity when the platform handed one to the workers (TRAINFORGE_JOB_S3_ACCESS_KEY_ID /
-    TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY; in production rendered from `render_job_iam_policy`): the server then
-    refuses anything outside the job prefix, on top of the handle's own scope."""
-    key, secret = os.environ.get("TRAINFORGE_JOB_S3_ACCESS_KEY_ID"), os.environ.get("TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY")
-    if key and secret and hasattr(store, "with_credentials"):
-        return store.with_credentials(key, secret)
-    return store
 
 
 def _freeze_buffers(model_sd: dict[str, Any], model: torch.nn.Module) -> None:

@@ -242,3 +242,13 @@ def issuer_from_env(env: Mapping[str, str] | None = None) -> CredentialIssuer | 
         return StsIssuer(arg)
     raise ValueError(f"{ENV_VAR}={value!r}: use seaweedfs:/path/to/s3-identities.json, sts:arn:aws:iam::ACCOUNT:"
                      "role/NAME or none")
+
+
+def with_job_credentials(store: Any) -> Any:
+    """The job's own S3 identity when the platform handed one to the workers (TRAINFORGE_JOB_S3_ACCESS_KEY_ID /
+    TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY; in production rendered from `render_job_iam_policy`): the server then
+    refuses anything outside the job prefix, on top of the handle's own scope."""
+    key, secret = os.environ.get("TRAINFORGE_JOB_S3_ACCESS_KEY_ID"), os.environ.get("TRAINFORGE_JOB_S3_SECRET_ACCESS_KEY")
+    if key and secret and hasattr(store, "with_credentials"):
+        return store.with_credentials(key, secret)
+    return store
