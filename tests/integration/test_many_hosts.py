@@ -64,8 +64,12 @@ def rig_cluster(rig: TestHosts, work_dir: Path, racks: list[str] | None = None, 
     local dataset catalog) and the code folder are hidden from them, the virtual environment read-only, so any path
     of the flow's a worker opens fails the job (the store is the rig's SeaweedFS: `rig_store`)."""
     racks = racks or ["rack-a"] * len(rig.names)
+    # Each host's in-memory replicas in a folder of its own, under this test's (removed with it): a machine's
+    # /dev/shm is its own, and the flow's setting never reaches a node (infra/launch.py NODE_ENV_NEVER).
+    replicas = os.environ["TRAINFORGE_REPLICA_DIR"]
     runner = rig.confined_runner_template(hidden=[home(), EXAMPLES], read_only=[Path(sys.prefix)],
-                                          homes=work_dir / "homes")
+                                          homes=work_dir / "homes",
+                                          node_env={"TRAINFORGE_REPLICA_DIR": f"{replicas}/{{host}}"})
     return {"name": f"rig-{rig.token}", "node_mtbf_hours": 10000,
             "launcher": {"backend": "hosts", "runner": runner, "interface": "eth0",
                          "work_dir": str(work_dir), "start_timeout_s": 30},
@@ -266,6 +270,7 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
     detection = incident["detected_at"] - fault.at
     segments = record.data["segments"]
     assert [s["state"] for s in segments] == ["failed", "completed"]
+    assert segments[0]["error"].count(f"node {fault.host} lost") == 1, segments[0]["error"]  # said once
     restart = segments[1]["started_at"] - incident["detected_at"]
     second = record.data["allocation"]["nodes"]
     assert fault.host not in second and len(second) == 3  # the spare took its place

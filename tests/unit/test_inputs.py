@@ -69,9 +69,10 @@ def test_a_node_gets_the_flows_inputs_byte_for_byte_and_never_reads_the_flows_di
     init_bytes = Path(flow.init_weights or "").read_bytes()
 
     shutil.rmtree(tmp_path / "flow")  # the node has none of the flow's paths
-    node = published.for_node(str(tmp_path / "node" / "job"), str(tmp_path / "node" / "seg-0" / "run"))
+    node = published.for_node(str(tmp_path / "node" / "job"))
     local = localize(node)
     assert local.inputs is None and local.staging_dir == str(tmp_path / "node" / "job" / "staging")
+    assert local.run_dir == str(tmp_path / "node" / "job" / "run")
     code = Path(local.code_dir)
     assert code.is_relative_to(tmp_path / "node") and (code / "pkg" / "model.py").read_text().endswith("return 1\n")
     assert os.access(code / "train.sh", os.X_OK)
@@ -100,7 +101,7 @@ def test_a_fetched_input_that_is_not_what_the_config_names_is_refused(tmp_path: 
     published = publish_inputs(flow)
     assert published.inputs is not None
     open_store(flow.storage_url).put_bytes(f"{flow.storage_prefix}/{published.inputs.code}", b"tampered")
-    node = published.for_node(str(tmp_path / "node"), str(tmp_path / "node" / "run"))
+    node = published.for_node(str(tmp_path / "node"))
     with pytest.raises(InputsFetchError, match="sha256"):
         localize(node)
     assert not (tmp_path / "node" / "inputs" / "code" / published.inputs.code_sha256).exists()
@@ -148,3 +149,14 @@ def test_only_a_store_every_host_reaches_passes_for_a_hosts_job() -> None:
     check_store_reaches_nodes("s3://bucket/root", hosts)
     check_store_reaches_nodes("/var/store", LauncherSpec(backend="hosts", shared_filesystem=True))
     check_store_reaches_nodes("/var/store", LauncherSpec())  # one host
+
+
+def test_a_missing_input_is_the_platforms_fault_named_with_its_key_and_store(tmp_path: Path,
+                                                                             flow: SegmentConfig) -> None:
+    published = publish_inputs(flow)
+    assert published.inputs is not None
+    store = open_store(flow.storage_url)
+    store.delete(f"{flow.storage_prefix}/{published.inputs.init_weights}")
+    with pytest.raises(InputsFetchError, match=r"inputs/init/.*from file://.*resubmit"):
+        localize(published.for_node(str(tmp_path / "node")))
+    assert not list((tmp_path / "node" / "inputs" / "init").glob("*")), "nothing half-fetched is left"

@@ -138,7 +138,11 @@ def test_several_agents_on_this_host_keep_their_given_order_and_one_static_maste
 def test_a_remote_node_gets_settings_and_the_jobs_secrets_never_the_flow_hosts_paths_or_devices():
     env = {"PATH": "/flow/bin", "HOME": "/root", "TRAINFORGE_HOME": "/flow/home", "TRAINFORGE_JOB_CONFIG": "/c",
            "AWS_ACCESS_KEY_ID": "job", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "0", "HF_TOKEN": "t",
-           "MY_SECRET": "s", "PYTHONUNBUFFERED": "1", "VIRTUAL_ENV": "/flow/venv"}
+           "MY_SECRET": "s", "PYTHONUNBUFFERED": "1", "VIRTUAL_ENV": "/flow/venv", "TRAINFORGE_STORAGE_URL": "s3://b",
+           "TRAINFORGE_DATA_CACHE": "/flow/cache", "TRAINFORGE_REPLICA_DIR": "/dev/shm/flow", "HF_HOME": "/flow/hf",
+           "TORCH_EXTENSIONS_DIR": "/flow/ext", "AWS_SHARED_CREDENTIALS_FILE": "/flow/.aws/credentials",
+           "TRAINFORGE_DATASETS_URL": "s3://catalog", "TRAINFORGE_JOB_CREDENTIALS": "seaweedfs",
+           "TRAINFORGE_S3_ENDPOINT": "http://10.0.0.1:8333"}
     assert node_environment(env, {"MY_SECRET": "s"}) == {
-        "TRAINFORGE_JOB_CONFIG": "/c", "AWS_ACCESS_KEY_ID": "job", "OMP_NUM_THREADS": "1", "HF_TOKEN": "t",
-        "MY_SECRET": "s", "PYTHONUNBUFFERED": "1"}
+        "AWS_ACCESS_KEY_ID": "job", "OMP_NUM_THREADS": "1", "HF_TOKEN": "t", "MY_SECRET": "s",
+        "PYTHONUNBUFFERED": "1", "TRAINFORGE_STORAGE_URL": "s3://b", "TRAINFORGE_S3_ENDPOINT": "http://10.0.0.1:8333"}

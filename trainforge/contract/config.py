@@ -181,11 +181,12 @@ class SegmentConfig(BaseModel):
                                        "skip_samples": tuple(sorted(skip_samples)),
                                        "layout": layout or self.layout})
 
-    def for_node(self, node_dir: str, run_dir: str) -> SegmentConfig:
-        """One node's copy for a gang on other machines: its job folder (inputs, staging; kept across segments so
-        a later one reuses the fetched inputs and the verified checkpoint copy) and this segment's run folder."""
+    def for_node(self, node_dir: str) -> SegmentConfig:
+        """One node's copy for a gang on other machines: its folder for the job (fetched inputs, staging, run files
+        such as a fault drill's fire-once markers), kept across segments so a later one reuses the fetched inputs
+        and the verified checkpoint copy."""
         return self.model_copy(update={"node_dir": node_dir, "staging_dir": f"{node_dir}/staging",
-                                       "run_dir": run_dir})
+                                       "run_dir": f"{node_dir}/run"})
 
     def dump_json(self) -> str:
         return self.model_dump_json(indent=1)

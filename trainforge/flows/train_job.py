@@ -31,6 +31,7 @@ from trainforge.contract.router import (
     TrackMetrics,
 )
 from trainforge.events import read_typed_events
+from trainforge.plan.cluster import default_cluster
 from trainforge.registry.jobs import JobRecord, JobStore, is_job_id, new_job_id
 from trainforge.registry.lineage import LineageStore, parse_target
 from trainforge.registry.secrets import job_access_policy, redact, resolve_secrets
@@ -150,6 +151,7 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     for warning in dataset.get("warnings", []):
         log.warning(warning)
     plan = steps.plan(jobspec, dataset, layout=checked.layout)
+    prepare.check_store_reaches_nodes(prepare.storage_url(), default_cluster().launcher)  # before any record
     record = _open_record(jobspec, job_id or (None if resume else _new_job_id(jobspec)), resume, doc, source)
     init = steps.resolve_init_weights(jobspec, str(record.folder), str(base_dir), dataset) if jobspec.init_from else None
     config = prepare.worker_config(jobspec, record.job_id, record.folder, Path(base_dir), dataset, plan,

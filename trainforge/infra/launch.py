@@ -179,8 +179,17 @@ def worker_environment(base: dict[str, str], *, config_path: str, segment_attemp
 NODE_ENV_PREFIXES = ("TRAINFORGE_", "AWS_", "NCCL_", "GLOO_", "TORCH_", "TORCHELASTIC_", "HF_", "OMP_", "MKL_",
                      "PYTORCH_")
 NODE_ENV_NAMES = frozenset({"PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "LD_PRELOAD"})
-NODE_ENV_NEVER = frozenset({"TRAINFORGE_HOME", "TRAINFORGE_CLUSTER", "CUDA_VISIBLE_DEVICES"})
-"""The flow host's own folders and devices: another machine has its own (its home, its accelerators)."""
+NODE_ENV_NEVER = frozenset({
+    # the flow host's own folders and devices: another machine has its own (its home, caches, accelerators)
+    "TRAINFORGE_HOME", "TRAINFORGE_CLUSTER", "CUDA_VISIBLE_DEVICES", "TRAINFORGE_DATA_CACHE",
+    "TRAINFORGE_REPLICA_DIR", "TORCH_EXTENSIONS_DIR", "HF_HOME", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+    # the flow's own: the node agent names the config it writes, and the catalogs and issuer are the flow's
+    "TRAINFORGE_JOB_CONFIG", "TRAINFORGE_DATASETS_URL", "TRAINFORGE_LINEAGE_URL", "TRAINFORGE_JOB_CREDENTIALS",
+    "TRAINFORGE_SCHEDULER_URL", "TRAINFORGE_SECRETS_DIR", "TRAINFORGE_SECRET_STORE", "TRAINFORGE_ARTIFACT_ROOT",
+    "TRAINFORGE_ALERT_RULES",
+})
+"""What never passes to another machine: paths on the flow's host and settings only the flow reads. A node's own
+values (its cache or replica folder) are the node's environment, set where its runner logs in."""
 
 
 def node_environment(worker_env: Mapping[str, str], secrets: Mapping[str, str]) -> dict[str, str]:

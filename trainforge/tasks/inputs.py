@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import tarfile
 from pathlib import Path
@@ -28,6 +29,9 @@ from pathlib import Path
 from trainforge.contract.config import SegmentConfig, ShippedInputs
 from trainforge.datasets.catalog import SOURCE_FILE, load_version_dir, publish_version
 from trainforge.infra.storage import ObjectExistsError, ObjectStore, open_store
+from trainforge.tasks.prepare import JobRejected
+
+log = logging.getLogger(__name__)
 
 CODE_SKIP = frozenset({".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache",
                        "node_modules"})
@@ -35,7 +39,7 @@ CODE_SKIP = frozenset({".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".
 MAX_CODE_BYTES = 256 * 2**20
 
 
-class InputsError(ValueError):
+class InputsError(JobRejected):
     """The flow cannot ship an input to the job's nodes (the message says which, why and what to do)."""
 
 
@@ -48,8 +52,11 @@ def code_tar(folder: Path, max_bytes: int = MAX_CODE_BYTES) -> bytes:
             dirs[:] = sorted(d for d in dirs if d not in CODE_SKIP and not os.path.islink(os.path.join(root, d)))
             for name in sorted(files):
                 path = Path(root) / name
-                if path.is_symlink() or not path.is_file() or name.endswith((".pyc", ".pyo")):
-                    continue  # a link may point anywhere on the flow's host: the node could not follow it
+                if path.is_symlink():  # it may point anywhere on the flow's host: the node could not follow it
+                    log.warning("code folder %s: symbolic link %s is not shipped to the job's nodes", folder, path)
+                    continue
+                if not path.is_file() or name.endswith((".pyc", ".pyo")):
+                    continue
                 total += path.stat().st_size
                 if total > max_bytes:
                     raise InputsError(
@@ -57,7 +64,8 @@ def code_tar(folder: Path, max_bytes: int = MAX_CODE_BYTES) -> bytes:
                         "nodes with every job. Fix: keep data and weights out of code.repo (the dataset and "
                         "init_from carry them), or point code.repo at a git repository the nodes fetch")
                 info = tarfile.TarInfo(str(path.relative_to(folder)))
-                info.size, info.mtime, info.mode = path.stat().st_size, 0, 0o755 if os.access(path, os.X_OK) else 0o644
+                mode = path.stat().st_mode
+                info.size, info.mtime, info.mode = path.stat().st_size, 0, 0o755 if mode & 0o100 else 0o644
                 with path.open("rb") as f:
                     tar.addfile(info, f)
     return buf.getvalue()

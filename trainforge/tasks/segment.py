@@ -38,6 +38,7 @@ from trainforge.infra.backends.hosts import (
 )
 from trainforge.infra.backends.local import LocalGang, LocalMultiNodeGang, SidecarSpec, free_port
 from trainforge.infra.backends.node_agent import NodeProgram
+from trainforge.infra.backends.node_logs import fetch_node_logs
 from trainforge.infra.launch import (
     GangNode,
     NodeLaunch,
@@ -235,6 +236,13 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
     # killed between the manifest and the report, with its node or by the stop above) is booked now, before the
     # caller decides on a retry, which resumes from the newest manifest in the store.
     supervisor.report_unreported_commits(store, config.storage_prefix)
+    if remote:  # the nodes' logs, uploaded by their agents before they reported their exits (node_logs.py)
+        for i, name in enumerate(names):
+            try:
+                fetch_node_logs(store, node_logs_key(config, attempt, name), i, log_dir)
+            except Exception as exc:  # the segment's own outcome matters more than its logs
+                logger.warning("job %s: the logs of node %s (segment %d) could not be fetched: %s",
+                               config.job_id, name, attempt, exc)
     duration = time.monotonic() - t0
     end = _last_segment_end(record, since=started)
     if code != 0 and not (supervisor.preempting and end is not None and end.reason == "preempted"):
@@ -298,14 +306,18 @@ def _hosts_gang(launcher: LauncherSpec, nodes: list[GangNode], per_node: int, ma
         program = NodeProgram(node=launch.node.name, work_dir=f"{work}/{launch.node.name}", torchrun=launch.command(),
                               sidecar=sidecar.command(), env=node_env | launch.env | {
                                   "TRAINFORGE_CHANNEL_SOCKET": sidecar.socket},
-                              config=attempt_config.for_node(f"{jobs}/{launch.node.name}",
-                                                             f"{work}/{launch.node.name}/run").dump_json(),
+                              config=attempt_config.for_node(f"{jobs}/{launch.node.name}").dump_json(),
                               gpu_type=gpu_type, devices=list(launch.node.devices),
-                              workers=per_node, pick_port=i == 0 and launcher.rendezvous_port is None)
+                              workers=per_node, pick_port=i == 0 and launcher.rendezvous_port is None,
+                              logs_url=config.storage_url, logs_key=node_logs_key(config, attempt, launch.node.name))
         argv = runner_command(launcher.runner, launch.node.name, agent_command(python))
         remote.append(RemoteNode(launch.node.name, launch.node.address, argv, program,
                                  log_dir / f"runner-{launch.node.name}.log"))
     return HostsGang(remote, start_timeout_s=launcher.start_timeout_s), launches
+
+
+def node_logs_key(config: SegmentConfig, attempt: int, node: str) -> str:
+    return f"{config.storage_prefix}/logs/segment-{attempt}/{node}"
 
 
 def _finish(record: JobRecord, attempt: int, state: str, error: str | None = None) -> None:
@@ -344,8 +356,10 @@ def _failure(record: JobRecord, attempt: int, log_dir: Path, code: int, supervis
     reports = failure_reports(record, attempt)
     root = supervisor.root_cause() if supervisor is not None else None
     if supervisor is not None and supervisor.terminate_requested:
-        return SegmentFailed(f"segment {attempt} stopped by policy: {supervisor.terminate_requested}; "
-                             f"{root.message if root else ''}", "infra", root.rank if root else None)
+        why = supervisor.terminate_requested
+        if root is not None and root.message != why:  # the stop is often the root cause itself (a lost node)
+            why = f"{why}; {root.message}"
+        return SegmentFailed(f"segment {attempt} stopped by policy: {why}", "infra", root.rank if root else None)
     if reports and reports[0].failure == "divergence" and reports[0].step is not None and config is not None \
             and supervisor is not None:
         return _divergence(record, attempt, reports[0], supervisor, config)

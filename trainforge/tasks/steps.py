@@ -61,7 +61,7 @@ def publish_inputs(config: SegmentConfig) -> SegmentConfig:
     launcher = default_cluster().launcher
     if launcher.backend != "hosts":
         return config
-    prepare.check_store_reaches_nodes(config.storage_url, launcher)
+    prepare.check_store_reaches_nodes(config.storage_url, launcher)  # checked at submit too; the cluster may move
     from trainforge.tasks.inputs import publish_inputs as publish
 
     return publish(config)

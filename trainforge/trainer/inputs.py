@@ -55,18 +55,33 @@ def _node_lock(folder: Path, timeout_s: float) -> Iterator[None]:
         os.close(fd)  # releases the lock, also when this process is killed
 
 
-def _checked(data: bytes, sha256: str, key: str) -> bytes:
-    got = hashlib.sha256(data).hexdigest()
-    if got != sha256:
-        raise InputsFetchError(f"the job's input {key} has sha256 {got[:16]}..., its config says {sha256[:16]}...")
-    return data
+def _mismatch(key: str, got: str, sha256: str) -> InputsFetchError:
+    return InputsFetchError(f"the job's input {key} has sha256 {got[:16]}..., its config says {sha256[:16]}...: "
+                            "it changed in the store after the flow published it; resubmit the job")
+
+
+@contextlib.contextmanager
+def _fetching(store: ObjectStore, key: str) -> Iterator[None]:
+    """A store error while fetching an input, said as what it is: the platform's, naming the key and the store."""
+    try:
+        yield
+    except InputsFetchError:
+        raise
+    except Exception as exc:
+        raise InputsFetchError(
+            f"could not fetch the job's input {key} from {store.url}: {type(exc).__name__}: {exc}. The node must "
+            "reach the job's object store (its endpoint and credentials in the node's environment), and the flow "
+            "published the input before the segment started: a prefix deleted since needs a resubmit") from exc
 
 
 def _code(store: ObjectStore, key: str, sha256: str, folder: Path) -> Path:
     final = folder / "code" / sha256
     if final.is_dir():
         return final
-    data = _checked(store.get_bytes(key), sha256, key)
+    with _fetching(store, key):
+        data = store.get_bytes(key)  # at most tasks/inputs.py MAX_CODE_BYTES
+    if (got := hashlib.sha256(data).hexdigest()) != sha256:
+        raise _mismatch(key, got, sha256)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=final.parent))
     try:
@@ -79,14 +94,26 @@ def _code(store: ObjectStore, key: str, sha256: str, folder: Path) -> Path:
 
 
 def _weights(store: ObjectStore, key: str, sha256: str, folder: Path) -> Path:
+    """Streamed to a file (weights are gigabytes: never whole in memory), hashed from disk, renamed into place."""
     final = folder / "init" / f"{sha256}.safetensors"
     if final.is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".fetch-", dir=final.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(_checked(store.get_bytes(key), sha256, key))
-    os.replace(tmp, final)
+    fd, name = tempfile.mkstemp(prefix=".fetch-", dir=final.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        with _fetching(store, key):
+            store.get_file(key, tmp)
+        digest = hashlib.sha256()
+        with tmp.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        if (got := digest.hexdigest()) != sha256:
+            raise _mismatch(key, got, sha256)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
     return final
 
 
@@ -115,8 +142,10 @@ def localize(cfg: SegmentConfig, *, lock_timeout_s: float = LOCK_TIMEOUT_S) -> S
             weights = str(_weights(job, f"{cfg.storage_prefix}/{inputs.init_weights}", inputs.init_weights_sha256,
                                    folder))
         version = cfg.dataset.require_pinned()
-        data = write_source_folder(folder / "datasets" / version, _dataset_store(inputs.dataset_store),
-                                   inputs.dataset_prefix, url=inputs.dataset_store)
+        dataset_store = _dataset_store(inputs.dataset_store)
+        with _fetching(dataset_store, f"{inputs.dataset_prefix}/manifest.json"):
+            data = write_source_folder(folder / "datasets" / version, dataset_store, inputs.dataset_prefix,
+                                       url=inputs.dataset_store)
     return cfg.model_copy(update={"code_dir": str(code), "init_weights": weights, "inputs": None,
                                   "dataset": cfg.dataset.model_copy(update={"path": str(data)})})
 

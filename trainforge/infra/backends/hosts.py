@@ -30,6 +30,7 @@ from pathlib import Path
 
 from trainforge.infra.backends.local import gang_exit_code
 from trainforge.infra.backends.node_agent import NodeProgram
+from trainforge.infra.backends.node_logs import UPLOAD_TIMEOUT_S
 from trainforge.infra.launch import with_rendezvous_port
 
 AGENT_MODULE = "trainforge.infra.backends.node_agent"
@@ -165,9 +166,9 @@ class HostsGang:
 
     nodes: list[RemoteNode]
     start_timeout_s: float = 60.0
-    stop_wait_s: float = 30.0
+    stop_wait_s: float = 30.0 + UPLOAD_TIMEOUT_S
     """How long a node's agent has, past the grace, to stop its processes and report (node_agent.py: SIGKILL 5 s
-    after the grace, the sidecar's 15 s, the reaping of what is left)."""
+    after the grace, the sidecar's 15 s, the reaping of what is left, then its logs' upload, node_logs.py)."""
     lost: Callable[[], frozenset[str]] = frozenset
     """The nodes known lost (the supervisor's channel): a stop does not wait for them, their runner is ended at
     once (a host behind a broken link cannot answer; fencing it is the network layer's)."""
@@ -220,8 +221,9 @@ class HostsGang:
         """Nodes lost whole: the runner ended without the agent's exit line, or the agent died of a signal."""
         return [i for i, node in enumerate(self.nodes) if (code := node.poll()) is not None and code < 0]
 
-    def stop_sidecar(self, timeout_s: float = 15.0) -> None:
-        """Each node's agent stops its sidecar as soon as its torchrun agent ends: wait for them to report."""
+    def stop_sidecar(self, timeout_s: float = 15.0 + UPLOAD_TIMEOUT_S) -> None:
+        """Each node's agent stops its sidecar as soon as its torchrun agent ends, uploads its logs, then reports:
+        wait for that."""
         deadline = time.monotonic() + timeout_s
         for node in self.nodes:
             while node.poll() is None and time.monotonic() < deadline:

@@ -73,6 +73,10 @@ class NodeProgram:
     """Workers on this node: OMP_NUM_THREADS is the node's cores divided among them, unless `env` sets it."""
     pick_port: bool = False
     """Pick a free port here for the rendezvous this node hosts (torchrun's `--rdzv-endpoint=ADDR:0`)."""
+    logs_url: str | None = None
+    """The job's object store: the node's logs go up there when the segment ends (infra/backends/node_logs.py)."""
+    logs_key: str | None = None
+    """Their key there (`{job prefix}/logs/segment-{attempt}/{node}`)."""
 
     def to_line(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":")) + "\n"
@@ -218,6 +222,13 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
         code = _supervise(agent, sidecar, stdin)
     finally:
         _reap_all()  # a worker whose torchrun died first (its own session) re-parented here
+    if program.logs_url and program.logs_key:  # before the exit line: the flow reads them once it has that
+        from trainforge.infra.backends.node_logs import upload_bounded
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # a stop now must not cost the exit line (the node is done)
+            signal.signal(sig, signal.SIG_IGN)
+        os.environ.update({k: v for k, v in program.env.items() if k.startswith(("AWS_", "TRAINFORGE_"))})
+        upload_bounded(program.logs_url, program.logs_key, work)
     _emit(out, exit=code)
     return code
 
