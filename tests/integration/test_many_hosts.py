@@ -47,15 +47,19 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEPS = 12
 
 
-def tiny_spec(workers: int, per_node: int, name: str = "tiny-hosts") -> dict[str, Any]:
-    """The tiny job, data parallel over `workers` (one micro-batch of 2 each), checkpointed every 4 steps."""
+def tiny_spec(workers: int, per_node: int, name: str = "tiny-hosts", evaluate: bool = False) -> dict[str, Any]:
+    """The tiny job, data parallel over `workers` (one micro-batch of 2 each), checkpointed every 4 steps; the
+    newest checkpoint is promoted, so every run's model is its final weights. `evaluate`: each checkpoint evaluated
+    too (scenario a's run, the whole flow); the others compare losses, weights and placement, which evaluation
+    (offline, on the flow's host, after the commit) does not touch, so they skip its processes."""
     doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
     doc["name"] = name
     doc["training"].update({"max_steps": STEPS, "global_batch_size": 2 * workers, "seq_len": 64})
     doc["resources"].update({"min_gpus": workers, "gpus_per_node": per_node})
     doc["parallelism"].update({"dp": workers, "micro_batch_size": 2})
     doc["checkpoint"]["interval_steps"] = 4
-    doc["evaluation"]["batches"] = 1
+    doc["checkpoint"].pop("keep_best", None)
+    doc["evaluation"].update({"batches": 1, "enabled": evaluate})
     return doc
 
 
@@ -146,7 +150,7 @@ def reference(prefect_api, tmp_path_factory) -> Reference:
         ensure_demo_dataset()
         work = tmp_path_factory.mktemp("hosts-ref-nodes")
         with netns_hosts(3) as rig, rig_store(rig, tmp_path_factory.mktemp("hosts-ref-s3"), mp):
-            result = run_flow(tiny_spec(workers=6, per_node=2), rig_cluster(rig, work))
+            result = run_flow(tiny_spec(workers=6, per_node=2, evaluate=True), rig_cluster(rig, work))
         return Reference(home, result, rig.names, work)
 
 
@@ -155,6 +159,11 @@ def test_three_hosts_train_the_tiny_job_through_the_flow_as_one_host_does(refere
     assert spread["state"] == "completed" and spread["model"]["version"]
     record = JobStore(reference.home / "jobs").get(spread["job_id"])
     assert sorted(record.data["allocation"]["nodes"]) == sorted(reference.hosts)
+    # the whole flow: each checkpoint committed, the newest evaluated and promoted (an older one is evaluated only
+    # if it was not yet superseded when its turn came: no keep_best ranks them, contract/evaluation.py)
+    checkpoints = {int(s): c for s, c in record.data["checkpoints"].items()}
+    assert sorted(checkpoints) == [4, 8, 12] and "eval_loss" in checkpoints[12]
+    assert spread["model"]["step"] == STEPS
     # every node agent ran on its own host: the workers' logs are in each host's node-local work folder
     for host in reference.hosts:
         assert list((reference.work_dir / spread["job_id"]).glob(f"segment-0/{host}/logs/*/attempt_0/*/stdout.log"))

@@ -167,5 +167,83 @@ def test_a_host_that_cannot_start_its_agent_stops_the_others_and_is_named(tmp_pa
     assert err.value.host == "bad" and "host bad (10.0.0.2)" in str(err.value)
     assert "/nonexistent/python" in str(err.value)  # what its runner printed
     assert time.monotonic() - t0 < 20
-    assert started_all(tmp_path / "good", 5) and gone_within(tmp_path / "good", 5)
+    # the good host's agent was held (inputs fetched, `ready`), never told to go: it started nothing, and ended
+    assert ok.ready.is_set() and not (tmp_path / "good" / "pids").exists()
     assert ok.poll() is not None
+
+
+# ------------------------------------------------------------------------------- inputs first, then all at once
+
+# A stand-in for torchrun that records its words and whether the node's inputs were there when it started.
+RECORDER = """
+import json, os, sys, time
+work, node_dir = sys.argv[1], sys.argv[2]
+fetched = os.path.isdir(os.path.join(node_dir, "inputs", "code"))
+open(os.path.join(work, "argv.json"), "w").write(json.dumps({"argv": sys.argv, "fetched": fetched}))
+time.sleep(600)
+"""
+
+
+def inputs_program(tmp_path: Path, node: str, config: str, first: bool) -> NodeProgram:
+    work = tmp_path / node / "segment-0"
+    return NodeProgram(node=node, work_dir=str(work),
+                       torchrun=[sys.executable, "-c", RECORDER, str(work), str(tmp_path / node),
+                                 "--rdzv-endpoint=10.0.0.1:0"],
+                       config=config, workers=1, pick_port=first)
+
+
+def published_config(tmp_path: Path):
+    from tests.segment_configs import segment_config
+    from tests.unit.test_inputs import code_folder
+    from trainforge.datasets.catalog import EmbeddedCatalog
+    from trainforge.datasets.demo import tiny_dataset
+    from trainforge.tasks.inputs import publish_inputs
+
+    flow = tmp_path / "flow"
+    ds = tiny_dataset(EmbeddedCatalog(flow / "catalog"), "ds-in", num_samples=20, sample_len=9, seed=5)
+    (flow / "init.safetensors").write_bytes(os.urandom(1024))
+    return publish_inputs(segment_config(storage_url=(tmp_path / "store").as_uri(), code_dir=str(code_folder(flow)),
+                                         init_weights=str(flow / "init.safetensors"), run_dir=str(flow / "run"),
+                                         dataset={"ref": "catalog://ds-in@main", "name": "ds-in",
+                                                  "version": ds.version, "path": str(ds.path)}))
+
+
+def test_every_node_fetches_its_inputs_before_any_torchrun_starts_and_joins_the_first_nodes_port(tmp_path):
+    config = published_config(tmp_path)
+    nodes = [RemoteNode(name, f"10.0.0.{i + 1}", agent_command(sys.executable),
+                        inputs_program(tmp_path, name, config.for_node(str(tmp_path / name)).dump_json(), i == 0),
+                        tmp_path / f"runner-{name}.log") for i, name in enumerate(["n0", "n1"])]
+    gang = HostsGang(nodes, start_timeout_s=30, inputs_timeout_s=60)
+    try:
+        gang.start()
+        assert all(node.fetching_since is not None and node.ready.is_set() for node in nodes)
+        seen = []
+        for name in ("n0", "n1"):
+            path = tmp_path / name / "segment-0" / "argv.json"
+            deadline = time.monotonic() + 20
+            while not path.is_file() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            seen.append(json.loads(path.read_text()))
+    finally:
+        gang.terminate(grace_s=1.0)
+    assert [s["fetched"] for s in seen] == [True, True]  # torchrun started on each node after its fetch
+    port = nodes[0].port
+    assert port and all(s["argv"][-1] == f"--rdzv-endpoint=10.0.0.1:{port}" for s in seen)
+    assert all(node.poll() is not None for node in nodes)
+
+
+def test_an_input_missing_from_the_store_stops_every_node_before_torchrun_and_blames_no_host(tmp_path):
+    from trainforge.infra.backends.hosts import InputsUnavailable
+    from trainforge.infra.storage import open_store
+
+    config = published_config(tmp_path)
+    assert config.inputs is not None and config.inputs.init_weights is not None
+    open_store(config.storage_url).delete(f"{config.storage_prefix}/{config.inputs.init_weights}")
+    nodes = [RemoteNode(name, f"10.0.0.{i + 1}", agent_command(sys.executable),
+                        inputs_program(tmp_path, name, config.for_node(str(tmp_path / name)).dump_json(), i == 0),
+                        tmp_path / f"runner-{name}.log") for i, name in enumerate(["n0", "n1"])]
+    gang = HostsGang(nodes, start_timeout_s=30, inputs_timeout_s=60)
+    with pytest.raises(InputsUnavailable, match=r"its inputs could not be fetched: .*inputs/init/"):
+        gang.start()
+    assert not list(tmp_path.glob("n*/segment-0/argv.json"))  # no torchrun anywhere
+    assert all(node.poll() is not None for node in nodes)

@@ -148,6 +148,10 @@ class LauncherSpec(BaseModel):
     start_timeout_s: float = Field(default=60.0, gt=0)
     """How long a node's agent may take to start before the launch is given up (every agent stopped, the
     allocation released, the error naming the host)."""
+    inputs_timeout_s: float = Field(default=3600.0, gt=0)
+    """How long a node may take to fetch the job's inputs from the store (its code, a dataset on the flow's disk,
+    the initial weights), counted from when its agent reports it is fetching. The fetch comes before any node starts
+    torchrun, so it is bounded by this, never by the rendezvous's or the process group's timeouts."""
 
     @model_validator(mode="after")
     def _runner_fields(self) -> LauncherSpec:

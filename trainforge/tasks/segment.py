@@ -32,6 +32,7 @@ from trainforge.events import last_of
 from trainforge.infra.backends.hosts import (
     HostsGang,
     HostUnreachable,
+    InputsUnavailable,
     RemoteNode,
     agent_command,
     runner_command,
@@ -192,6 +193,12 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
         _finish(record, attempt, "failed", error=str(exc))
         raise SegmentFailed(f"{exc}: treated as an infrastructure fault (recovery: a gang without {exc.host})",
                             "infra", None) from exc
+    except InputsUnavailable as exc:  # the store lost or changed one: no host to blame, nothing started
+        supervisor.finish()
+        reader.close()
+        _finish(record, attempt, "failed", error=str(exc))
+        raise SegmentFailed(f"{exc}: treated as a platform fault (recovery: a retry fetches again)", "infra",
+                            None) from exc
     except BaseException:  # an interrupt or a runner that cannot start: nothing was left running (start's own)
         reader.close()
         _finish(record, attempt, "cancelled")
@@ -313,7 +320,8 @@ def _hosts_gang(launcher: LauncherSpec, nodes: list[GangNode], per_node: int, ma
         argv = runner_command(launcher.runner, launch.node.name, agent_command(python))
         remote.append(RemoteNode(launch.node.name, launch.node.address, argv, program,
                                  log_dir / f"runner-{launch.node.name}.log"))
-    return HostsGang(remote, start_timeout_s=launcher.start_timeout_s), launches
+    return HostsGang(remote, start_timeout_s=launcher.start_timeout_s,
+                     inputs_timeout_s=launcher.inputs_timeout_s), launches
 
 
 def node_logs_key(config: SegmentConfig, attempt: int, node: str) -> str:

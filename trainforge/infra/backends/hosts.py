@@ -31,11 +31,15 @@ from pathlib import Path
 from trainforge.infra.backends.local import gang_exit_code
 from trainforge.infra.backends.node_agent import NodeProgram
 from trainforge.infra.backends.node_logs import UPLOAD_TIMEOUT_S
-from trainforge.infra.launch import with_rendezvous_port
 
 AGENT_MODULE = "trainforge.infra.backends.node_agent"
 LOST = -int(signal.SIGKILL)
 """The exit code of a node whose runner ended without its agent's exit line: the node was lost."""
+
+
+class InputsUnavailable(RuntimeError):
+    """A node could not fetch the job's inputs because one is missing or changed in the store: every node would
+    fail the same way, so no host is to blame."""
 
 
 class HostUnreachable(RuntimeError):
@@ -77,8 +81,14 @@ class RemoteNode:
     """The runner's own output on this host (ssh's errors, the agent's stderr)."""
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     started: threading.Event = field(default_factory=threading.Event, init=False)
+    ready: threading.Event = field(default_factory=threading.Event, init=False)
+    """Its agent has its inputs and waits for `go` (a `hold` program)."""
+    fetching_since: float | None = field(default=None, init=False)
+    """When its agent reported it was fetching the job's inputs (time.monotonic)."""
     exit_code: int | None = field(default=None, init=False)
     error: str | None = field(default=None, init=False)
+    inputs_error: bool = field(default=False, init=False)
+    """The error is the job's inputs' (missing or changed in the store), not this host's."""
     _reader: threading.Thread | None = field(default=None, init=False)
 
     port: int | None = field(default=None, init=False)
@@ -113,12 +123,18 @@ class RemoteNode:
             if not isinstance(message, dict):
                 continue
             if "started" in message:
-                self.port = (message["started"] or {}).get("port")
+                self.port = self.port or (message["started"] or {}).get("port")
                 self.started.set()
+            elif "ready" in message:
+                self.port = (message["ready"] or {}).get("port")
+                self.ready.set()
+            elif "fetching" in message:
+                self.fetching_since = time.monotonic()
             elif "exit" in message:
                 self.exit_code = int(message["exit"])
             elif "error" in message:
                 self.error = str(message["error"])
+                self.inputs_error = bool(message.get("inputs"))
 
     def poll(self) -> int | None:
         """The node's exit code: its agent's, or LOST when the runner ended without one; None while it runs."""
@@ -166,6 +182,8 @@ class HostsGang:
 
     nodes: list[RemoteNode]
     start_timeout_s: float = 60.0
+    inputs_timeout_s: float = 3600.0
+    """How long a node may fetch the job's inputs, from its agent's `fetching` report (launcher.inputs_timeout_s)."""
     stop_wait_s: float = 30.0 + UPLOAD_TIMEOUT_S
     """How long a node's agent has, past the grace, to stop its processes and report (node_agent.py: SIGKILL 5 s
     after the grace, the sidecar's 15 s, the reaping of what is left, then its logs' upload, node_logs.py)."""
@@ -174,38 +192,47 @@ class HostsGang:
     once (a host behind a broken link cannot answer; fencing it is the network layer's)."""
 
     def start(self) -> None:
-        """Start every node's agent, the first one first when it picks the rendezvous's port; on any failure (or an
-        interrupt) stop every agent already started before raising."""
-        deadline = time.monotonic() + self.start_timeout_s
+        """Start every node's agent at once; each fetches the job's inputs and reports `ready` (the first one with
+        the rendezvous port it picked); then `go` to all, and each starts torchrun. On any failure (or an interrupt)
+        stop every agent already started before raising: `HostUnreachable` naming the host, or `InputsUnavailable`
+        when an input is missing from the store (the job's, not a host's)."""
         try:
-            first, rest = self.nodes[0], self.nodes[1:]
-            if first.program.pick_port:
-                first.start()
-                self._wait_started(first, deadline)
-                if first.port is None:
-                    raise HostUnreachable(first.host, f"host {first.host} ({first.address}): its node agent did "
-                                                      "not report the rendezvous port it picked")
-                for node in rest:
-                    node.program = dataclasses.replace(
-                        node.program, torchrun=with_rendezvous_port(node.program.torchrun, first.port))
-            else:
-                first.start()
-            for node in rest:
+            deadline = time.monotonic() + self.start_timeout_s
+            for node in self.nodes:
+                node.program = dataclasses.replace(node.program, hold=True)
                 node.start()
             for node in self.nodes:
-                self._wait_started(node, deadline)
+                self._wait(node, node.ready, deadline)
+            first = self.nodes[0]
+            if first.program.pick_port and first.port is None:
+                raise HostUnreachable(first.host, f"host {first.host} ({first.address}): its node agent did "
+                                                  "not report the rendezvous port it picked")
+            go = f"go {first.port}\n" if first.program.pick_port else "go\n"
+            for node in self.nodes:
+                node.send(go)
+            deadline = time.monotonic() + self.start_timeout_s
+            for node in self.nodes:
+                self._wait(node, node.started, deadline)
         except BaseException:
             self.terminate(grace_s=1.0)
             raise
 
-    def _wait_started(self, node: RemoteNode, deadline: float) -> None:
-        while not node.started.wait(timeout=0.1):
+    def _wait(self, node: RemoteNode, event: threading.Event, deadline: float) -> None:
+        """Until `event` (ready, started): the start deadline, or inputs_timeout_s from when the node reported it
+        was fetching; a runner that ended or an agent's error ends the wait at once."""
+        while not event.wait(timeout=0.1):
             failed = node.error is not None or node.proc is None or node.proc.poll() is not None
-            if failed or time.monotonic() > deadline:
+            fetching = node.fetching_since is not None and not node.ready.is_set()
+            limit = node.fetching_since + self.inputs_timeout_s if fetching and node.fetching_since else deadline
+            if failed or time.monotonic() > limit:
+                if node.error and node.inputs_error:
+                    raise InputsUnavailable(node.error)
                 if node.error:
                     why = node.error
                 elif failed:
                     why = f"its runner exited with code {node.proc.poll() if node.proc else '?'}"
+                elif fetching:
+                    why = f"it did not fetch the job's inputs within {self.inputs_timeout_s:.0f} s (inputs_timeout_s)"
                 else:
                     why = f"no agent started within {self.start_timeout_s:.0f} s"
                 tail = node.tail()

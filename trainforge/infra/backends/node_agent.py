@@ -16,6 +16,10 @@ stdin open as the control plane's lease on the node:
 - the torchrun agent exits by itself: the sidecar is stopped (its closing batch carries everything the ranks
   sent) and the agent's exit code is reported.
 
+Before it starts anything it fetches the job's inputs from the store into the node's folder when the config names
+some (`{"fetching": ...}` first), and, when the program says `hold`, reports `{"ready": {"port": ...}}` and waits
+for a `go [port]` line: the `hosts` backend starts torchrun on no node before every node has its inputs.
+
 Its stdout is the protocol back, JSON lines: `{"started": {...}}` once both processes run, `{"exit": code}` as
 the last line (a negative code: the agent died of that signal). Anything else it has to say goes to stderr.
 Both children also get PR_SET_PDEATHSIG (SIGTERM): if the node agent itself is killed, they are told at once.
@@ -73,6 +77,10 @@ class NodeProgram:
     """Workers on this node: OMP_NUM_THREADS is the node's cores divided among them, unless `env` sets it."""
     pick_port: bool = False
     """Pick a free port here for the rendezvous this node hosts (torchrun's `--rdzv-endpoint=ADDR:0`)."""
+    hold: bool = False
+    """Start nothing until the control plane says `go`: once the inputs are fetched, report `ready` (with the port
+    picked) and wait for a `go [port]` line, the port being the first node's for a rendezvous left to it. So every
+    node fetches at once, and torchrun starts only when all have their inputs (the `hosts` backend's barrier)."""
     logs_url: str | None = None
     """The job's object store: the node's logs go up there when the segment ends (infra/backends/node_logs.py)."""
     logs_key: str | None = None
@@ -193,6 +201,7 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
     # workers x threads must not exceed the node's cores, or every step slows down (ENVIRONMENT.md)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, program.workers))))
     env.update(device_environment(program.gpu_type, program.devices, os.environ))
+    config = None
     if program.config is not None:
         config = work / CONFIG_NAME
         config.write_text(program.config)
@@ -200,6 +209,18 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
     torchrun, port = program.torchrun, None
     if program.pick_port:
         port = _free_port()
+    if config is not None and _names_inputs(program.config):
+        stopped = _fetch_inputs(program, config, stdin, out)
+        if stopped is not None:
+            return stopped
+    if program.hold:
+        _emit(out, ready={"node": program.node, "port": port})
+        go = _wait_for_go(stdin)
+        if go is None:  # stopped, or the control plane went away, before anything started
+            _emit(out, exit=STOPPED_BEFORE_START)
+            return STOPPED_BEFORE_START
+        port = port or go
+    if port:
         torchrun = with_rendezvous_port(torchrun, port)
     sidecar = agent = None
     try:
@@ -231,6 +252,82 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
         upload_bounded(program.logs_url, program.logs_key, work)
     _emit(out, exit=code)
     return code
+
+
+STOPPED_BEFORE_START = -int(signal.SIGTERM)
+"""The exit an agent reports when it was stopped before it started anything (while fetching, or held)."""
+
+
+def _names_inputs(config: str | None) -> bool:
+    try:
+        return bool(json.loads(config or "{}").get("inputs"))
+    except (ValueError, AttributeError):
+        return False  # not a worker config this agent can read: the workers report it
+
+
+def _stop_requested(stdin: _Lines, timeout_s: float) -> bool:
+    """A `stop` line, or the control plane's end closed, within timeout_s."""
+    if not stdin.ready(timeout_s):
+        return False
+    lines = stdin.read()
+    return (stdin.eof and not lines) or any(line.startswith("stop") for line in lines)
+
+
+def _fetch_inputs(program: NodeProgram, config: Path, stdin: _Lines, out: IO[str]) -> int | None:
+    """The job's inputs into the node's folder before torchrun starts (trainer/inputs.py `localize`: its workers
+    then find the copies), on a thread while stdin is watched, so a stop ends a long fetch at once. Reports
+    `fetching` first (the control plane then bounds it by the launcher's inputs_timeout_s, not the start timeout).
+    Returns None when fetched; else the exit it reported (an `error` line first, when the fetch failed)."""
+    import threading
+
+    _emit(out, fetching={"node": program.node})
+    failure: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            # the store's address and the job's identity, as the workers get them (the agent's own environment
+            # is a login's)
+            os.environ.update({k: v for k, v in program.env.items() if k.startswith(("AWS_", "TRAINFORGE_"))})
+            from trainforge.contract.config import SegmentConfig
+            from trainforge.trainer.inputs import localize
+
+            localize(SegmentConfig.load(config))
+        except BaseException as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=fetch, name="inputs", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        if _stop_requested(stdin, 0.2):
+            _emit(out, exit=STOPPED_BEFORE_START)  # the fetch thread dies with the process
+            return STOPPED_BEFORE_START
+    if not failure:
+        return None
+    exc = failure[0]
+    from trainforge.trainer.inputs import InputsFetchError
+
+    # A missing or changed input is the job's, on every node; anything else (the store out of this host's reach)
+    # is this host's.
+    _emit(out, error=f"node {program.node}: its inputs could not be fetched: {exc}",
+          inputs=isinstance(exc, InputsFetchError))
+    _emit(out, exit=1)
+    return 1
+
+
+def _wait_for_go(stdin: _Lines) -> int | None:
+    """Block until `go [port]`: the port given (0 when none), or None on a stop or the end of stdin."""
+    while True:
+        if not stdin.ready(1.0):
+            continue
+        lines = stdin.read()
+        if stdin.eof and not lines:
+            return None
+        if any(line.startswith("stop") for line in lines):  # a stop right behind a go (another node failed)
+            return None
+        for line in lines:
+            if line.startswith("go"):
+                parts = line.split()
+                return int(parts[1]) if len(parts) > 1 else 0
 
 
 def _supervise(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | None, stdin: _Lines) -> int:
