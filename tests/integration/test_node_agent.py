@@ -247,3 +247,25 @@ def test_an_input_missing_from_the_store_stops_every_node_before_torchrun_and_bl
         gang.start()
     assert not list(tmp_path.glob("n*/segment-0/argv.json"))  # no torchrun anywhere
     assert all(node.poll() is not None for node in nodes)
+
+
+def test_a_cancel_while_the_nodes_start_stops_them_all_before_torchrun(tmp_path):
+    from trainforge.infra.backends.hosts import StartCancelled
+
+    config = published_config(tmp_path)
+    nodes = [RemoteNode(name, f"10.0.0.{i + 1}", agent_command(sys.executable),
+                        inputs_program(tmp_path, name, config.for_node(str(tmp_path / name)).dump_json(), i == 0),
+                        tmp_path / f"runner-{name}.log") for i, name in enumerate(["n0", "n1"])]
+    gang = HostsGang(nodes, start_timeout_s=30, inputs_timeout_s=60)
+    fetching: list[float] = []
+
+    def cancelled() -> bool:  # the job is cancelled once a node is fetching
+        if not fetching and any(node.fetching_since for node in nodes):
+            fetching.append(time.monotonic())
+        return bool(fetching)
+
+    with pytest.raises(StartCancelled):
+        gang.start(should_stop=cancelled)
+    assert time.monotonic() - fetching[0] < 5.0  # stopped at once: a fetching or held agent exits on the stop
+    assert not list(tmp_path.glob("n*/segment-0/argv.json"))  # no torchrun anywhere
+    assert all(node.poll() is not None for node in nodes)

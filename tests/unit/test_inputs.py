@@ -157,6 +157,22 @@ def test_a_missing_input_is_the_platforms_fault_named_with_its_key_and_store(tmp
     assert published.inputs is not None
     store = open_store(flow.storage_url)
     store.delete(f"{flow.storage_prefix}/{published.inputs.init_weights}")
-    with pytest.raises(InputsFetchError, match=r"inputs/init/.*from file://.*resubmit"):
+    with pytest.raises(InputsFetchError, match=r"inputs/init/.*from file://.*resubmit") as gone:
         localize(published.for_node(str(tmp_path / "node")))
+    assert gone.value.the_jobs  # gone from the store: every node would fail so, no host is to blame
     assert not list((tmp_path / "node" / "inputs" / "init").glob("*")), "nothing half-fetched is left"
+
+
+def test_a_store_a_node_cannot_read_is_the_nodes_fault_not_the_jobs(tmp_path: Path, flow: SegmentConfig,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainforge.infra.storage import LocalObjectStore, PermissionDeniedError
+
+    published = publish_inputs(flow)
+
+    def refused(self, key, *args, **kwargs):
+        raise PermissionDeniedError(f"access denied: {key}")
+
+    monkeypatch.setattr(LocalObjectStore, "get_bytes", refused)
+    with pytest.raises(InputsFetchError, match="PermissionDeniedError") as refusal:
+        localize(published.for_node(str(tmp_path / "node")))
+    assert not refusal.value.the_jobs

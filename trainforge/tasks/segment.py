@@ -34,6 +34,7 @@ from trainforge.infra.backends.hosts import (
     HostUnreachable,
     InputsUnavailable,
     RemoteNode,
+    StartCancelled,
     agent_command,
     runner_command,
 )
@@ -185,7 +186,14 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
     t0 = time.monotonic()
     started = time.time()
     try:
-        gang.start()
+        if isinstance(gang, HostsGang):  # its nodes may fetch inputs for long: the job's cancel ends that too
+            gang.start(should_stop=lambda: cancel is not None and cancel.is_set())
+        else:
+            gang.start()
+    except StartCancelled as exc:  # every agent already started was stopped
+        reader.close()
+        _finish(record, attempt, "cancelled")
+        raise SegmentCancelled(f"segment {attempt} of {config.job_id} cancelled while its nodes started") from exc
     except HostUnreachable as exc:  # every agent already started was stopped: the host is left out next time
         supervisor.node_lost(exc.host, str(exc).splitlines()[0])
         supervisor.finish()

@@ -25,6 +25,7 @@ from pathlib import Path
 from trainforge.contract.config import SegmentConfig
 from trainforge.datasets.catalog import write_source_folder
 from trainforge.infra.storage import ObjectStore, open_store
+from trainforge.infra.storage.base import ObjectNotFoundError
 from trainforge.infra.storage.credentials import with_job_credentials
 
 LOCK_TIMEOUT_S = 600.0
@@ -32,7 +33,13 @@ LOCK_TIMEOUT_S = 600.0
 
 
 class InputsFetchError(RuntimeError):
-    """An input the flow published is missing or is not what the config says (a platform fault, not the user's)."""
+    """An input the flow published is missing or is not what the config says (a platform fault, not the user's).
+    `the_jobs`: the input itself is gone or changed in the store (every node would fail the same); otherwise this
+    node could not get it (the store out of its reach, a refused login, its own lock): the node's."""
+
+    def __init__(self, message: str, *, the_jobs: bool = False):
+        super().__init__(message)
+        self.the_jobs = the_jobs
 
 
 @contextlib.contextmanager
@@ -57,7 +64,7 @@ def _node_lock(folder: Path, timeout_s: float) -> Iterator[None]:
 
 def _mismatch(key: str, got: str, sha256: str) -> InputsFetchError:
     return InputsFetchError(f"the job's input {key} has sha256 {got[:16]}..., its config says {sha256[:16]}...: "
-                            "it changed in the store after the flow published it; resubmit the job")
+                            "it changed in the store after the flow published it; resubmit the job", the_jobs=True)
 
 
 @contextlib.contextmanager
@@ -71,7 +78,8 @@ def _fetching(store: ObjectStore, key: str) -> Iterator[None]:
         raise InputsFetchError(
             f"could not fetch the job's input {key} from {store.url}: {type(exc).__name__}: {exc}. The node must "
             "reach the job's object store (its endpoint and credentials in the node's environment), and the flow "
-            "published the input before the segment started: a prefix deleted since needs a resubmit") from exc
+            "published the input before the segment started: a prefix deleted since needs a resubmit",
+            the_jobs=isinstance(exc, ObjectNotFoundError)) from exc
 
 
 def _code(store: ObjectStore, key: str, sha256: str, folder: Path) -> Path:

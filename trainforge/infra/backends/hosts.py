@@ -5,9 +5,12 @@ the runner template (`ssh {host} {command}` by default; the tests' network-names
 `python -m trainforge.infra.backends.node_agent` on the host, which reads its `NodeProgram` from stdin and keeps
 stdin open as the node's lease (infra/backends/node_agent.py). The runner's process on this host is the handle:
 
-- start: every node's agent must report `started` within the launcher's `start_timeout_s`; a host that does not
-  (unreachable, no such interpreter, a refused login) stops every agent already started and raises
-  `HostUnreachable` naming the host and what its runner printed.
+- start: every node's agent is started at once, fetches the job's inputs (within the launcher's
+  `inputs_timeout_s`) and reports `ready` within `start_timeout_s` otherwise; then all are told `go` (with the first
+  node's rendezvous port) and must report `started` within `start_timeout_s`. A host that does not (unreachable, no
+  such interpreter, a refused login, the store out of its reach) stops every agent already started and raises
+  `HostUnreachable` naming the host and what its runner printed; an input missing from the store raises
+  `InputsUnavailable`, blaming no host; the job's cancel while the nodes fetch raises `StartCancelled`.
 - poll: a node's exit code comes from its agent's `exit` line; a runner that ended without one lost its node
   (the host or the connection went away), reported as killed (`killed_nodes`), as a dead local agent is.
 - stop: `stop <grace>` down each node's stdin, then the runner is killed, which closes the node's stdin: the agent
@@ -35,6 +38,10 @@ from trainforge.infra.backends.node_logs import UPLOAD_TIMEOUT_S
 AGENT_MODULE = "trainforge.infra.backends.node_agent"
 LOST = -int(signal.SIGKILL)
 """The exit code of a node whose runner ended without its agent's exit line: the node was lost."""
+
+
+class StartCancelled(RuntimeError):
+    """The job was cancelled while its gang started: every agent already started was stopped."""
 
 
 class InputsUnavailable(RuntimeError):
@@ -92,7 +99,8 @@ class RemoteNode:
     _reader: threading.Thread | None = field(default=None, init=False)
 
     port: int | None = field(default=None, init=False)
-    """The rendezvous port this node's agent picked (the first node, when the launcher names none)."""
+    """The rendezvous port of the gang: the one the first node's agent picked (when the launcher names none), which
+    every other node is given in its `go` line and reports in `started`."""
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -133,8 +141,8 @@ class RemoteNode:
             elif "exit" in message:
                 self.exit_code = int(message["exit"])
             elif "error" in message:
+                self.inputs_error = bool(message.get("inputs"))  # first: a reader of `error` reads both
                 self.error = str(message["error"])
-                self.inputs_error = bool(message.get("inputs"))
 
     def poll(self) -> int | None:
         """The node's exit code: its agent's, or LOST when the runner ended without one; None while it runs."""
@@ -191,54 +199,69 @@ class HostsGang:
     """The nodes known lost (the supervisor's channel): a stop does not wait for them, their runner is ended at
     once (a host behind a broken link cannot answer; fencing it is the network layer's)."""
 
-    def start(self) -> None:
+    def start(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Start every node's agent at once; each fetches the job's inputs and reports `ready` (the first one with
         the rendezvous port it picked); then `go` to all, and each starts torchrun. On any failure (or an interrupt)
-        stop every agent already started before raising: `HostUnreachable` naming the host, or `InputsUnavailable`
-        when an input is missing from the store (the job's, not a host's)."""
+        stop every agent already started before raising: `HostUnreachable` naming the host, `InputsUnavailable`
+        when an input is missing from the store (the job's, not a host's), `StartCancelled` once `should_stop()`
+        (the job's cancel, polled while the nodes fetch)."""
         try:
             deadline = time.monotonic() + self.start_timeout_s
             for node in self.nodes:
                 node.program = dataclasses.replace(node.program, hold=True)
                 node.start()
-            for node in self.nodes:
-                self._wait(node, node.ready, deadline)
+            self._wait_all(lambda node: node.ready, deadline, should_stop)
             first = self.nodes[0]
             if first.program.pick_port and first.port is None:
                 raise HostUnreachable(first.host, f"host {first.host} ({first.address}): its node agent did "
                                                   "not report the rendezvous port it picked")
+            if should_stop():  # the last moment nothing has started anywhere
+                raise StartCancelled("the job was cancelled while its nodes started")
             go = f"go {first.port}\n" if first.program.pick_port else "go\n"
             for node in self.nodes:
                 node.send(go)
-            deadline = time.monotonic() + self.start_timeout_s
-            for node in self.nodes:
-                self._wait(node, node.started, deadline)
+            self._wait_all(lambda node: node.started, time.monotonic() + self.start_timeout_s, should_stop)
         except BaseException:
             self.terminate(grace_s=1.0)
             raise
 
-    def _wait(self, node: RemoteNode, event: threading.Event, deadline: float) -> None:
-        """Until `event` (ready, started): the start deadline, or inputs_timeout_s from when the node reported it
-        was fetching; a runner that ended or an agent's error ends the wait at once."""
-        while not event.wait(timeout=0.1):
-            failed = node.error is not None or node.proc is None or node.proc.poll() is not None
-            fetching = node.fetching_since is not None and not node.ready.is_set()
-            limit = node.fetching_since + self.inputs_timeout_s if fetching and node.fetching_since else deadline
-            if failed or time.monotonic() > limit:
-                if node.error and node.inputs_error:
-                    raise InputsUnavailable(node.error)
-                if node.error:
-                    why = node.error
-                elif failed:
-                    why = f"its runner exited with code {node.proc.poll() if node.proc else '?'}"
-                elif fetching:
-                    why = f"it did not fetch the job's inputs within {self.inputs_timeout_s:.0f} s (inputs_timeout_s)"
-                else:
-                    why = f"no agent started within {self.start_timeout_s:.0f} s"
-                tail = node.tail()
-                raise HostUnreachable(node.host, f"host {node.host} ({node.address}) could not start its node "
-                                                 f"agent: {why}" + (f"\n--- its runner printed ---\n{tail}"
-                                                                     if tail else ""))
+    def _wait_all(self, event: Callable[[RemoteNode], threading.Event], deadline: float,
+                  should_stop: Callable[[], bool]) -> None:
+        """Until every node's `event` (ready, started), watching all at once: the first node that failed (its
+        runner ended, its agent's error) or ran past its limit (the start deadline; inputs_timeout_s from its
+        `fetching` report) ends the wait, whatever the others are doing."""
+        while True:
+            waiting = [node for node in self.nodes if not event(node).is_set()]
+            if not waiting:
+                return
+            if should_stop():
+                raise StartCancelled("the job was cancelled while its nodes started")
+            for node in waiting:
+                self._check(node, deadline)
+            event(waiting[0]).wait(timeout=0.1)
+
+    def _check(self, node: RemoteNode, deadline: float) -> None:
+        ended = node.proc is None or node.proc.poll() is not None
+        if ended and node._reader is not None:
+            node._reader.join(timeout=2)  # its last lines (an error) may still be in the pipe
+        failed = ended or node.error is not None
+        fetching = node.fetching_since is not None and not node.ready.is_set()
+        limit = node.fetching_since + self.inputs_timeout_s if fetching and node.fetching_since else deadline
+        if not failed and time.monotonic() <= limit:
+            return
+        if node.error and node.inputs_error:
+            raise InputsUnavailable(node.error)
+        if node.error:
+            why = node.error
+        elif failed:
+            why = f"its runner exited with code {node.proc.poll() if node.proc else '?'}"
+        elif fetching:
+            why = f"it did not fetch the job's inputs within {self.inputs_timeout_s:.0f} s (inputs_timeout_s)"
+        else:
+            why = f"no agent started within {self.start_timeout_s:.0f} s"
+        tail = node.tail()
+        raise HostUnreachable(node.host, f"host {node.host} ({node.address}) could not start its node agent: "
+                                         f"{why}" + (f"\n--- its runner printed ---\n{tail}" if tail else ""))
 
     def poll(self) -> int | None:
         """None while any node runs and none failed; else the first failing node's code, or 0 when all finished."""

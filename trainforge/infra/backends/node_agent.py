@@ -28,7 +28,8 @@ own, so a worker whose torchrun was killed re-parents to the agent, which kills 
 before it reports its exit. SIGTERM and SIGHUP to the agent are a stop.
 
 The first node picks the rendezvous's port itself when the launcher names none (`pick_port`): a free port on its
-own host, reported in `started` (`port`), which the control plane then gives the other nodes.
+own host, reported in `ready` (a held program; in `started` otherwise), which the control plane then gives the
+other nodes in their `go` line.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from trainforge.infra.procs import stop_group, stop_process
 
@@ -207,18 +208,20 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
         config.write_text(program.config)
         env["TRAINFORGE_JOB_CONFIG"] = str(config)
     torchrun, port = program.torchrun, None
-    if program.pick_port:
-        port = _free_port()
+    # Until something runs, SIGTERM/SIGHUP is a stop like a `stop` line: reported, then out at once
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: _stopped_before_start(out))
     if config is not None and _names_inputs(program.config):
-        stopped = _fetch_inputs(program, config, stdin, out)
-        if stopped is not None:
-            return stopped
+        failed = _fetch_inputs(program, config, stdin, out)
+        if failed is not None:
+            return failed
+    if program.pick_port:  # picked after the fetch: the port is free for the shortest time before torch binds it
+        port = _free_port()
     if program.hold:
         _emit(out, ready={"node": program.node, "port": port})
         go = _wait_for_go(stdin)
         if go is None:  # stopped, or the control plane went away, before anything started
-            _emit(out, exit=STOPPED_BEFORE_START)
-            return STOPPED_BEFORE_START
+            _stopped_before_start(out)
         port = port or go
     if port:
         torchrun = with_rendezvous_port(torchrun, port)
@@ -256,6 +259,14 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
 
 STOPPED_BEFORE_START = -int(signal.SIGTERM)
 """The exit an agent reports when it was stopped before it started anything (while fetching, or held)."""
+
+
+def _stopped_before_start(out: IO[str]) -> NoReturn:
+    """Report the stop and leave now: nothing was started, and a fetch in flight (a download's pool threads, which
+    the interpreter would join at exit) must not keep the agent, and the node's inputs lock, past the stop."""
+    with contextlib.suppress(Exception):
+        _emit(out, exit=STOPPED_BEFORE_START)
+    os._exit(128 - STOPPED_BEFORE_START)
 
 
 def _names_inputs(config: str | None) -> bool:
@@ -299,17 +310,14 @@ def _fetch_inputs(program: NodeProgram, config: Path, stdin: _Lines, out: IO[str
     worker.start()
     while worker.is_alive():
         if _stop_requested(stdin, 0.2):
-            _emit(out, exit=STOPPED_BEFORE_START)  # the fetch thread dies with the process
-            return STOPPED_BEFORE_START
+            _stopped_before_start(out)
     if not failure:
         return None
     exc = failure[0]
-    from trainforge.trainer.inputs import InputsFetchError
-
-    # A missing or changed input is the job's, on every node; anything else (the store out of this host's reach)
-    # is this host's.
+    # An input gone or changed in the store is the job's, on every node; anything else (the store out of this
+    # host's reach, its own lock) is this host's.
     _emit(out, error=f"node {program.node}: its inputs could not be fetched: {exc}",
-          inputs=isinstance(exc, InputsFetchError))
+          inputs=bool(getattr(exc, "the_jobs", False)))
     _emit(out, exit=1)
     return 1
 
