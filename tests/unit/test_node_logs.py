@@ -39,7 +39,8 @@ def test_a_nodes_logs_come_back_where_a_failure_reads_a_ranks_tail(tmp_path: Pat
     assert _rank_log(log_dir, 3) == log_dir / "node-1" / "job-0-abc" / "attempt_0" / "1" / "stderr.log"
     assert (log_dir / "agent.log").read_text() == "agent of node 0\n"
     assert (log_dir / "agent-node-1.log").read_text().startswith("agent of node 1")
-    assert _killed_rank(log_dir) == (None, None)  # node 0's agent saw no death; node 1's summary is its own
+    # node 0's agent saw no death: the summary is node 1's (its torchrun names the global rank)
+    assert _killed_rank(log_dir) == (3, "exitcode: -9")
 
 
 def test_only_the_end_of_a_huge_log_goes_up(tmp_path: Path) -> None:
@@ -61,3 +62,38 @@ def test_a_store_out_of_reach_costs_the_agent_a_bounded_wait(tmp_path: Path) -> 
     blocker.write_text("")
     assert upload_bounded(blocker.as_uri(), "k", work, timeout_s=5.0)
     assert blocker.read_text() == ""
+
+
+def test_a_node_whose_logs_did_not_come_back_leaves_a_gap_not_a_shift(tmp_path: Path) -> None:
+    """3 nodes x 2 ranks, node 1 lost whole (nothing uploaded): rank 2's log is missing, not node 2's rank 4."""
+    store = LocalObjectStore(tmp_path / "store")
+    log_dir = tmp_path / "flow" / "logs" / "segment-0"
+    for node in (0, 2):
+        key = f"k/host-{node}"
+        upload_node_logs(store, key, node_folder(tmp_path / "nodes", node))
+        fetch_node_logs(store, key, node, log_dir)
+    assert _rank_log(log_dir, 2) is None and _rank_log(log_dir, 3) is None
+    assert "boom 4" in _log_tail(log_dir, 4) and "boom 5" in _log_tail(log_dir, 5)
+
+
+def test_what_comes_back_is_bounded_and_never_read_through_a_link(tmp_path: Path) -> None:
+    """The job's identity may write under logs/: a huge object comes back as its first MiB, and on a shared
+    filesystem a link it planted to another file of the flow's host is not followed."""
+    store = LocalObjectStore(tmp_path / "store")
+    secret = tmp_path / "flow-secret"
+    secret.write_text("another team's token")
+    store.put_bytes("k/n0/logs/big.log", b"y" * (3 << 20))
+    link = store.local_path("k/n0/logs/stolen.log")
+    link.symlink_to(secret)
+    log_dir = tmp_path / "flow" / "logs"
+    assert fetch_node_logs(store, "k/n0", 0, log_dir) == 1
+    assert (log_dir / "node-0" / "big.log").stat().st_size == 1 << 20
+    assert not (log_dir / "node-0" / "stolen.log").exists()
+
+
+def test_a_fetch_past_its_deadline_stops(tmp_path: Path) -> None:
+    import time
+
+    store = LocalObjectStore(tmp_path / "store")
+    upload_node_logs(store, "k", node_folder(tmp_path / "nodes", 0))
+    assert fetch_node_logs(store, "k", 0, tmp_path / "logs", deadline=time.monotonic() - 1) == 0

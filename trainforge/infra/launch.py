@@ -182,7 +182,11 @@ NODE_ENV_NAMES = frozenset({"PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHA
 NODE_ENV_NEVER = frozenset({
     # the flow host's own folders and devices: another machine has its own (its home, caches, accelerators)
     "TRAINFORGE_HOME", "TRAINFORGE_CLUSTER", "CUDA_VISIBLE_DEVICES", "TRAINFORGE_DATA_CACHE",
-    "TRAINFORGE_REPLICA_DIR", "TORCH_EXTENSIONS_DIR", "HF_HOME", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+    "TRAINFORGE_REPLICA_DIR", "TRAINFORGE_DATA_SHARED_CACHE", "TORCH_EXTENSIONS_DIR", "TORCH_HOME", "HF_HOME",
+    "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_XET_CACHE", "HF_TOKEN_PATH",
+    # the flow host's credential files, and the profiles that name entries in them (a node has its own, or none)
+    "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
     # the flow's own: the node agent names the config it writes, and the catalogs and issuer are the flow's
     "TRAINFORGE_JOB_CONFIG", "TRAINFORGE_DATASETS_URL", "TRAINFORGE_LINEAGE_URL", "TRAINFORGE_JOB_CREDENTIALS",
     "TRAINFORGE_SCHEDULER_URL", "TRAINFORGE_SECRETS_DIR", "TRAINFORGE_SECRET_STORE", "TRAINFORGE_ARTIFACT_ROOT",

@@ -40,7 +40,7 @@ from trainforge.infra.backends.hosts import (
 )
 from trainforge.infra.backends.local import LocalGang, LocalMultiNodeGang, SidecarSpec, free_port
 from trainforge.infra.backends.node_agent import NodeProgram
-from trainforge.infra.backends.node_logs import fetch_node_logs
+from trainforge.infra.backends.node_logs import FETCH_TIMEOUT_S, fetch_node_logs
 from trainforge.infra.launch import (
     GangNode,
     NodeLaunch,
@@ -252,12 +252,15 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
     # caller decides on a retry, which resumes from the newest manifest in the store.
     supervisor.report_unreported_commits(store, config.storage_prefix)
     if remote:  # the nodes' logs, uploaded by their agents before they reported their exits (node_logs.py)
+        deadline = time.monotonic() + FETCH_TIMEOUT_S
         for i, name in enumerate(names):
             try:
-                fetch_node_logs(store, node_logs_key(config, attempt, name), i, log_dir)
-            except Exception as exc:  # the segment's own outcome matters more than its logs
+                fetch_node_logs(store, node_logs_key(config, attempt, name), i, log_dir, deadline)
+            except Exception as exc:  # the segment's own outcome matters more than its logs; the next node's
+                # fetch would meet the same store
                 logger.warning("job %s: the logs of node %s (segment %d) could not be fetched: %s",
                                config.job_id, name, attempt, exc)
+                break
     duration = time.monotonic() - t0
     end = _last_segment_end(record, since=started)
     if code != 0 and not (supervisor.preempting and end is not None and end.reason == "preempted"):
@@ -404,11 +407,11 @@ def _failure(record: JobRecord, attempt: int, log_dir: Path, code: int, supervis
 def _rank_log(log_dir: Path, rank: int) -> Path | None:
     """torchrun's log of a global rank: `<run>/attempt_N/<local rank>/stderr.log`, under `node-<i>/` when the
     segment ran one agent per node (global rank = node * ranks per node + local rank)."""
-    nodes = sorted(log_dir.glob("node-*"), key=lambda p: int(p.name.split("-")[1]))
-    if nodes:
-        per_node = len({p.name for p in nodes[0].glob("*/attempt_*/*") if p.name.isdigit()}) or 1
+    nodes = {int(p.name.split("-")[1]): p for p in log_dir.glob("node-*") if p.name.split("-")[1].isdigit()}
+    if nodes:  # by name: a node lost whole (or whose logs did not come back) leaves a gap, not a shift
+        per_node = len({p.name for p in nodes[min(nodes)].glob("*/attempt_*/*") if p.name.isdigit()}) or 1
         node, local = divmod(rank, per_node)
-        if node >= len(nodes):
+        if node not in nodes:
             return None
         found = sorted(nodes[node].glob(f"*/attempt_*/{local}/stderr.log"))
     else:
@@ -428,17 +431,22 @@ def _log_tail(log_dir: Path, rank: int) -> str:
 
 
 def _killed_rank(log_dir: Path) -> tuple[int | None, str | None]:
-    """torchrun's summary names the first failed rank and its exit code / signal."""
-    text = _tail(log_dir / "agent.log", 200)
-    rank, sig = None, None
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("rank") and ":" in line and rank is None:
-            with contextlib.suppress(ValueError):
-                rank = int(line.split(":", 1)[1].split()[0])
-        if ("exitcode" in line or "Signal" in line) and sig is None:
-            sig = line
-    return rank, sig
+    """torchrun's summary names the first failed rank and its exit code / signal: the first node's agent log that
+    has one (`agent.log`, then each other node's `agent-node-<i>.log`)."""
+    others = sorted(log_dir.glob("agent-node-*.log"),
+                    key=lambda p: int(n) if (n := p.stem.rsplit("-", 1)[1]).isdigit() else 1 << 30)
+    for path in [log_dir / "agent.log", *others]:
+        rank, sig = None, None
+        for line in _tail(path, 200).splitlines():
+            line = line.strip()
+            if line.startswith("rank") and ":" in line and rank is None:
+                with contextlib.suppress(ValueError):
+                    rank = int(line.split(":", 1)[1].split()[0])
+            if ("exitcode" in line or "Signal" in line) and sig is None:
+                sig = line
+        if rank is not None or sig is not None:
+            return rank, sig
+    return None, None
 
 
 def _divergence(record: JobRecord, attempt: int, report: FailureReport, supervisor: SegmentSupervisor,

@@ -245,12 +245,12 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
     try:
         code = _supervise(agent, sidecar, stdin)
     finally:
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # a stop now must not cost the exit line (the node is done)
+            signal.signal(sig, signal.SIG_IGN)
         _reap_all()  # a worker whose torchrun died first (its own session) re-parented here
     if program.logs_url and program.logs_key:  # before the exit line: the flow reads them once it has that
         from trainforge.infra.backends.node_logs import upload_bounded
 
-        for sig in (signal.SIGTERM, signal.SIGHUP):  # a stop now must not cost the exit line (the node is done)
-            signal.signal(sig, signal.SIG_IGN)
         os.environ.update({k: v for k, v in program.env.items() if k.startswith(("AWS_", "TRAINFORGE_"))})
         upload_bounded(program.logs_url, program.logs_key, work)
     _emit(out, exit=code)

@@ -12,7 +12,9 @@ machine kept is there, and the failure says so ("(no log)").
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from pathlib import Path
 
 from trainforge.infra.storage import ObjectStore
@@ -23,6 +25,10 @@ MAX_LOG_BYTES = 1 << 20
 """The most of one log file sent up: its end (a failure's traceback is the last thing it wrote)."""
 MAX_LOG_FILES = 1024
 """The most files fetched of one node's segment (a rank's two logs per restart, plus the agent's and sidecar's)."""
+MAX_NODE_LOG_BYTES = 32 << 20
+"""The most bytes fetched of one node's segment."""
+FETCH_TIMEOUT_S = 30.0
+"""How long the flow spends fetching a segment's node logs, all nodes together (a store out of reach)."""
 UPLOAD_TIMEOUT_S = 15.0
 """How long a node agent spends uploading before it reports its exit anyway (a store out of reach)."""
 
@@ -70,12 +76,26 @@ def upload_bounded(store_url: str, key: str, work: Path, timeout_s: float = UPLO
     return not worker.is_alive()
 
 
-def fetch_node_logs(store: ObjectStore, key: str, index: int, log_dir: Path) -> int:
-    """Node `index`'s uploaded logs into `log_dir` in the one-host multi-node layout; returns how many."""
-    got = 0
-    for full in store.list(f"{key}/")[:MAX_LOG_FILES]:  # the job's identity may write under logs/: bounded
+def fetch_node_logs(store: ObjectStore, key: str, index: int, log_dir: Path, deadline: float | None = None) -> int:
+    """Node `index`'s uploaded logs into `log_dir` in the one-host multi-node layout; returns how many.
+
+    The keys are the job's (its identity may write under `logs/`), so what comes back is bounded and confined: at
+    most MAX_LOG_FILES files of MAX_LOG_BYTES each and MAX_NODE_LOG_BYTES in all, each written inside `log_dir` or
+    skipped (an absolute, '..' or empty segment), never through a link in a local store, and nothing after
+    `deadline` (time.monotonic). A store error ends the fetch (raised): the next node's would fail the same."""
+    from trainforge.infra.storage import LocalObjectStore
+    from trainforge.infra.storage.base import check_key
+
+    root = Path(os.path.abspath(log_dir))
+    got = total = 0
+    for full in store.list(f"{key}/")[:MAX_LOG_FILES]:
+        if deadline is not None and time.monotonic() > deadline:
+            log.warning("node %d's logs: stopped at the deadline after %d files", index, got)
+            break
         rel = full[len(key) + 1:]
-        if ".." in Path(rel).parts:
+        try:
+            check_key(rel)
+        except ValueError:
             continue  # a key no node agent writes
         if rel == "agent.log":
             dest = log_dir / ("agent.log" if index == 0 else f"agent-node-{index}.log")
@@ -83,7 +103,18 @@ def fetch_node_logs(store: ObjectStore, key: str, index: int, log_dir: Path) -> 
             dest = log_dir / f"node-{index}" / rel.removeprefix("logs/")
         else:
             dest = log_dir / f"node-{index}" / rel
+        if not Path(os.path.abspath(dest)).is_relative_to(root):
+            continue
+        if isinstance(store, LocalObjectStore):  # a shared filesystem: the job could plant a link to any file
+            path = store.local_path(full)
+            if path.is_symlink() or not path.is_file() or any(p.is_symlink() for p in path.parents):
+                continue
+        data = store.get_bytes(full, byte_range=(0, MAX_LOG_BYTES))  # the agent sent a tail: its first MiB is all
+        if total + len(data) > MAX_NODE_LOG_BYTES:
+            log.warning("node %d's logs: stopped at %d bytes after %d files", index, total, got)
+            break
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(store.get_bytes(full)[-MAX_LOG_BYTES:])
+        dest.write_bytes(data)
+        total += len(data)
         got += 1
     return got
