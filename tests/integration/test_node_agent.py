@@ -208,12 +208,18 @@ def published_config(tmp_path: Path):
                                                   "version": ds.version, "path": str(ds.path)}))
 
 
-def test_every_node_fetches_its_inputs_before_any_torchrun_starts_and_joins_the_first_nodes_port(tmp_path):
-    config = published_config(tmp_path)
+def two_node_gang(tmp_path: Path, config) -> HostsGang:
+    """Nodes n0 and n1 on this host, each with its own folder and its copy of the published config."""
     nodes = [RemoteNode(name, f"10.0.0.{i + 1}", agent_command(sys.executable),
                         inputs_program(tmp_path, name, config.for_node(str(tmp_path / name)).dump_json(), i == 0),
                         tmp_path / f"runner-{name}.log") for i, name in enumerate(["n0", "n1"])]
-    gang = HostsGang(nodes, start_timeout_s=30, inputs_timeout_s=60)
+    return HostsGang(nodes, start_timeout_s=30, inputs_timeout_s=60)
+
+
+def test_every_node_fetches_its_inputs_before_any_torchrun_starts_and_joins_the_first_nodes_port(tmp_path):
+    config = published_config(tmp_path)
+    gang = two_node_gang(tmp_path, config)
+    nodes = gang.nodes
     try:
         gang.start()
         assert all(node.fetching_since is not None and node.ready.is_set() for node in nodes)
@@ -239,10 +245,8 @@ def test_an_input_missing_from_the_store_stops_every_node_before_torchrun_and_bl
     config = published_config(tmp_path)
     assert config.inputs is not None and config.inputs.init_weights is not None
     open_store(config.storage_url).delete(f"{config.storage_prefix}/{config.inputs.init_weights}")
-    nodes = [RemoteNode(name, f"10.0.0.{i + 1}", agent_command(sys.executable),
-                        inputs_program(tmp_path, name, config.for_node(str(tmp_path / name)).dump_json(), i == 0),
-                        tmp_path / f"runner-{name}.log") for i, name in enumerate(["n0", "n1"])]
-    gang = HostsGang(nodes, start_timeout_s=30, inputs_timeout_s=60)
+    gang = two_node_gang(tmp_path, config)
+    nodes = gang.nodes
     with pytest.raises(InputsUnavailable, match=r"its inputs could not be fetched: .*inputs/init/"):
         gang.start()
     assert not list(tmp_path.glob("n*/segment-0/argv.json"))  # no torchrun anywhere
@@ -253,10 +257,8 @@ def test_a_cancel_while_the_nodes_start_stops_them_all_before_torchrun(tmp_path)
     from trainforge.infra.backends.hosts import StartCancelled
 
     config = published_config(tmp_path)
-    nodes = [RemoteNode(name, f"10.0.0.{i + 1}", agent_command(sys.executable),
-                        inputs_program(tmp_path, name, config.for_node(str(tmp_path / name)).dump_json(), i == 0),
-                        tmp_path / f"runner-{name}.log") for i, name in enumerate(["n0", "n1"])]
-    gang = HostsGang(nodes, start_timeout_s=30, inputs_timeout_s=60)
+    gang = two_node_gang(tmp_path, config)
+    nodes = gang.nodes
     fetching: list[float] = []
 
     def cancelled() -> bool:  # the job is cancelled once a node is fetching

@@ -142,7 +142,8 @@ def test_a_remote_node_gets_settings_and_the_jobs_secrets_never_the_flow_hosts_p
            "TRAINFORGE_DATA_CACHE": "/flow/cache", "TRAINFORGE_REPLICA_DIR": "/dev/shm/flow", "HF_HOME": "/flow/hf",
            "TORCH_EXTENSIONS_DIR": "/flow/ext", "AWS_SHARED_CREDENTIALS_FILE": "/flow/.aws/credentials",
            "TRAINFORGE_DATASETS_URL": "s3://catalog", "TRAINFORGE_JOB_CREDENTIALS": "seaweedfs",
-           "TRAINFORGE_S3_ENDPOINT": "http://10.0.0.1:8333"}
+           "TRAINFORGE_S3_ENDPOINT": "http://10.0.0.1:8333", "AWS_PROFILE": "flow", "HF_HUB_CACHE": "/flow/hub",
+           "TORCH_HOME": "/flow/torch", "AWS_WEB_IDENTITY_TOKEN_FILE": "/flow/token"}
     assert node_environment(env, {"MY_SECRET": "s"}) == {
         "AWS_ACCESS_KEY_ID": "job", "OMP_NUM_THREADS": "1", "HF_TOKEN": "t", "MY_SECRET": "s",
         "PYTHONUNBUFFERED": "1", "TRAINFORGE_STORAGE_URL": "s3://b", "TRAINFORGE_S3_ENDPOINT": "http://10.0.0.1:8333"}

@@ -18,7 +18,6 @@ are readable by them and theirs to read only.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import logging
@@ -29,6 +28,7 @@ from pathlib import Path
 from trainforge.contract.config import SegmentConfig, ShippedInputs
 from trainforge.datasets.catalog import SOURCE_FILE, load_version_dir, publish_version
 from trainforge.infra.storage import ObjectExistsError, ObjectStore, open_store
+from trainforge.registry.manifest import sha256_bytes, sha256_file
 from trainforge.tasks.prepare import JobRejected
 
 log = logging.getLogger(__name__)
@@ -57,15 +57,15 @@ def code_tar(folder: Path, max_bytes: int = MAX_CODE_BYTES) -> bytes:
                     continue
                 if not path.is_file() or name.endswith((".pyc", ".pyo")):
                     continue
-                total += path.stat().st_size
+                st = path.stat()
+                total += st.st_size
                 if total > max_bytes:
                     raise InputsError(
                         f"code folder {folder} holds over {max_bytes // 2**20} MiB: too much to ship to the job's "
                         "nodes with every job. Fix: keep data and weights out of code.repo (the dataset and "
                         "init_from carry them), or point code.repo at a git repository the nodes fetch")
                 info = tarfile.TarInfo(str(path.relative_to(folder)))
-                mode = path.stat().st_mode
-                info.size, info.mtime, info.mode = path.stat().st_size, 0, 0o755 if mode & 0o100 else 0o644
+                info.size, info.mtime, info.mode = st.st_size, 0, 0o755 if st.st_mode & 0o100 else 0o644
                 with path.open("rb") as f:
                     tar.addfile(info, f)
     return buf.getvalue()
@@ -82,14 +82,6 @@ def _put_once(store: ObjectStore, key: str, data: bytes | Path) -> None:
             store.put_bytes(key, data, if_none_match=True)
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def publish_inputs(config: SegmentConfig, store: ObjectStore | None = None) -> SegmentConfig:
     """The config with `inputs` set, after putting the code, the dataset (if it lives on this host) and the
     initial weights under the job's prefix in its store."""
@@ -99,14 +91,14 @@ def publish_inputs(config: SegmentConfig, store: ObjectStore | None = None) -> S
     if not code_folder.is_dir():
         raise InputsError(f"code folder {code_folder} (code.repo) is not a folder on the flow's host")
     tar = code_tar(code_folder)
-    code_sha = hashlib.sha256(tar).hexdigest()
+    code_sha = sha256_bytes(tar)
     code_key = f"inputs/code/{code_sha}.tar"
     _put_once(job, f"{config.storage_prefix}/{code_key}", tar)
 
     init_key = init_sha = None
     if config.init_weights:
         weights = Path(config.init_weights)
-        init_sha = _sha256_file(weights)
+        init_sha = sha256_file(weights)
         init_key = f"inputs/init/{init_sha}.safetensors"
         _put_once(job, f"{config.storage_prefix}/{init_key}", weights)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import io
 import os
 import shutil
@@ -27,6 +26,7 @@ from trainforge.datasets.catalog import write_source_folder
 from trainforge.infra.storage import ObjectStore, open_store
 from trainforge.infra.storage.base import ObjectNotFoundError
 from trainforge.infra.storage.credentials import with_job_credentials
+from trainforge.registry.manifest import sha256_bytes, sha256_file
 
 LOCK_TIMEOUT_S = 600.0
 """How long a rank waits for another rank of its node to finish fetching (a large code tree on a slow link)."""
@@ -88,7 +88,7 @@ def _code(store: ObjectStore, key: str, sha256: str, folder: Path) -> Path:
         return final
     with _fetching(store, key):
         data = store.get_bytes(key)  # at most tasks/inputs.py MAX_CODE_BYTES
-    if (got := hashlib.sha256(data).hexdigest()) != sha256:
+    if (got := sha256_bytes(data)) != sha256:
         raise _mismatch(key, got, sha256)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=final.parent))
@@ -113,11 +113,7 @@ def _weights(store: ObjectStore, key: str, sha256: str, folder: Path) -> Path:
     try:
         with _fetching(store, key):
             store.get_file(key, tmp)
-        digest = hashlib.sha256()
-        with tmp.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        if (got := digest.hexdigest()) != sha256:
+        if (got := sha256_file(tmp)) != sha256:
             raise _mismatch(key, got, sha256)
         os.replace(tmp, final)
     finally:

@@ -245,8 +245,9 @@ class HostsGang:
         if ended and node._reader is not None:
             node._reader.join(timeout=2)  # its last lines (an error) may still be in the pipe
         failed = ended or node.error is not None
-        fetching = node.fetching_since is not None and not node.ready.is_set()
-        limit = node.fetching_since + self.inputs_timeout_s if fetching and node.fetching_since else deadline
+        since = None if node.ready.is_set() else node.fetching_since  # still fetching, since then
+        fetching = since is not None
+        limit = deadline if since is None else since + self.inputs_timeout_s
         if not failed and time.monotonic() <= limit:
             return
         if node.error and node.inputs_error:

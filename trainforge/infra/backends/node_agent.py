@@ -251,7 +251,7 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
     if program.logs_url and program.logs_key:  # before the exit line: the flow reads them once it has that
         from trainforge.infra.backends.node_logs import upload_bounded
 
-        os.environ.update({k: v for k, v in program.env.items() if k.startswith(("AWS_", "TRAINFORGE_"))})
+        _adopt_store_environment(program)
         upload_bounded(program.logs_url, program.logs_key, work)
     _emit(out, exit=code)
     return code
@@ -267,6 +267,12 @@ def _stopped_before_start(out: IO[str]) -> NoReturn:
     with contextlib.suppress(Exception):
         _emit(out, exit=STOPPED_BEFORE_START)
     os._exit(128 - STOPPED_BEFORE_START)
+
+
+def _adopt_store_environment(program: NodeProgram) -> None:
+    """The store's address and the job's identity, as the workers get them, for the agent's own store calls (the
+    fetch of the inputs, the upload of the logs): its own environment is a login's."""
+    os.environ.update({k: v for k, v in program.env.items() if k.startswith(("AWS_", "TRAINFORGE_"))})
 
 
 def _names_inputs(config: str | None) -> bool:
@@ -296,9 +302,7 @@ def _fetch_inputs(program: NodeProgram, config: Path, stdin: _Lines, out: IO[str
 
     def fetch() -> None:
         try:
-            # the store's address and the job's identity, as the workers get them (the agent's own environment
-            # is a login's)
-            os.environ.update({k: v for k, v in program.env.items() if k.startswith(("AWS_", "TRAINFORGE_"))})
+            _adopt_store_environment(program)
             from trainforge.contract.config import SegmentConfig
             from trainforge.trainer.inputs import localize
 

@@ -107,7 +107,7 @@ def fetch_node_logs(store: ObjectStore, key: str, index: int, log_dir: Path, dea
             continue
         if isinstance(store, LocalObjectStore):  # a shared filesystem: the job could plant a link to any file
             path = store.local_path(full)
-            if path.is_symlink() or not path.is_file() or any(p.is_symlink() for p in path.parents):
+            if path.is_symlink() or not path.is_file() or not path.resolve().is_relative_to(store.root.resolve()):
                 continue
         data = store.get_bytes(full, byte_range=(0, MAX_LOG_BYTES))  # the agent sent a tail: its first MiB is all
         if total + len(data) > MAX_NODE_LOG_BYTES:
