@@ -34,10 +34,12 @@ from trainforge.events import read_typed_events
 from trainforge.plan.cluster import default_cluster
 from trainforge.registry.jobs import JobRecord, JobStore, is_job_id, new_job_id
 from trainforge.registry.lineage import LineageStore, parse_target
+from trainforge.registry.offline import OfflineStopped
+from trainforge.registry.offline import stopped as offline_stopped
 from trainforge.registry.secrets import job_access_policy, redact, resolve_secrets
 from trainforge.spec import JobSpec, is_remote_repo, is_weights_folder, parse_spec
 from trainforge.tasks import code_source, job_credentials, prepare, steps
-from trainforge.tasks.checkpoints import CheckpointCorrupt
+from trainforge.tasks.checkpoints import CheckpointCorrupt, job_location
 from trainforge.tasks.driver import SegmentDriver
 from trainforge.tasks.provision import release_gang
 from trainforge.tasks.segment import SegmentCancelled, terminate_job
@@ -498,6 +500,12 @@ class _EventPump:
         """A commit's or an evaluation's result; None when it failed (logged, or raised when `raise_errors`)."""
         try:
             return future.result()
+        except OfflineStopped:
+            # The job is winding down (drain): the checkpoint is committed, only its metrics are missing
+            self.log.info("checkpoint %s: evaluation stopped (the job is ending)", step)
+            self.evaluations.drop(step)
+            self._book(step, self.pending_entries.pop(step, {"step": step}))
+            return None
         except CheckpointCorrupt as exc:
             if _superseded(step, self.committed):
                 # Retention removed it before its bookkeeping ran: newer checkpoints replace it.
@@ -533,8 +541,10 @@ class _EventPump:
 
     def drain(self, raise_errors: bool = True) -> None:
         self.poll() if raise_errors else None
-        # a job that failed or was cancelled stops quickly: queued evaluations are skipped (their commits booked)
-        self._collect(block=True, raise_errors=raise_errors, evaluate=raise_errors)
+        # A job that failed or was cancelled stops quickly: queued evaluations are skipped and running ones stopped
+        # (their commits booked without metrics), or a cancel would wait out an evaluation nothing will promote.
+        with contextlib.nullcontext() if raise_errors else offline_stopped(job_location(self.config)):
+            self._collect(block=True, raise_errors=raise_errors, evaluate=raise_errors)
         self.record.update(alert_coverage=dict(self.observer.engine.coverage))
         self._log_profiles()
 

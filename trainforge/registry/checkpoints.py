@@ -3,7 +3,8 @@ the metrics of every committed step (with its held-out evaluation), the step to 
 evaluation / export of one step.
 
 Below tasks/ and registry/promotion (both use it). Evaluation and export run the trainer's offline module in a
-subprocess, so the process that calls them never imports torch.
+subprocess (registry/offline.py, which can stop a winding-down job's), so the process that calls them never imports
+torch.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ from trainforge.registry.manifest import (
     read_manifest,
     step_prefix,
 )
+from trainforge.registry.offline import refuse_if_stopped, run_offline
 from trainforge.spec import JobSpec
 
 EVAL_FILE = "evaluation.json"
@@ -71,15 +71,6 @@ def _materialize(store: ObjectStore, ref: CheckpointRef, scratch: Path) -> Path:
     return scratch
 
 
-def _run_offline(args: list[str], timeout_s: float) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "trainforge.trainer.offline", *args], capture_output=True,
-                          text=True, timeout=timeout_s, env=_single_thread_env())
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.splitlines()[-15:])
-        raise RuntimeError(f"offline {args[0]} failed (exit {proc.returncode}):\n{tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def _single_thread_env() -> dict[str, str]:
     """The offline process runs the user's model code on local files only: no object-store credentials, no
     secrets (infra/storage/credentials.py `without_platform_credentials`)."""
@@ -90,10 +81,12 @@ def evaluate(config_path: Path, config: JobLocation, step: int, batches: int,
              timeout_s: float = 600) -> dict[str, float]:
     store = job_store(config)
     ref = committed_ref(store, job_location(config)[1], step)
+    refuse_if_stopped(job_location(config), "evaluate")  # before a long materialize
     with tempfile.TemporaryDirectory(prefix="tf-eval-") as scratch:
         folder = _materialize(store, ref, Path(scratch))
-        result = _run_offline(["evaluate", "--config", str(config_path), "--checkpoint", str(folder),
-                               "--batches", str(batches)], timeout_s)
+        result = run_offline(job_location(config), ["evaluate", "--config", str(config_path), "--checkpoint",
+                                                     str(folder), "--batches", str(batches)],
+                             timeout_s, _single_thread_env())
     # Results live beside the immutable manifest, so retention and promotion can rank checkpoints.
     store.put_bytes(f"{ref.prefix}/{EVAL_FILE}", json.dumps(result).encode())
     return result
@@ -103,10 +96,11 @@ def export_safetensors(config_path: Path, config: JobLocation, step: int, out: P
                        timeout_s: float = 600) -> dict[str, Any]:
     store = job_store(config)
     ref = committed_ref(store, job_location(config)[1], step)
+    refuse_if_stopped(job_location(config), "export")  # before a long materialize
     with tempfile.TemporaryDirectory(prefix="tf-export-") as scratch:
         folder = _materialize(store, ref, Path(scratch))
-        return _run_offline(["export", "--config", str(config_path), "--checkpoint", str(folder), "--out",
-                             str(out)], timeout_s)
+        return run_offline(job_location(config), ["export", "--config", str(config_path), "--checkpoint",
+                                                  str(folder), "--out", str(out)], timeout_s, _single_thread_env())
 
 
 def checkpoint_metrics(store: ObjectStore, job_prefix: str) -> dict[int, dict[str, float]]:

@@ -237,7 +237,20 @@ def commit_checkpoint(config: SegmentConfig, step: int) -> dict[str, Any]:
     return entry
 
 
-@task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
+def _unless_stopped(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a failed evaluation once, unless the job's wind-down stopped it (registry/offline.py)."""
+    from trainforge.registry.offline import OfflineStopped
+
+    try:
+        state.result(raise_on_failure=True)
+    except OfflineStopped:
+        return False
+    except BaseException:
+        return True
+    return True
+
+
+@task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1, retry_condition_fn=_unless_stopped)
 def evaluate(config_path: str, config: SegmentConfig, step: int, batches: int) -> dict[str, float]:
     return ckpt.evaluate(Path(config_path), config, step, batches)
 
