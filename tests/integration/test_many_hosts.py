@@ -63,10 +63,12 @@ def tiny_spec(workers: int, per_node: int, name: str = "tiny-hosts", evaluate: b
     return doc
 
 
-def rig_cluster(rig: TestHosts, work_dir: Path, racks: list[str] | None = None, per_node: int = 2) -> dict:
+def rig_cluster(rig: TestHosts, work_dir: Path, racks: list[str] | None = None, per_node: int = 2,
+                keep_node_folders_h: float = 0.0) -> dict:
     """The rig as a cluster whose hosts are confined to their own roots: the flow's home (its job records, the
     local dataset catalog) and the code folder are hidden from them, the virtual environment read-only, so any path
-    of the flow's a worker opens fails the job (the store is the rig's SeaweedFS: `rig_store`)."""
+    of the flow's a worker opens fails the job (the store is the rig's SeaweedFS: `rig_store`). The job's folders
+    on the hosts are removed when it ends, unless `keep_node_folders_h`."""
     racks = racks or ["rack-a"] * len(rig.names)
     # Each host's in-memory replicas in a folder of its own, under this test's (removed with it): a machine's
     # /dev/shm is its own, and the flow's setting never reaches a node (infra/launch.py NODE_ENV_NEVER).
@@ -76,7 +78,8 @@ def rig_cluster(rig: TestHosts, work_dir: Path, racks: list[str] | None = None, 
                                           node_env={"TRAINFORGE_REPLICA_DIR": f"{replicas}/{{host}}"})
     return {"name": f"rig-{rig.token}", "node_mtbf_hours": 10000,
             "launcher": {"backend": "hosts", "runner": runner, "interface": "eth0",
-                         "work_dir": str(work_dir), "start_timeout_s": 30},
+                         "work_dir": str(work_dir), "start_timeout_s": 30,
+                         "keep_node_folders_h": keep_node_folders_h},
             "node_groups": [{"name": "rig", "gpu_type": "cpu", "nodes": len(rig.names), "gpus_per_node": per_node,
                              "memory_per_node_gb": 16, "intra_node_link": "loopback",
                              "inter_node_link": "ethernet",
@@ -150,7 +153,9 @@ def reference(prefect_api, tmp_path_factory) -> Reference:
         ensure_demo_dataset()
         work = tmp_path_factory.mktemp("hosts-ref-nodes")
         with netns_hosts(3) as rig, rig_store(rig, tmp_path_factory.mktemp("hosts-ref-s3"), mp):
-            result = run_flow(tiny_spec(workers=6, per_node=2, evaluate=True), rig_cluster(rig, work))
+            # the node folders are kept, for the test to look into (the other scenarios check their removal)
+            result = run_flow(tiny_spec(workers=6, per_node=2, evaluate=True),
+                              rig_cluster(rig, work, keep_node_folders_h=1))
         return Reference(home, result, rig.names, work)
 
 
@@ -298,6 +303,12 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
     assert [s["state"] for s in segments] == ["failed", "failed", "completed"]
     final = record.data["allocation"]["nodes"]
     assert not {f.host for f in faults} & set(final) and len(final) == 3  # the spares took their places
+    # The job's folders are gone from every host it ran on, but the partitioned one's: its agent, stopped, still
+    # holds them (the next agent there sweeps them by age, infra/backends/node_folders.py)
+    partitioned = faults[1].host
+    left = (tmp_path / "nodes" / job_id)
+    assert {p.name for p in left.iterdir() if not p.name.startswith(("segment-", "."))} == {partitioned}
+    assert {p.name for p in left.glob("segment-*/*")} == {partitioned}
     assert unhealthy_nodes() == {f.host for f in faults}  # marked failed in the scheduler's database
     events, _ = read_events(record.events_path)
     recovered = [e for e in events if e["type"] == "recovered"]
@@ -341,6 +352,7 @@ def test_a_hybrid_layout_keeps_each_tensor_group_on_a_host_and_each_pipeline_in_
         result = run_flow(doc, rig_cluster(rig, tmp_path / "nodes", racks))
         rack_of = dict(zip(rig.names, racks, strict=True))
     assert result["state"] == "completed"
+    assert not (tmp_path / "nodes" / result["job_id"]).exists()  # the job's folders removed from every host
     record = JobStore().get(result["job_id"])
     beats = read_heartbeats(record.folder, 0)
     assert sorted(beats) == list(range(8))

@@ -51,16 +51,17 @@ time.sleep(600)
 """
 
 
-def program(work: Path, **env: str) -> NodeProgram:
+def program(work: Path, node_dir: Path | None = None, **env: str) -> NodeProgram:
     return NodeProgram(node="n1", work_dir=str(work), torchrun=[sys.executable, "-c", AGENT, str(work)],
                        sidecar=[sys.executable, "-c", SIDECAR, str(work)], env=dict(env), config='{"x": 1}',
-                       workers=2)
+                       workers=2, node_dir=str(node_dir) if node_dir else None,
+                       sweep_after_s=3600.0 if node_dir else None)
 
 
-def start(work: Path, **env: str) -> subprocess.Popen[bytes]:
+def start(work: Path, node_dir: Path | None = None, **env: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(agent_command(sys.executable), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(program(work, **env).to_line().encode())
+    proc.stdin.write(program(work, node_dir, **env).to_line().encode())
     proc.stdin.flush()
     started = json.loads(proc.stdout.readline())
     assert started["started"]["node"] == "n1" and started_all(work)
@@ -123,6 +124,31 @@ def test_workers_in_their_own_session_do_not_outlive_a_torchrun_killed_past_its_
     assert json.loads(out.decode().splitlines()[-1]) == {"exit": -signal.SIGKILL}
     assert gone_within(tmp_path, 1)
     assert json.loads((tmp_path / "worker-config.json").read_text()) == {"x": 1}
+
+
+def test_the_agent_holds_its_node_folder_while_it_runs_and_sweeps_abandoned_ones(tmp_path):
+    """The job's end removes a node's folder only once no agent of the job runs there; an agent starting on a host
+    removes that node's folders of other jobs nobody used for sweep_after_s (the end a host never saw)."""
+    from trainforge.infra.backends.node_folders import JOB_MARK, remove_node
+
+    work_dir = tmp_path / "node-work"
+    abandoned, recent = work_dir / "old-job" / "n1", work_dir / "recent-job" / "n1"
+    for folder in (abandoned, recent):
+        (folder / "inputs").mkdir(parents=True)
+        (folder.parent / JOB_MARK).touch()  # made by an agent's `hold`
+    os.utime(abandoned, (time.time() - 7200, time.time() - 7200))
+    segment = work_dir / "job" / "segment-0" / "n1"
+    segment.mkdir(parents=True)
+    proc = start(segment, node_dir=work_dir / "job" / "n1")
+    assert proc.stdin is not None
+    assert not abandoned.exists() and (recent / "inputs").is_dir()
+    assert remove_node(work_dir, "job", "n1") == "in use"
+    assert (work_dir / "job" / "n1").is_dir() and segment.is_dir()
+    proc.stdin.write(b"stop 1\n")
+    proc.stdin.flush()
+    proc.communicate(timeout=30)
+    assert remove_node(work_dir, "job", "n1") == "removed"
+    assert not (work_dir / "job").exists()
 
 
 def test_a_stop_line_ends_the_workers_then_the_sidecar(tmp_path):

@@ -42,7 +42,7 @@ from trainforge.tasks import code_source, job_credentials, prepare, steps
 from trainforge.tasks.checkpoints import CheckpointCorrupt, job_location
 from trainforge.tasks.driver import SegmentDriver
 from trainforge.tasks.provision import release_gang
-from trainforge.tasks.segment import SegmentCancelled, terminate_job
+from trainforge.tasks.segment import SegmentCancelled, remove_node_folders, terminate_job
 from trainforge.tasks.supervisor import give_up_report
 from trainforge.validate import ValidationReport
 
@@ -204,6 +204,7 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     finally:
         job_credentials.revoke(record.job_id)
         release_gang(record.job_id, "completed" if record.data.get("state") == "completed" else "ended")
+        remove_node_folders(record, default_cluster().launcher)  # a hosts job's folders on its machines
 
 
 def _provision(spec: JobSpec, record: JobRecord, plan: dict[str, Any], reason: str) -> dict[str, Any]:

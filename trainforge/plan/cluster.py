@@ -152,6 +152,12 @@ class LauncherSpec(BaseModel):
     """How long a node may take to fetch the job's inputs from the store (its code, a dataset on the flow's disk,
     the initial weights), counted from when its agent reports it is fetching. The fetch comes before any node starts
     torchrun, so it is bounded by this, never by the rendezvous's or the process group's timeouts."""
+    keep_node_folders_h: float = Field(default=0.0, ge=0)
+    """How long a job's folders stay on each host after the job ends (its inputs fetched from the store, staging,
+    the segments' configs and logs), for inspection; 0: removed when the job ends (the logs are in the store and the
+    job's record). A host that did not see the end (unreachable then, the flow killed) keeps them until a later
+    agent there finds them unused for this long, and never less than 6 hours (a job between segments would
+    otherwise fetch its inputs again: infra/backends/node_folders.py `SWEEP_FLOOR_H`)."""
 
     @model_validator(mode="after")
     def _runner_fields(self) -> LauncherSpec:

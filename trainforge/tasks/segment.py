@@ -36,10 +36,12 @@ from trainforge.infra.backends.hosts import (
     RemoteNode,
     StartCancelled,
     agent_command,
+    remove_job_folders,
     runner_command,
 )
 from trainforge.infra.backends.local import LocalGang, LocalMultiNodeGang, SidecarSpec, free_port
 from trainforge.infra.backends.node_agent import NodeProgram
+from trainforge.infra.backends.node_folders import SWEEP_FLOOR_H
 from trainforge.infra.backends.node_logs import FETCH_TIMEOUT_S, fetch_node_logs
 from trainforge.infra.launch import (
     GangNode,
@@ -52,7 +54,7 @@ from trainforge.infra.launch import (
 from trainforge.infra.storage import open_store
 from trainforge.plan.cluster import LauncherSpec
 from trainforge.plan.layout import Layout
-from trainforge.registry.jobs import JobRecord
+from trainforge.registry.jobs import JobRecord, JobStore
 from trainforge.tasks.supervisor import SegmentSupervisor, offending_samples
 from trainforge.trainer.health import HealthPolicy, collective_timeout_for
 
@@ -144,7 +146,9 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
     allocator = allocator_environment(dict(os.environ) | (extra_env or {}))  # jemalloc: RSS tracks live memory
     attempt = next_attempt(record)
     segments = record.data.get("segments", [])
-    segments.append({"attempt": attempt, "started_at": time.time(), "state": "running"})
+    # a hosts job's machines, per segment: its folders there are removed when the job ends (remove_node_folders)
+    segments.append({"attempt": attempt, "started_at": time.time(), "state": "running",
+                     **({"nodes": [h.name for h in hosts]} if hosts else {})})
     record.update(segments=segments, state="running")
     log_dir = record.folder / "logs" / f"segment-{attempt}"
     threads = max(1, (os.cpu_count() or 1) // nproc)
@@ -317,11 +321,13 @@ def _hosts_gang(launcher: LauncherSpec, nodes: list[GangNode], per_node: int, ma
                        "numbers nodes by address): give each rack's hosts addresses that sort together",
                        config.job_id, ", ".join(split))
     attempt_config = SegmentConfig.load(config_path)
+    sweep_after_s = 3600 * max(launcher.keep_node_folders_h, SWEEP_FLOOR_H)
     remote = []
     for i, launch in enumerate(launches):
         sidecar = SidecarSpec(config.storage_url, store_root, launch.node.name, f"@trainforge-{token}-{i}",
                               python=python)
         program = NodeProgram(node=launch.node.name, work_dir=f"{work}/{launch.node.name}", torchrun=launch.command(),
+                              node_dir=f"{jobs}/{launch.node.name}", sweep_after_s=sweep_after_s,
                               sidecar=sidecar.command(), env=node_env | launch.env | {
                                   "TRAINFORGE_CHANNEL_SOCKET": sidecar.socket},
                               config=attempt_config.for_node(f"{jobs}/{launch.node.name}").dump_json(),
@@ -333,6 +339,31 @@ def _hosts_gang(launcher: LauncherSpec, nodes: list[GangNode], per_node: int, ma
                                  log_dir / f"runner-{launch.node.name}.log"))
     return HostsGang(remote, start_timeout_s=launcher.start_timeout_s,
                      inputs_timeout_s=launcher.inputs_timeout_s), launches
+
+
+def remove_node_folders(record: JobRecord, launcher: LauncherSpec) -> dict[str, str]:
+    """When a `hosts` job ends: its folders on every host it ran a segment on (infra/backends/node_folders.py),
+    unless the launcher keeps them for inspection. Never raises: a host that keeps them is said in the log (the
+    next agent there sweeps them by age). Each host's outcome."""
+    if launcher.backend != "hosts" or launcher.keep_node_folders_h > 0:
+        return {}
+    try:
+        segments = JobStore(record.folder.parent).get(record.job_id).data.get("segments", [])  # the tasks' writes
+        hosts = sorted({node for seg in segments for node in seg.get("nodes", [])})
+        if not hosts:
+            return {}
+        outcomes = remove_job_folders(launcher.runner, launcher.python or sys.executable, launcher.work_dir,
+                                      record.job_id, hosts)
+    except Exception as exc:  # the job's outcome stands whatever happens here
+        logger.warning("job %s: its folders on the hosts were not removed (%s: %s): each host's next agent "
+                       "removes them once unused for %g h", record.job_id, type(exc).__name__, exc, SWEEP_FLOOR_H)
+        return {}
+    kept = {h: o for h, o in outcomes.items() if o not in ("removed", "absent")}
+    if kept:
+        logger.warning("job %s: its folders were kept on %s; each host's next agent removes them once unused for "
+                       "%g h", record.job_id, "; ".join(f"{h} ({o})" for h, o in sorted(kept.items())),
+                       max(launcher.keep_node_folders_h, SWEEP_FLOOR_H))
+    return outcomes
 
 
 def node_logs_key(config: SegmentConfig, attempt: int, node: str) -> str:

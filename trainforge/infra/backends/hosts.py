@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -74,6 +75,44 @@ def runner_command(template: str, host: str, argv: list[str]) -> list[str]:
 
 def agent_command(python: str) -> list[str]:
     return [python, "-m", AGENT_MODULE]
+
+
+REMOVE_TIMEOUT_S = 30.0
+"""How long the removal of a finished job's folders may take on all its hosts together (a host that does not answer
+keeps them: the next agent there sweeps them by age)."""
+
+
+def remove_job_folders(runner: str, python: str, work_dir: str, job_id: str, hosts: list[str],
+                       timeout_s: float = REMOVE_TIMEOUT_S) -> dict[str, str]:
+    """A finished job's folders removed on each host, through the runner, all hosts at once: each host's outcome
+    (`removed`, `absent`, `in use`: an agent of the job still runs there) or what went wrong."""
+    procs: dict[str, subprocess.Popen[str]] = {}
+    out: dict[str, str] = {}
+    for host in hosts:
+        argv = runner_command(runner, host, [python, "-m", "trainforge.infra.backends.node_folders", "remove",
+                                             "--work-dir", work_dir, "--job", job_id, "--node", host])
+        try:
+            procs[host] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+        except OSError as exc:
+            out[host] = f"its runner could not be started: {exc}"
+    deadline = time.monotonic() + timeout_s
+    for host, proc in procs.items():
+        try:
+            stdout, stderr = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            out[host] = f"no answer within {timeout_s:.0f} s"
+            continue
+        try:
+            answer = json.loads(stdout.strip().splitlines()[-1])
+            out[host] = answer.get("outcome") or answer.get("error") or "no outcome"
+        except (IndexError, ValueError, AttributeError):
+            tail = " ".join(stderr.strip().splitlines()[-3:])
+            out[host] = f"its runner exited {proc.returncode}: {tail or 'nothing said'}"
+    return out
 
 
 @dataclass

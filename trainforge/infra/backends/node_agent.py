@@ -86,6 +86,11 @@ class NodeProgram:
     """The job's object store: the node's logs go up there when the segment ends (infra/backends/node_logs.py)."""
     logs_key: str | None = None
     """Their key there (`{job prefix}/logs/segment-{attempt}/{node}`)."""
+    node_dir: str | None = None
+    """The node's folder for the job across segments (`{launcher work_dir}/{job}/{node}`): held while the agent runs
+    (infra/backends/node_folders.py), so the job's end removes it only once no agent of the job runs here."""
+    sweep_after_s: float | None = None
+    """At start, remove this node's folders of other jobs that no agent holds and nobody used for this long."""
 
     def to_line(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":")) + "\n"
@@ -196,6 +201,20 @@ class _Lines:
 def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
     from trainforge.infra.launch import device_environment, with_rendezvous_port
 
+    if program.node_dir is not None:
+        from trainforge.infra.backends.node_folders import FolderBusy, hold, sweep
+
+        node_dir = Path(program.node_dir)
+        try:
+            hold(node_dir)  # its descriptor stays open, and the lock held, for as long as this process lives
+        except (FolderBusy, OSError) as exc:
+            _emit(out, error=f"node {program.node}: its folder {node_dir} could not be made or held: {exc}")
+            return 1
+        if program.sweep_after_s is not None:
+            swept = sweep(node_dir.parent.parent, program.node, node_dir.parent.name, program.sweep_after_s)
+            if swept:
+                print(f"node agent: removed this node's folders of {len(swept)} job(s) unused for "
+                      f"{program.sweep_after_s / 3600:g} h: {', '.join(swept)}", file=sys.stderr)
     work = Path(program.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ) | program.env
