@@ -303,12 +303,10 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
     assert [s["state"] for s in segments] == ["failed", "failed", "completed"]
     final = record.data["allocation"]["nodes"]
     assert not {f.host for f in faults} & set(final) and len(final) == 3  # the spares took their places
-    # The job's folders are gone from every host it ran on, but the partitioned one's: its agent, stopped, still
-    # holds them (the next agent there sweeps them by age, infra/backends/node_folders.py)
-    partitioned = faults[1].host
-    left = (tmp_path / "nodes" / job_id)
-    assert {p.name for p in left.iterdir() if not p.name.startswith(("segment-", "."))} == {partitioned}
-    assert {p.name for p in left.glob("segment-*/*")} == {partitioned}
+    # The job's folders are gone from every host it ran on, the lost ones' included: the killed host's agent died
+    # with it, and the partitioned host's (stopped, so it could not stop itself) was killed with its runner when its
+    # segment ended; neither holds its folder when the job ends (infra/backends/node_folders.py)
+    assert not (tmp_path / "nodes" / job_id).exists()
     assert unhealthy_nodes() == {f.host for f in faults}  # marked failed in the scheduler's database
     events, _ = read_events(record.events_path)
     recovered = [e for e in events if e["type"] == "recovered"]
