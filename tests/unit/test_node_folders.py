@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainforge.infra.backends.hosts import remove_job_folders
-from trainforge.infra.backends.node_folders import JOB_MARK, hold, main, remove_node, sweep
+from trainforge.infra.backends.node_folders import JOB_MARK, hold, main, release, remove_node, sweep
 
 
 def job_tree(work: Path, job: str, nodes: list[str], segments: int = 2) -> None:
@@ -62,15 +62,26 @@ def test_an_agent_starting_while_its_folder_is_removed_gets_a_fresh_one(tmp_path
     for the lock must not hold a folder that is about to be deleted."""
     import fcntl
 
+    from trainforge.infra.backends import node_folders
+
     folder = tmp_path / "job-c" / "n1"
     folder.mkdir(parents=True)
     (folder / "old").write_text("from before")
     remover = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(remover, fcntl.LOCK_EX)
+    opened = threading.Event()
+    real_open = node_folders._open_dir
+
+    def open_and_tell(path: Path) -> int:
+        fd = real_open(path)
+        opened.set()
+        return fd
+
+    monkeypatch.setattr(node_folders, "_open_dir", open_and_tell)
     result: list[int] = []
     waiter = threading.Thread(target=lambda: result.append(hold(folder, timeout_s=20)))
     waiter.start()
-    time.sleep(0.3)  # the agent opened the old folder and waits for the lock
+    assert opened.wait(20)  # the agent opened the old folder and waits for the lock
     os.rename(folder, folder.with_name(".removing-n1-test"))
     os.close(remover)
     waiter.join(20)
@@ -78,6 +89,47 @@ def test_an_agent_starting_while_its_folder_is_removed_gets_a_fresh_one(tmp_path
     fd = result[0]
     assert os.fstat(fd).st_ino == os.stat(folder).st_ino and not (folder / "old").exists()
     os.close(fd)
+
+
+def test_release_marks_the_folder_used_until_the_agent_ended(tmp_path):
+    folder = tmp_path / "job-h" / "n1"
+    fd = hold(folder)
+    os.utime(folder, (0, 0))  # a segment that ran for days: nothing touched the folder itself meanwhile
+    release(fd)
+    assert time.time() - folder.stat().st_mtime < 60
+    assert sweep(tmp_path, "n1", keep_job="other", max_age_s=3600) == []
+
+
+def test_links_never_point_the_removal_elsewhere(tmp_path):
+    """A work folder others can write to (the default is under /tmp) may hold planted links: a link named like a
+    job, a segment or a node folder is never followed."""
+    outside = tmp_path / "outside"
+    (outside / "n1").mkdir(parents=True)
+    (outside / "n1" / "precious").write_text("not the job's")
+    (outside / JOB_MARK).touch()
+    work = tmp_path / "work"
+    job_tree(work, "job-i", ["n2"])
+    (work / "job-i" / "segment-7").symlink_to(outside)  # segment-7/n1 -> outside/n1
+    (work / "job-j").mkdir()
+    (work / "job-j" / JOB_MARK).touch()
+    (work / "job-j" / "n1").symlink_to(outside / "n1")  # the node folder itself a link
+    (work / "job-k").symlink_to(outside)  # a whole job folder a link
+    assert remove_node(work, "job-i", "n1") == "absent"
+    assert remove_node(work, "job-j", "n1") == "absent"
+    assert remove_node(work, "job-k", "n1") == "absent"
+    assert sweep(work, "n1", keep_job="none", max_age_s=0) == []
+    assert (outside / "n1" / "precious").read_text() == "not the job's"
+
+
+def test_a_removal_that_did_not_finish_is_finished_by_the_next(tmp_path):
+    job_tree(tmp_path, "job-l", ["n1"])
+    # a removal killed after its renames: the node's folders are hidden, nobody else will look at them
+    (tmp_path / "job-l" / "n1").rename(tmp_path / "job-l" / ".removing-n1-dead0001")
+    (tmp_path / "job-l" / "segment-0" / "n1").rename(tmp_path / "job-l" / "segment-0" / ".removing-n1-dead0002")
+    old = time.time() - 30 * 3600
+    os.utime(tmp_path / "job-l" / "segment-1" / "n1", (old, old))
+    assert sweep(tmp_path, "n1", keep_job="other", max_age_s=6 * 3600) == ["job-l"]
+    assert not (tmp_path / "job-l").exists()
 
 
 def test_the_sweep_removes_only_unheld_folders_of_other_jobs_unused_for_long_enough(tmp_path):
@@ -145,13 +197,28 @@ def test_the_launcher_keeps_a_finished_jobs_folders_only_when_asked(tmp_path, ke
     from trainforge.tasks.segment import remove_node_folders
 
     record = JobStore(tmp_path / "jobs").create("job-g")
-    record.update(segments=[{"attempt": 0, "nodes": ["h1", "h2"]}, {"attempt": 1, "nodes": ["h2", "h3"]}])
+    record.update(segments=[{"attempt": 0, "nodes": ["h1", "h2", "h4"]}, {"attempt": 1, "nodes": ["h2", "h3"]}],
+                  incidents=[{"scope": "node", "host": "h4", "attempt": 0, "kind": "lost"},
+                             {"scope": "rank", "host": "h2", "attempt": 1, "kind": "exit"}])
     work = tmp_path / "work"
-    job_tree(work, "job-g", ["h1", "h2", "h3"])
+    job_tree(work, "job-g", ["h1", "h2", "h3", "h4"])
     launcher = LauncherSpec(backend="hosts", runner="env H={host} sh -c {command}", work_dir=str(work),
                             keep_node_folders_h=keep_h)
     outcomes = remove_node_folders(record, launcher)
     if keep_h:
         assert outcomes == {} and (work / "job-g" / "h1" / "inputs").is_dir()
     else:
-        assert outcomes == {"h1": "removed", "h2": "removed", "h3": "removed"} and not (work / "job-g").exists()
+        # the host the job lost is not waited on (it may not answer): its next agent sweeps its folders
+        assert outcomes == {"h1": "removed", "h2": "removed", "h3": "removed",
+                            "h4": "lost by the job: left to the host's next agent"}
+        assert sorted(p.name for p in (work / "job-g").iterdir()) == [JOB_MARK, "h4", "segment-0", "segment-1"]
+
+
+def test_a_host_named_like_a_segment_folder_is_refused():
+    from pydantic import ValidationError
+
+    from trainforge.plan.cluster import HostSpec
+
+    with pytest.raises(ValidationError, match="also the name of a job's segment folder"):
+        HostSpec(name="segment-3", address="10.0.0.3")
+    assert HostSpec(name="segment-a", address="10.0.0.3").name == "segment-a"

@@ -153,7 +153,8 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     for warning in dataset.get("warnings", []):
         log.warning(warning)
     plan = steps.plan(jobspec, dataset, layout=checked.layout)
-    prepare.check_store_reaches_nodes(prepare.storage_url(), default_cluster().launcher)  # before any record
+    launcher = default_cluster().launcher  # the one this job runs with (its end cleans up through it)
+    prepare.check_store_reaches_nodes(prepare.storage_url(), launcher)  # before any record
     record = _open_record(jobspec, job_id or (None if resume else _new_job_id(jobspec)), resume, doc, source)
     init = steps.resolve_init_weights(jobspec, str(record.folder), str(base_dir), dataset) if jobspec.init_from else None
     config = prepare.worker_config(jobspec, record.job_id, record.folder, Path(base_dir), dataset, plan,
@@ -193,7 +194,10 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     except BaseException as exc:
         cancelled = isinstance(exc, SegmentCancelled | KeyboardInterrupt)
         terminate_job(record.job_id)
-        pump.drain(raise_errors=False)
+        try:
+            pump.drain(raise_errors=False)
+        except Exception as drain_error:  # the bookkeeping of the wind-down must not hide the job's outcome
+            log.warning("job %s: winding down, the checkpoint bookkeeping failed: %s", record.job_id, drain_error)
         record.update(state="cancelled" if cancelled else "failed", error=redact(str(exc))[-4000:])
         _end_tracking(run_id, "KILLED" if cancelled else "FAILED", record)
         if not cancelled and record.data.get("segments"):  # the retry budget is spent: say what happened
@@ -204,7 +208,7 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     finally:
         job_credentials.revoke(record.job_id)
         release_gang(record.job_id, "completed" if record.data.get("state") == "completed" else "ended")
-        remove_node_folders(record, default_cluster().launcher)  # a hosts job's folders on its machines
+        remove_node_folders(record, launcher, log)  # a hosts job's folders on its machines (never raises)
 
 
 def _provision(spec: JobSpec, record: JobRecord, plan: dict[str, Any], reason: str) -> dict[str, Any]:

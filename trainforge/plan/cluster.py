@@ -6,12 +6,13 @@ Loaded from YAML (`examples/clusters/*.yaml`). Pure data; the scheduler and the 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainforge.spec import GpuType, Problem, SpecError, _problems_from_validation, read_document
 
@@ -34,6 +35,15 @@ class HostSpec(BaseModel):
     """The address the other hosts and the control plane reach it at (rendezvous, collectives, `--local-addr`)."""
     rack: str | None = None
     """Its rack (gangs are placed rack-aware); None: the group's racks filled in order (`nodes_per_rack`)."""
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_segment_folder(cls, name: str) -> str:
+        # a job's folder on a host holds `<node>/` and `segment-<n>/` side by side (infra/backends/node_folders.py)
+        if re.fullmatch(r"segment-\d+", name):
+            raise ValueError(f"host name {name!r} is also the name of a job's segment folder on the hosts: rename "
+                             "the host (for example gpu-" + name.removeprefix("segment-") + ")")
+        return name
 
 
 class NodeGroup(BaseModel):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -61,10 +62,12 @@ def committed_ref(store: ObjectStore, job_prefix: str, step: int) -> CheckpointR
     return CheckpointRef(step, prefix, manifest)
 
 
-def _materialize(store: ObjectStore, ref: CheckpointRef, scratch: Path) -> Path:
+def _materialize(store: ObjectStore, ref: CheckpointRef, scratch: Path, config: JobLocation, what: str) -> Path:
     """The checkpoint's files in a local folder (reassembled from its chunks, every sha256 checked): the offline
-    evaluation and export read DCP from there, whatever the store (local folder or S3)."""
-    problems = materialize(store, ref, scratch)
+    evaluation and export read DCP from there, whatever the store (local folder or S3). A wind-down of the job
+    stops the download between files (OfflineStopped)."""
+    key = job_location(config)
+    problems = materialize(store, ref, scratch, before_each=lambda: refuse_if_stopped(key, what))
     if problems:
         quarantine(store, ref, problems)
         raise CheckpointCorrupt(f"checkpoint step {ref.step} is corrupt (quarantined): {'; '.join(problems)}")
@@ -81,9 +84,8 @@ def evaluate(config_path: Path, config: JobLocation, step: int, batches: int,
              timeout_s: float = 600) -> dict[str, float]:
     store = job_store(config)
     ref = committed_ref(store, job_location(config)[1], step)
-    refuse_if_stopped(job_location(config), "evaluate")  # before a long materialize
     with tempfile.TemporaryDirectory(prefix="tf-eval-") as scratch:
-        folder = _materialize(store, ref, Path(scratch))
+        folder = _materialize(store, ref, Path(scratch), config, "evaluate")
         result = run_offline(job_location(config), ["evaluate", "--config", str(config_path), "--checkpoint",
                                                      str(folder), "--batches", str(batches)],
                              timeout_s, _single_thread_env())
@@ -96,11 +98,21 @@ def export_safetensors(config_path: Path, config: JobLocation, step: int, out: P
                        timeout_s: float = 600) -> dict[str, Any]:
     store = job_store(config)
     ref = committed_ref(store, job_location(config)[1], step)
-    refuse_if_stopped(job_location(config), "export")  # before a long materialize
     with tempfile.TemporaryDirectory(prefix="tf-export-") as scratch:
-        folder = _materialize(store, ref, Path(scratch))
-        return run_offline(job_location(config), ["export", "--config", str(config_path), "--checkpoint",
-                                                  str(folder), "--out", str(out)], timeout_s, _single_thread_env())
+        folder = _materialize(store, ref, Path(scratch), config, "export")
+        # written beside `out` and renamed into place once complete: promotion takes an existing `out` as done, so
+        # a killed or failed export must never leave a partial one there
+        partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        try:
+            result = run_offline(job_location(config), ["export", "--config", str(config_path), "--checkpoint",
+                                                        str(folder), "--out", str(partial)], timeout_s,
+                                 _single_thread_env())
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(partial, out)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+        return result
 
 
 def checkpoint_metrics(store: ObjectStore, job_prefix: str) -> dict[int, dict[str, float]]:

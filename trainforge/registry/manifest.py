@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,9 +144,11 @@ def verify(store: ObjectStore, ref: CheckpointRef) -> list[str]:
     return [p for f in ref.files if (p := file_problem(store, ref.prefix, f)) is not None]
 
 
-def materialize(store: ObjectStore, ref: CheckpointRef, folder: Path, names: set[str] | None = None) -> list[str]:
+def materialize(store: ObjectStore, ref: CheckpointRef, folder: Path, names: set[str] | None = None,
+                before_each: Callable[[], None] | None = None) -> list[str]:
     """Write the checkpoint's files (or those named) into a local folder, verifying each; the problems found.
-    Files already there with the right size and sha256 (a node-local staging copy) are not downloaded again."""
+    Files already there with the right size and sha256 (a node-local staging copy) are not downloaded again.
+    `before_each` runs before each file (it raises to stop: a job winding down, registry/offline.py)."""
     from trainforge.registry.dedup import file_problem
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -153,6 +156,8 @@ def materialize(store: ObjectStore, ref: CheckpointRef, folder: Path, names: set
     for f in ref.files:
         if names is not None and f["name"] not in names:
             continue
+        if before_each is not None:
+            before_each()
         dest = folder / f["name"]
         if dest.is_file() and dest.stat().st_size == f["bytes"] and sha256_file(dest) == f["sha256"]:
             continue

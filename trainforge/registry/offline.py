@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -43,15 +45,17 @@ def run_offline(key: Key, args: list[str], timeout_s: float, env: Mapping[str, s
     with _LOCK:
         if _STOPPING.get(key):
             raise OfflineStopped(f"offline {args[0]} not started: the job is ending")
+        # a session of its own: a stop kills what the user's model code started too (its group)
         proc = subprocess.Popen(offline_argv(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=dict(env))
+                                env=dict(env), start_new_session=True)
         _RUNNING.setdefault(key, set()).add(proc)
     try:
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except BaseException:  # a timeout, or Ctrl-C in this thread: the process never outlives its caller
-            proc.kill()
-            proc.communicate()
+            _kill(proc)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=5)
             raise
     finally:
         with _LOCK:
@@ -68,17 +72,23 @@ def run_offline(key: Key, args: list[str], timeout_s: float, env: Mapping[str, s
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _kill(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the offline process's whole group (its own session: see `run_offline`)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 @contextlib.contextmanager
 def stopped(key: Key) -> Iterator[None]:
-    """While the job winds down: its running offline processes are killed and new ones refused. An evaluation
-    writes nothing of its own (its caller stores the result), and an export's folder is only registered after
-    it succeeds, so a kill leaves nothing that reads as valid."""
+    """While the job winds down: its running offline processes are killed and new ones refused (a download
+    between them checks `refuse_if_stopped` per file). An evaluation writes nothing of its own (its caller stores
+    the result), and an export writes into a scratch folder renamed into place only once it succeeded
+    (registry/checkpoints.py `export_safetensors`), so a kill leaves nothing that reads as valid."""
     with _LOCK:
         _STOPPING[key] = _STOPPING.get(key, 0) + 1
         running = list(_RUNNING.get(key, ()))
     for proc in running:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+        _kill(proc)
     try:
         yield
     finally:

@@ -341,26 +341,31 @@ def _hosts_gang(launcher: LauncherSpec, nodes: list[GangNode], per_node: int, ma
                      inputs_timeout_s=launcher.inputs_timeout_s), launches
 
 
-def remove_node_folders(record: JobRecord, launcher: LauncherSpec) -> dict[str, str]:
+def remove_node_folders(record: JobRecord, launcher: LauncherSpec,
+                        log: logging.Logger | logging.LoggerAdapter[Any] = logger) -> dict[str, str]:
     """When a `hosts` job ends: its folders on every host it ran a segment on (infra/backends/node_folders.py),
-    unless the launcher keeps them for inspection. Never raises: a host that keeps them is said in the log (the
-    next agent there sweeps them by age). Each host's outcome."""
+    unless the launcher keeps them for inspection. Never raises: a host that keeps them is said in `log` (the
+    flow's; the next agent there sweeps them by age). Each host's outcome."""
     if launcher.backend != "hosts" or launcher.keep_node_folders_h > 0:
         return {}
     try:
-        segments = JobStore(record.folder.parent).get(record.job_id).data.get("segments", [])  # the tasks' writes
-        hosts = sorted({node for seg in segments for node in seg.get("nodes", [])})
-        if not hosts:
-            return {}
-        outcomes = remove_job_folders(launcher.runner, launcher.python or sys.executable, launcher.work_dir,
-                                      record.job_id, hosts)
+        data = JobStore(record.folder.parent).get(record.job_id).data  # the tasks' writes
+        ran = {node for seg in data.get("segments", []) for node in seg.get("nodes", [])}
+        # A host the job lost (killed, partitioned) is not waited on at the job's end: it may not answer for the
+        # whole timeout; when it is back, its next agent sweeps the folders by age.
+        lost = {i["host"] for i in data.get("incidents", []) if i.get("scope") == "node" and i.get("host")} & ran
+        hosts = sorted(ran - lost)
+        outcomes = {host: "lost by the job: left to the host's next agent" for host in sorted(lost)}
+        if hosts:
+            outcomes |= remove_job_folders(launcher.runner, launcher.python or sys.executable, launcher.work_dir,
+                                           record.job_id, hosts)
     except Exception as exc:  # the job's outcome stands whatever happens here
-        logger.warning("job %s: its folders on the hosts were not removed (%s: %s): each host's next agent "
+        log.warning("job %s: its folders on the hosts were not removed (%s: %s): each host's next agent "
                        "removes them once unused for %g h", record.job_id, type(exc).__name__, exc, SWEEP_FLOOR_H)
         return {}
     kept = {h: o for h, o in outcomes.items() if o not in ("removed", "absent")}
     if kept:
-        logger.warning("job %s: its folders were kept on %s; each host's next agent removes them once unused for "
+        log.warning("job %s: its folders were kept on %s; each host's next agent removes them once unused for "
                        "%g h", record.job_id, "; ".join(f"{h} ({o})" for h, o in sorted(kept.items())),
                        max(launcher.keep_node_folders_h, SWEEP_FLOOR_H))
     return outcomes

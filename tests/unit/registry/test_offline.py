@@ -88,3 +88,45 @@ def test_overlapping_wind_downs_of_one_job_end_with_the_last(monkeypatch):
             run_offline(JOB, ["evaluate"], 30, {})
     assert run_offline(JOB, ["evaluate"], 30, {}) == {}
 
+
+
+def test_a_wind_down_kills_what_the_model_code_started_too(monkeypatch, tmp_path):
+    """The offline process runs the user's model code: a process it started (same session) goes with it, and one
+    holding its output pipes does not keep the wind-down waiting."""
+    pid_file = tmp_path / "child"
+    _script(monkeypatch, "import subprocess, sys, time\n"
+                         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                         f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+                         "time.sleep(60)\n")
+    raised: list[BaseException] = []
+
+    def evaluate() -> None:
+        try:
+            run_offline(JOB, ["evaluate"], 120, {})
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=evaluate)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not pid_file.is_file() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the offline process never started its child"
+        time.sleep(0.02)
+    child = int(pid_file.read_text())
+    t0 = time.monotonic()
+    with stopped(JOB):
+        thread.join(20)
+    assert not thread.is_alive() and time.monotonic() - t0 < 10
+    assert len(raised) == 1 and isinstance(raised[0], OfflineStopped), raised
+    deadline = time.monotonic() + 10
+    while _alive(child):
+        assert time.monotonic() < deadline, "the model code's child outlived the wind-down"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

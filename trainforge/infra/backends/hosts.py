@@ -103,7 +103,9 @@ def remove_job_folders(runner: str, python: str, work_dir: str, job_id: str, hos
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            # bounded: a runner's child outside its group (an ssh ControlPersist master) may keep the pipes open
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=5)
             out[host] = f"no answer within {timeout_s:.0f} s"
             continue
         try:

@@ -202,19 +202,9 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
     from trainforge.infra.launch import device_environment, with_rendezvous_port
 
     if program.node_dir is not None:
-        from trainforge.infra.backends.node_folders import FolderBusy, hold, sweep
-
-        node_dir = Path(program.node_dir)
-        try:
-            hold(node_dir)  # its descriptor stays open, and the lock held, for as long as this process lives
-        except (FolderBusy, OSError) as exc:
-            _emit(out, error=f"node {program.node}: its folder {node_dir} could not be made or held: {exc}")
-            return 1
-        if program.sweep_after_s is not None:
-            swept = sweep(node_dir.parent.parent, program.node, node_dir.parent.name, program.sweep_after_s)
-            if swept:
-                print(f"node agent: removed this node's folders of {len(swept)} job(s) unused for "
-                      f"{program.sweep_after_s / 3600:g} h: {', '.join(swept)}", file=sys.stderr)
+        failed = _hold_node_folder(program, out)
+        if failed is not None:
+            return failed
     work = Path(program.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ) | program.env
@@ -272,8 +262,53 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
 
         _adopt_store_environment(program)
         upload_bounded(program.logs_url, program.logs_key, work)
+    _release_node_folder()  # before the exit line: the job's end may remove the folder once it has that
     _emit(out, exit=code)
     return code
+
+
+_HELD: int | None = None
+"""The node folder's descriptor (its shared lock) while this agent runs (infra/backends/node_folders.py)."""
+
+
+def _hold_node_folder(program: NodeProgram, out: IO[str]) -> int | None:
+    """Lock the job's folder on this node for the agent's lifetime; then, in the background (a large removal must
+    not count against the start's timeout), sweep this node's folders of other jobs abandoned here. None when
+    held; else the exit it reported."""
+    global _HELD
+    import threading
+
+    from trainforge.infra.backends.node_folders import FolderBusy, hold, sweep
+
+    assert program.node_dir is not None
+    node_dir = Path(program.node_dir)
+    try:
+        _HELD = hold(node_dir)
+    except (FolderBusy, OSError) as exc:
+        # e.g. a file system without flock on folders: said, and this host is left out (the flow names it)
+        _emit(out, error=f"node {program.node}: its folder {node_dir} could not be made or locked: {exc}")
+        _emit(out, exit=1)
+        return 1
+    if program.sweep_after_s is not None:
+        max_age_s = program.sweep_after_s
+
+        def clean() -> None:
+            swept = sweep(node_dir.parent.parent, program.node, node_dir.parent.name, max_age_s)
+            if swept:
+                print(f"node agent: removed this node's folders of {len(swept)} job(s) unused for "
+                      f"{max_age_s / 3600:g} h: {', '.join(swept)}", file=sys.stderr)
+
+        threading.Thread(target=clean, name="sweep", daemon=True).start()
+    return None
+
+
+def _release_node_folder() -> None:
+    global _HELD
+    if _HELD is not None:
+        from trainforge.infra.backends.node_folders import release
+
+        release(_HELD)
+        _HELD = None
 
 
 STOPPED_BEFORE_START = -int(signal.SIGTERM)
@@ -284,6 +319,7 @@ def _stopped_before_start(out: IO[str]) -> NoReturn:
     """Report the stop and leave now: nothing was started, and a fetch in flight (a download's pool threads, which
     the interpreter would join at exit) must not keep the agent, and the node's inputs lock, past the stop."""
     with contextlib.suppress(Exception):
+        _release_node_folder()
         _emit(out, exit=STOPPED_BEFORE_START)
     os._exit(128 - STOPPED_BEFORE_START)
 
