@@ -35,16 +35,20 @@ def offline_argv(args: list[str]) -> list[str]:
 
 def refuse_if_stopped(key: Key, what: str) -> None:
     with _LOCK:
-        if _STOPPING.get(key):
-            raise OfflineStopped(f"offline {what} not started: the job is ending")
+        _refuse_locked(key, what)
+
+
+def _refuse_locked(key: Key, what: str) -> None:
+    """OfflineStopped while the job winds down; the caller holds _LOCK."""
+    if _STOPPING.get(key):
+        raise OfflineStopped(f"offline {what} not started: the job is ending")
 
 
 def run_offline(key: Key, args: list[str], timeout_s: float, env: Mapping[str, str]) -> dict[str, Any]:
     """The offline module's JSON result (its last stdout line); RuntimeError with its stderr's tail when it fails,
     OfflineStopped when the job's wind-down stopped it."""
-    with _LOCK:
-        if _STOPPING.get(key):
-            raise OfflineStopped(f"offline {args[0]} not started: the job is ending")
+    with _LOCK:  # checked and registered at once: a wind-down starting now kills this process
+        _refuse_locked(key, args[0])
         # a session of its own: a stop kills what the user's model code started too (its group)
         proc = subprocess.Popen(offline_argv(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=dict(env), start_new_session=True)

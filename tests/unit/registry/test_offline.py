@@ -20,6 +20,21 @@ def _script(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
     monkeypatch.setattr(offline, "offline_argv", lambda args: [sys.executable, "-c", code])
 
 
+def _evaluate_in_thread() -> tuple[threading.Thread, list[BaseException]]:
+    """An evaluation of JOB running on a thread, and what it raised (once the thread ended)."""
+    raised: list[BaseException] = []
+
+    def evaluate() -> None:
+        try:
+            run_offline(JOB, ["evaluate"], 120, {})
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=evaluate)
+    thread.start()
+    return thread, raised
+
+
 def _wait_running(key: tuple[str, str], timeout_s: float = 20) -> None:
     deadline = time.monotonic() + timeout_s
     while not offline._RUNNING.get(key):
@@ -50,16 +65,7 @@ def test_a_timeout_kills_the_process(monkeypatch):
 
 def test_a_wind_down_kills_the_running_evaluation_and_refuses_new_ones(monkeypatch):
     _script(monkeypatch, "import time; time.sleep(60); print('{}')")
-    raised: list[BaseException] = []
-
-    def evaluate() -> None:
-        try:
-            run_offline(JOB, ["evaluate"], 120, {})
-        except BaseException as exc:
-            raised.append(exc)
-
-    thread = threading.Thread(target=evaluate)
-    thread.start()
+    thread, raised = _evaluate_in_thread()
     _wait_running(JOB)
     t0 = time.monotonic()
     with stopped(JOB):
@@ -98,16 +104,7 @@ def test_a_wind_down_kills_what_the_model_code_started_too(monkeypatch, tmp_path
                          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
                          f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
                          "time.sleep(60)\n")
-    raised: list[BaseException] = []
-
-    def evaluate() -> None:
-        try:
-            run_offline(JOB, ["evaluate"], 120, {})
-        except BaseException as exc:
-            raised.append(exc)
-
-    thread = threading.Thread(target=evaluate)
-    thread.start()
+    thread, raised = _evaluate_in_thread()
     deadline = time.monotonic() + 20
     while not pid_file.is_file() or not pid_file.read_text():
         assert time.monotonic() < deadline, "the offline process never started its child"
