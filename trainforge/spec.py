@@ -114,9 +114,17 @@ class Sharding(StrEnum):
     """FSDP sharding strategy (ZeRO stage in brackets)."""
 
     NONE = "none"  # replicate everything: DDP (ZeRO-0)
+    SHARD_OPTIMIZER = "shard-optimizer"  # shard optimizer states only (ZeRO-1, Megatron's distributed optimizer)
     SHARD_GRAD_OP = "shard-grad-op"  # shard gradients + optimizer states (ZeRO-2)
     FULL_SHARD = "full-shard"  # shard parameters too (ZeRO-3)
     HYBRID_SHARD = "hybrid-shard"  # full shard within a group, replicate across groups (HSDP)
+
+
+class Engine(StrEnum):
+    """The parallelism engine (`parallelism.engine`; plan/support.py says what each runs)."""
+
+    NATIVE = "native"  # PyTorch DDP / FSDP2 / TP / PP / EP
+    DEEPSPEED = "deepspeed"  # DeepSpeed ZeRO 0-3, data parallel only
 
 
 class ActivationCheckpointing(StrEnum):

@@ -19,6 +19,7 @@ from trainforge.plan.hardware import gpu_spec
 from trainforge.plan.layout import Layout, layout_problems
 from trainforge.plan.memory import estimate_memory
 from trainforge.plan.model import ModelShape, shape_from_spec
+from trainforge.plan.support import engine_choice_problems
 from trainforge.spec import (
     JobSpec,
     PipelineSchedule,
@@ -287,12 +288,11 @@ def _combination_problems(spec: JobSpec) -> list[Problem]:
     if code.framework != "pytorch" and code.mode == "managed":
         out.append(Problem("code.framework", "managed mode runs the platform's PyTorch loop", code.framework,
                            "use mode: script for JAX or TensorFlow code"))
-    if par.engine == "deepspeed" and ((par.tp or 1) > 1 or (par.pp or 1) > 1):
-        out.append(Problem("parallelism.engine", "the deepspeed engine provides ZeRO data parallelism only",
-                           "deepspeed", "use engine: native for tp/pp, or drop tp/pp"))
-    if par.engine == "deepspeed" and (par.ep or 1) > 1:
-        out.append(Problem("parallelism.engine", "expert parallelism is applied by the native engine only",
-                           "deepspeed", "use engine: native for ep, or drop ep"))
+    sharding = par.sharding.value if par.sharding else None
+    # What the engine cannot run, from the rules the advisor and the engine use (plan/support.py).
+    for lp in engine_choice_problems(par.engine, sharding=sharding, tp=par.tp or 1, pp=par.pp or 1, ep=par.ep or 1):
+        out.append(Problem(lp.field, lp.message, sharding if lp.field == "parallelism.sharding" else par.engine,
+                           lp.fix))
     if par.engine == "deepspeed" and code.framework != "pytorch":
         out.append(Problem("parallelism.engine", f"DeepSpeed runs PyTorch only, not {code.framework}", "deepspeed",
                            "use engine: native, or framework: pytorch"))

@@ -97,11 +97,13 @@ def test_ep_dispatch_equals_dense_routing(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sharding,stage", [("none", 1), ("shard-grad-op", 2), ("full-shard", 3)])
+@pytest.mark.parametrize("sharding,stage", [("none", 0), ("shard-optimizer", 1), ("shard-grad-op", 2),
+                                            ("full-shard", 3)])
 @pytest.mark.usefixtures("deepspeed_ops")
 def test_deepspeed_zero_trains_like_reference(tmp_path: Path, ref: dict[str, Any], sharding: str, stage: int) -> None:
-    """DeepSpeed ZeRO-1/2/3 on 2 gloo ranks (DeepSpeed's CPU accelerator): losses, grad norms and final weights
-    equal the single-process reference. ZeRO-3 really partitions: outside a gather a rank holds no parameter data."""
+    """DeepSpeed ZeRO-0/1/2/3 (none, shard-optimizer, shard-grad-op, full-shard) on 2 gloo ranks (DeepSpeed's CPU
+    accelerator): losses, grad norms and final weights equal the single-process reference. ZeRO-3 really
+    partitions: outside a gather a rank holds no parameter data."""
     pytest.importorskip("deepspeed")
     got = run_layout(tmp_path, {"dp": 2, "micro_batch_size": MICRO, "engine": "deepspeed", "sharding": sharding},
                      steps=STEPS, grad_clip=1.0)

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from trainforge.infra.launch import script_environment
+from trainforge.plan.support import UnsupportedLayout
 from trainforge.trainer.parallel.deepspeed_engine import deepspeed_config
 from trainforge.trainer.parallel.mesh import ParallelDims
 from trainforge.trainer.parallel.pp import bubble_fraction, split_layers
@@ -68,6 +69,14 @@ def test_deepspeed_config_from_spec() -> None:
     assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (2, 4)
     assert cfg["bf16"] == {"enabled": True} and cfg["gradient_clipping"] == 1.0
     assert deepspeed_config({"dp": 4, "zero_stage": 1}, training, 4)["zero_optimization"]["stage"] == 1
+    # each sharding is the ZeRO stage the planner models it as (plan/support.py): none replicates (stage 0)
+    stages = {s: deepspeed_config({"dp": 4, "sharding": s}, training, 4)["zero_optimization"]["stage"]
+              for s in ("none", "shard-optimizer", "shard-grad-op", "full-shard")}
+    assert stages == {"none": 0, "shard-optimizer": 1, "shard-grad-op": 2, "full-shard": 3}
+    with pytest.raises(UnsupportedLayout, match="hybrid-shard is FSDP2's"):
+        deepspeed_config({"dp": 4, "sharding": "hybrid-shard"}, training, 4)
+    with pytest.raises(UnsupportedLayout, match="shard-optimizer"):
+        ParallelDims.from_layout({"dp": 4, "sharding": "shard-optimizer"}, 4)
 
 
 def test_script_environments() -> None:

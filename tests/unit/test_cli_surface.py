@@ -187,6 +187,7 @@ BAD_CHOICES = {
     ("simulate", "policy"): ["simulate", "--trace", "x.csv", "--policy", "slurm"],
     ("plan", "gpu_type"): ["plan", "--model", "llama-7b", "--gpus", "8", "--gpu-type", "tpu-v5"],
     ("plan", "precision"): ["plan", "--model", "llama-7b", "--gpus", "8", "--precision", "fp8"],
+    ("plan", "engine"): ["plan", "--model", "llama-7b", "--gpus", "8", "--engine", "megatron"],
     ("promote", "alias"): ["promote", "JOB", "--alias", "king"],
     ("promote", "stage"): ["promote", "JOB", "--stage", "Prod"],
     ("metric", "mode"): ["metric", "JOB", "--mode", "mean"],

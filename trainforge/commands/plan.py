@@ -18,7 +18,7 @@ import typer
 from trainforge.cli import app
 from trainforge.commands.common import EXIT_INVALID, EXIT_UNREADABLE, err_console, fail, print_json
 from trainforge.commands.common import console as _console
-from trainforge.spec import GpuType, Precision
+from trainforge.spec import Engine, GpuType, Precision
 
 GiB = 2**30
 LAYOUT_KEYS = {"dp": "dp", "tp": "tp", "pp": "pp", "ep": "ep", "vpp": "vpp", "mb": "micro_batch_size",
@@ -57,6 +57,9 @@ def plan(
     global_batch: int | None = typer.Option(None, help="Sequences per step (default ~4M tokens)."),
     seq_len: int | None = typer.Option(None, help="Tokens per sequence (default: the model file's, else 4096)."),
     precision: Precision = typer.Option(Precision.BF16, help="Compute precision."),
+    engine: Engine = typer.Option(Engine.NATIVE, help="The engine that runs the job: native (DDP/FSDP2/TP/PP/EP) or "
+                               "deepspeed (ZeRO 0-3, data parallel only); only layouts it runs are planned (a job spec's "
+                               "parallelism.engine wins)."),
     layout: str | None = typer.Option(None, help="Evaluate this one layout instead of searching, e.g. "
                                       "tp=8,pp=12,dp=16,mb=1,schedule=1f1b,vpp=1,sharding=none,ac=full."),
     uneven_stages: bool = typer.Option(False, help="Allow pipeline stages with unequal block counts."),
@@ -79,6 +82,8 @@ def plan(
     try:
         req, fixed_layout, mtbf = _request(job, model, gpus, gpu_type.value, gpus_per_node, global_batch, seq_len,
                                            precision.value, layout, uneven_stages, cluster, node_mtbf_hours)
+        if job is None:
+            req = replace(req, engine=engine.value)
     except (ValueError, OSError) as exc:
         fail(str(exc), EXIT_UNREADABLE)
     try:

@@ -4,7 +4,7 @@ rest by predicted throughput, and explain the winner against the alternatives.
 The search space: tp over divisors of the node size that suit the heads; pp over divisors of world/tp up to the
 layer count; dp = world/(tp*pp); virtual stages and schedule (GPipe, 1F1B, interleaved 1F1B) when pp > 1; ep over
 divisors of the experts that divide dp (MoE only); micro-batch 1..16 dividing the per-replica batch; sharding none,
-shard-grad-op, full-shard, hybrid-shard; activation checkpointing none, selective, full. Any value the user fixed is
+shard-optimizer, shard-grad-op, full-shard, hybrid-shard (those the job's engine runs); activation checkpointing none, selective, full. Any value the user fixed is
 the only value tried (expert override). Memory is checked before the step-time model runs, so the search is cheap.
 """
 
@@ -21,12 +21,13 @@ from trainforge.plan.layout import Layout, LayoutProblem, layout_problems
 from trainforge.plan.memory import MemoryEstimate, estimate_memory
 from trainforge.plan.model import ModelShape
 from trainforge.plan.perf import StepEstimate, estimate_step
+from trainforge.plan.support import engine_choice_problems
 from trainforge.plan.topology import Topology
 
 GiB = 2**30
 LAYOUT_FIELDS = ("dp", "tp", "pp", "ep", "vpp", "micro_batch_size", "schedule", "sharding",
                  "activation_checkpointing")
-SHARDINGS = ("none", "shard-grad-op", "full-shard", "hybrid-shard")
+SHARDINGS = ("none", "shard-optimizer", "shard-grad-op", "full-shard", "hybrid-shard")
 SHARDING_RANK = {s: i for i, s in enumerate(SHARDINGS)}
 AC_MODES = ("none", "selective", "full")
 MICRO_BATCHES = (1, 2, 4, 8, 16)
@@ -56,6 +57,9 @@ class PlanRequest:
     flash_attention: bool = True
     """Fused (flash) attention: the s x s scores are neither stored nor streamed through memory. False for runs
     that predate it (Megatron-LM 2021, BLOOM, MT-NLG)."""
+    engine: str | None = "native"
+    """The engine that will run the layout (`parallelism.engine`): only layouts it runs are returned. None: any
+    engine (the published runs' own engines: Megatron's distributed optimizer is shard-optimizer)."""
 
     @property
     def capacity(self) -> int:
@@ -97,7 +101,7 @@ def evaluate_layout(req: PlanRequest, layout: Layout, *, with_step: bool = True)
     problems = layout_problems(layout, req.model, global_batch_size=req.global_batch_size,
                                world_size=req.world_size, gpus_per_node=min(req.topology.gpus_per_node,
                                                                             req.world_size),
-                               uneven_stages=req.uneven_stages)
+                               uneven_stages=req.uneven_stages, engine=req.engine)
     memory = _memory(req, layout)
     step = None
     if with_step and not problems:
@@ -155,7 +159,10 @@ def _inner(req: PlanRequest, dp: int, tp: int, pp: int) -> Iterator[Layout]:
         pipes = [(v, s) for v, s in pipes if req.fixed.get("vpp", v) == v and req.fixed.get("schedule", s) == s]
         if not pipes:
             pipes = [(req.fixed.get("vpp", 1), req.fixed.get("schedule", "1f1b"))]
-    shardings = SHARDINGS if dp > 1 else ("none",)
+    # Only what the engine runs (plan/support.py: shard-optimizer is DeepSpeed's, hybrid-shard FSDP2's).
+    shardings = [s for s in SHARDINGS if req.engine is None or not engine_choice_problems(req.engine, sharding=s)]
+    if dp == 1:
+        shardings = ["none"]
     for ep in _choices(req, "ep", eps):
         for mb in _choices(req, "micro_batch_size", [b for b in MICRO_BATCHES if per_replica % b == 0]):
             micro = per_replica // mb

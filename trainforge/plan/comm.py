@@ -10,8 +10,9 @@ Time = bytes / (link rate x LINK_EFFICIENCY) + steps x latency.
   repeats the forward). Same volume as the 4 all-reduces without SP.
 - PP: each stage boundary sends s*b*h/t activations forward and gradients back per micro-batch (scatter-gather
   over the TP ranks, Narayanan et al. 2021 sec. 4.1).
-- DP: `none` all-reduces gradients once per step; `shard-grad-op` reduce-scatters gradients and all-gathers updated
-  weights once per step; `full-shard` all-gathers weights for forward and again for backward and reduce-scatters
+- DP: `none` all-reduces gradients once per step; `shard-optimizer` (ZeRO-1, Megatron's distributed optimizer) and
+  `shard-grad-op` reduce-scatter gradients and all-gather updated weights once per step (the same bytes as one
+  all-reduce); `full-shard` all-gathers weights for forward and again for backward and reduce-scatters
   gradients every micro-batch (torch FSDP reshard_after_forward=True); `hybrid-shard` does full-shard traffic within
   the node plus an all-reduce of the shard across nodes.
 - EP: per MoE block and micro-batch, 2 all-to-alls forward (dispatch, combine) and 2 backward of s*b*k*h tokens.
@@ -100,7 +101,7 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
         per = _factor(dp, True) * grad
         return [CommItem("dp all-reduce", "dp", link.name, scope, per, ring_time(per, link, 2 * (dp - 1)), per,
                          f"2(d-1)/d x {params:,} params x {w} B, once per step")]
-    if sharding == "shard-grad-op":
+    if sharding in ("shard-grad-op", "shard-optimizer"):
         per = _factor(dp) * grad
         t = ring_time(per, link, dp - 1)
         return [CommItem("dp reduce-scatter", "dp", link.name, scope, per, t, t,

@@ -58,9 +58,11 @@ def layout_problems(
     world_size: int,
     gpus_per_node: int,
     uneven_stages: bool = False,
+    engine: str | None = None,
 ) -> list[LayoutProblem]:
     """Every divisibility / topology rule the layout breaks, with the numbers. `uneven_stages` accepts pipeline
-    stages that hold different numbers of blocks (Llama 3 405B: 126 layers on 16 stages, sec. 3.3.2)."""
+    stages that hold different numbers of blocks (Llama 3 405B: 126 layers on 16 stages, sec. 3.3.2). `engine`:
+    also what that engine cannot run (None: the caller checks the engine choice itself, as `validate` does)."""
     out: list[LayoutProblem] = []
     if layout.world_size != world_size:
         out.append(LayoutProblem(
@@ -97,7 +99,8 @@ def layout_problems(
             out.append(LayoutProblem("parallelism.ep", f"ep ({layout.ep}) does not divide dp ({layout.dp})",
                                      "expert parallelism borrows data-parallel ranks; pick ep dividing dp"))
     out += engine_problems(tp=layout.tp, pp=layout.pp, ep=layout.ep, fsdp=uses_fsdp(layout.sharding, layout.dp),
-                           kv_heads=model.kv_heads if model.heads % layout.tp == 0 else None)
+                           kv_heads=model.kv_heads if model.heads % layout.tp == 0 else None, engine=engine,
+                           sharding=layout.sharding)
     per_step = layout.dp * layout.micro_batch_size
     if global_batch_size % per_step:
         out.append(LayoutProblem(

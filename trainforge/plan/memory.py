@@ -5,7 +5,9 @@ gradients and 16 B of optimizer-side fp32 state: fp32 gradient copy, fp32 master
 (4 B each). This is DeepSpeed's accounting (`estimate_zero2_model_states_mem_needs`: "2 = params_16bit, 18 =
 2_grads_16bit + 4_grads_32bit + 4_params_32bit + 8_optimizer_states_32bit"), and within 2 B of ZeRO's 16 B/param
 (Rajbhandari et al. 2020, sec. 3) and Megatron's 18 B. fp32 training keeps 4 + 4 + 8 B. Sharding, per ZeRO stage:
-`none` (DDP, ZeRO-0) shards nothing; `shard-grad-op` (ZeRO-2) shards gradients and optimizer state (in fp32 the
+`none` (DDP, ZeRO-0) shards nothing; `shard-optimizer` (ZeRO-1, Megatron's distributed optimizer; DeepSpeed's stage 1
+is how trainforge runs it) shards the optimizer state only: 16-bit weights and gradients stay whole, the fp32 side
+(gradient copy, master weights, Adam m and v) is 16 B / d; `shard-grad-op` (ZeRO-2) shards gradients and optimizer state (in fp32 the
 optimizer's weight shard is a copy of its own next to the whole weights: FSDP2 with reshard_after_forward=False keeps
 the sharded parameter it updates besides the all-gathered one; DeepSpeed ZeRO-1/2 clones its fp32 partition into
 `single_partition_of_fp32_groups`; in mixed precision that copy is the fp32 master already counted); `full-shard`
@@ -49,6 +51,9 @@ GiB = 2**30
 FRAGMENTATION_RESERVE = 0.08  # caching-allocator fragmentation + temporaries, measured at 5-10% on large runs
 DEFAULT_RUNTIME_OVERHEAD = 1 * GiB  # CUDA context + cuBLAS workspace + NCCL buffers
 FSDP_REDUCE_BYTES = 4  # FSDP2 reduce-scatters in fp32 (trainforge FSDPConfig.reduce_dtype default)
+# ZeRO-1 (DeepSpeed stage 1) reduces the whole gradients through a flat bucket of this many elements (its
+# `reduce_bucket_size` default, which trainforge's generated config keeps).
+DEEPSPEED_REDUCE_BUCKET = 500_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +100,10 @@ def state_bytes_per_param(precision: str) -> tuple[int, int, int]:
 
 
 def fp32_master_copy_bytes(sharding: str, precision: str, group: int = 2) -> int:
-    """fp32 + shard-grad-op over more than one rank: the optimizer's weight shard is a separate copy (4 B / d)
-    beside the whole weights (over one rank nothing is gathered: the shard is the weights)."""
-    return 4 if precision == "fp32" and sharding == "shard-grad-op" and group > 1 else 0
+    """fp32 + shard-grad-op or shard-optimizer over more than one rank: the optimizer's weight shard is a separate
+    copy (4 B / d) beside the whole weights (DeepSpeed's stage 1 and 2 clone it; over one rank nothing is gathered:
+    the shard is the weights)."""
+    return 4 if precision == "fp32" and sharding in ("shard-grad-op", "shard-optimizer") and group > 1 else 0
 
 
 def _fsdp2_units(model: ModelShape, layout: Layout) -> tuple[int, int, int]:
@@ -135,6 +141,8 @@ def fsdp2_buffers_bytes(model: ModelShape, layout: Layout, *, group: int, precis
 
 def shard_degrees(sharding: str, group: int) -> tuple[int, int, int]:
     """Divisors of (weights, gradients, optimizer state) for a sharding strategy over `group` ranks."""
+    if sharding == "shard-optimizer":
+        return 1, 1, group
     if sharding == "shard-grad-op":
         return 1, group, group
     if sharding in ("full-shard", "hybrid-shard"):
@@ -286,6 +294,11 @@ def estimate_memory(
         grads = (dense + expert) * g_b
         items.append(MemoryItem("comm buffers", grads,
                                 f"DDP bucket copy of the gradients: {dense + expert:,} x {g_b} B"))
+    elif layout.sharding == "shard-optimizer" and layout.dp > 1:
+        bucket = min(dense + expert, DEEPSPEED_REDUCE_BUCKET)
+        items.append(MemoryItem("comm buffers", bucket * g_b,
+                                f"gradient reduce bucket: min({dense + expert:,}, {DEEPSPEED_REDUCE_BUCKET:,.0f} "
+                                f"(DeepSpeed's reduce_bucket_size)) x {g_b} B"))
     elif layout.sharding == "shard-grad-op" and layout.dp > 1:
         reduce, text = fsdp2_reduce_bytes(model, layout, group=group, precision=precision)
         items.append(MemoryItem("comm buffers", reduce, f"FSDP2 backward: {text}"))

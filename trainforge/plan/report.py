@@ -68,7 +68,7 @@ def request_to_dict(req: PlanRequest) -> dict[str, Any]:
             "gpu": req.gpu.name, "gpus": req.world_size, "gpus_per_node": req.topology.gpus_per_node,
             "intra_node_link": req.topology.intra.name, "inter_node_link": req.topology.inter.name,
             "global_batch_size": req.global_batch_size, "seq_len": req.seq_len, "precision": req.precision,
-            "fixed": dict(req.fixed)}
+            "fixed": dict(req.fixed), "engine": req.engine}
 
 
 def _alternatives(w: Plan) -> list[tuple[str, Callable[[Plan], bool]]]:

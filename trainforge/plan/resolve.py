@@ -51,7 +51,7 @@ def plan_request(spec: JobSpec, shape: ModelShape, cluster: ClusterSpec) -> Plan
     world = spec.resources.world_size
     topo = topology_for(cluster, gpu.name, min(spec.resources.gpus_per_node, world))
     return PlanRequest(shape, gpu, topo, world, spec.training.global_batch_size, spec.training.seq_len,
-                       spec.training.precision.value, fixed_fields(spec))
+                       spec.training.precision.value, fixed_fields(spec), engine=spec.parallelism.engine)
 
 
 def resolve_layout(spec: JobSpec, shape: ModelShape, cluster: ClusterSpec) -> Layout:

@@ -160,9 +160,18 @@ class DeepSpeedEngine:
     def step(self, lr: float) -> float | None:
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
+        # ZeRO-0 (sharding none) all-reduces whole gradients in the boundary's backward and clips without keeping
+        # the norm DeepSpeed's ZeRO optimizers report: measured here, on the reduced gradients every rank holds.
+        replicated = self._replicated_grad_norm() if self.zero_stage == 0 else None
         self.engine.step()  # the accumulation boundary: the optimizer step
         norm = self.engine.get_global_grad_norm()  # before clipping, like clip_grad_norm_'s return
+        if norm is None:
+            norm = replicated
         return None if norm is None else float(norm)
+
+    def _replicated_grad_norm(self) -> float | None:
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads)) if grads else None
 
     def global_loss(self, local_loss: float) -> float:
         loss = self.ctx.all_reduce_mean(local_loss)

@@ -88,10 +88,10 @@ BLOOM = PublishedRun(
     "sec. 3.4.2: 384 A100-80GB (48 nodes), TP 4, PP 12, DP 8 with ZeRO stage 1, 156 TFLOP/s per GPU in the "
     "fastest configuration (Megatron-DeepSpeed, full recomputation); global batch 2048, seq 2048",
     BLOOM_MODEL, "a100-80gb",
-    Layout(dp=8, tp=4, pp=12, micro_batch_size=2, schedule="1f1b", sharding="shard-grad-op",
+    Layout(dp=8, tp=4, pp=12, micro_batch_size=2, schedule="1f1b", sharding="shard-optimizer",
            activation_checkpointing="full"),
     2048, 2048, recompute_to_mfu(156, BLOOM_MODEL, 2048, A100_PEAK),
-    assumed=("micro-batch 2 (the released training script)", "ZeRO-1 modelled as shard-grad-op"),
+    assumed=("micro-batch 2 (the released training script)",),
     uneven_stages=True, flash_attention=False,
 )
 
@@ -104,9 +104,9 @@ def _mtnlg() -> list[PublishedRun]:
     return [
         PublishedRun(f"mt-nlg-530b-{gpus}", MTNLG, MTNLG_MODEL, "a100-80gb",
                      Layout(dp=gpus // 280, tp=8, pp=35, micro_batch_size=1, schedule="1f1b",
-                            sharding="shard-grad-op", activation_checkpointing="full"),
+                            sharding="shard-optimizer", activation_checkpointing="full"),
                      1920, 2048, recompute_to_mfu(tflops, MTNLG_MODEL, 2048, A100_PEAK),
-                     assumed=("micro-batch 1", "ZeRO-1 modelled as shard-grad-op"), flash_attention=False)
+                     assumed=("micro-batch 1",), flash_attention=False)
         for gpus, tflops in ((2240, 126), (2800, 121), (3360, 113))
     ]
 

@@ -62,3 +62,15 @@ def test_unfused_attention_costs_more_time_for_small_models_than_for_large() -> 
         assert plain.step_time_s > fused.step_time_s
         share[h] = plain.step_time_s / fused.step_time_s - 1
     assert share[2304] > 2 * share[12288]
+
+
+def test_shard_optimizer_shards_only_the_optimizer_state() -> None:
+    """ZeRO-1 (DeepSpeed's stage 1): fp32 weights and gradients whole, Adam m+v and the fp32 master shard 1/d,
+    and one reduce bucket of the gradients; between DDP and shard-grad-op in memory."""
+    total = BENCH.total_params
+    items = _items("shard-optimizer")
+    assert (items["parameters"], items["gradients"]) == (total * 4, total * 4)
+    assert items["optimizer"] == total * 12 // 2
+    assert items["comm buffers"] == total * 4  # the bench model is smaller than DeepSpeed's 5e8-element bucket
+    totals = {s: sum(_items(s).values()) for s in ("none", "shard-optimizer", "shard-grad-op")}
+    assert totals["none"] > totals["shard-optimizer"] > totals["shard-grad-op"]

@@ -23,7 +23,7 @@ MEDIAN_TOLERANCE = 0.08
 def _request(run: PublishedRun) -> PlanRequest:
     return PlanRequest(run.model, gpu_spec(run.gpu), default_topology(run.gpu), run.layout.world_size,
                        run.global_batch_size, run.seq_len, uneven_stages=run.uneven_stages,
-                       flash_attention=run.flash_attention)
+                       flash_attention=run.flash_attention, engine=None)  # each run's own engine (Megatron, DeepSpeed)
 
 
 def relative_errors() -> dict[str, float]:

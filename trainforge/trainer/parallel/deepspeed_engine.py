@@ -1,8 +1,9 @@
 """DeepSpeed ZeRO as the alternative engine (`parallelism.engine: deepspeed`).
 
 The config is generated from the spec (`deepspeed_config`, pure); `build_deepspeed` hands the model and a torch
-AdamW to `deepspeed.initialize`. ZeRO stage from the layout's sharding: none -> 1 (optimizer states sharded),
-shard-grad-op -> 2, full-shard -> 3 (an explicit `zero_stage` in the layout wins). DeepSpeed runs the micro-batch
+AdamW to `deepspeed.initialize`. ZeRO stage from the layout's sharding (plan/support.py DEEPSPEED_ZERO_STAGE, the
+planner's memory and traffic model of each): none -> 0 (replicated, gradients all-reduced, as DDP), shard-optimizer
+-> 1 (optimizer states sharded), shard-grad-op -> 2, full-shard -> 3 (an explicit `zero_stage` in the layout wins). DeepSpeed runs the micro-batch
 accumulation itself (`engine.backward` scales by 1/accumulation, `engine.step` steps on the boundary). On CPU it
 uses gloo (its CPU accelerator without oneCCL).
 
@@ -33,6 +34,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from trainforge.plan.support import DEEPSPEED_ZERO_STAGE, check_supported
 from trainforge.trainer.checkpoint import CheckpointCorruptError, capture_rng, restore_rng
 from trainforge.trainer.checkpointing.deepspeed_format import (
     DS_TAG,
@@ -42,17 +44,20 @@ from trainforge.trainer.checkpointing.deepspeed_format import (
 from trainforge.trainer.parallel.parallelize import cross_entropy
 
 logger = logging.getLogger(__name__)
-ZERO_STAGE = {"none": 1, "shard-grad-op": 2, "full-shard": 3, "hybrid-shard": 3}
 
 
 def deepspeed_config(layout: dict[str, Any], training: dict[str, Any], world_size: int) -> dict[str, Any]:
+    sharding = layout.get("sharding", "none")
+    # The planner and `validate` refuse these from the same rules before allocation (plan/support.py).
+    check_supported(engine="deepspeed", sharding=sharding, tp=layout.get("tp", 1), pp=layout.get("pp", 1),
+                    ep=layout.get("ep", 1))
     micro = layout.get("micro_batch_size", 1)
     accumulation = training["global_batch_size"] // (world_size * micro)
     cfg: dict[str, Any] = {
         "train_batch_size": training["global_batch_size"],
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accumulation,
-        "zero_optimization": {"stage": layout.get("zero_stage", ZERO_STAGE[layout.get("sharding", "none")])},
+        "zero_optimization": {"stage": layout.get("zero_stage", DEEPSPEED_ZERO_STAGE[sharding])},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }

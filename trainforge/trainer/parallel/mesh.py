@@ -63,6 +63,7 @@ class ParallelDims:
     def from_layout(cls, layout: dict[str, Any], world_size: int, local_world_size: int | None = None) -> ParallelDims:
         dp, tp, pp, ep = layout["dp"], layout.get("tp", 1), layout.get("pp", 1), layout.get("ep", 1)
         sharding = layout.get("sharding", "none")
+        check_supported(engine="native", sharding=sharding)
         if sharding in ("shard-grad-op", "full-shard"):
             replicate, shard = 1, dp
         elif sharding == "hybrid-shard":
