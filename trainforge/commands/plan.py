@@ -233,6 +233,12 @@ def _print_human(req, result, plans, lines, ckpt, explain: bool) -> None:
             console.print(f"  {c.kind:<32} {c.bytes_per_gpu / 1e9:10.2f} GB on {c.link} ({c.scope}) "
                           f"{c.time_s:.3f} s" + (f"  = {c.formula}" if explain else ""), markup=False)
         s = best.step
+        if explain and s.overlap:
+            console.print("[bold]overlap[/] (per step: each collective against the compute that hides it):")
+            for t in s.overlap:
+                console.print(f"  {t.name:<36} {t.total_s:.3f} s: hidden {t.hidden_s:.3f}, exposed {t.exposed_s:.3f}"
+                              + (f" (window {t.window_s:.3f} s)" if t.window_s else "") + f"  -- {t.rule}",
+                              markup=False)
         console.print(f"[bold]step[/] {s.step_time_s:.2f} s = compute {s.compute_s:.2f} + bubble {s.bubble_s:.2f} "
                       f"+ exposed comm {s.exposed_comm_s:.2f} + optimizer {s.optimizer_s:.3f}; "
                       f"{s.tokens_per_s:,.0f} tokens/s, MFU {s.mfu:.1%} (HFU {s.hfu:.1%})")

@@ -57,6 +57,9 @@ class PlanRequest:
     flash_attention: bool = True
     """Fused (flash) attention: the s x s scores are neither stored nor streamed through memory. False for runs
     that predate it (Megatron-LM 2021, BLOOM, MT-NLG)."""
+    tp_comm_overlap: bool = False
+    """TP collectives pipelined with their GEMMs (Megatron's --tp-comm-overlap, torchtitan's async TP). trainforge's
+    native engine does not do it, so only published runs that did set it."""
     engine: str | None = "native"
     """The engine that will run the layout (`parallelism.engine`): only layouts it runs are returned. None: any
     engine (the published runs' own engines: Megatron's distributed optimizer is shard-optimizer)."""
@@ -107,7 +110,7 @@ def evaluate_layout(req: PlanRequest, layout: Layout, *, with_step: bool = True)
     if with_step and not problems:
         step = estimate_step(req.model, layout, req.gpu, req.topology, seq_len=req.seq_len,
                              global_batch_size=req.global_batch_size, precision=req.precision,
-                             flash_attention=req.flash_attention)
+                             flash_attention=req.flash_attention, tp_comm_overlap=req.tp_comm_overlap)
     return Plan(layout, memory, step, tuple(problems))
 
 
@@ -193,7 +196,7 @@ def search(req: PlanRequest, *, keep_too_big: int = 5) -> SearchResult:
             continue
         step = estimate_step(req.model, layout, req.gpu, req.topology, seq_len=req.seq_len,
                              global_batch_size=req.global_batch_size, precision=req.precision,
-                             flash_attention=req.flash_attention)
+                             flash_attention=req.flash_attention, tp_comm_overlap=req.tp_comm_overlap)
         result.plans.append(replace(plan, step=step))
     result.plans.sort(key=lambda p: (p.step.step_time_s if p.step else 0.0, p.memory.total_bytes))
     result.too_big.sort(key=lambda p: p.memory.total_bytes)

@@ -11,8 +11,25 @@ sec. 1: softmax, masking and dropout are memory-bound and take most of the atten
 Korthikanti et al. 2022, sec. 4, list the same elementwise tensors as the stored activations).
 Pipeline: m micro-batches over p stages take (m + (p-1)/v) micro-batch slots (Narayanan et al. 2021, sec. 2.2:
 bubble fraction (p-1)/(v*m) of the ideal time). Each slot also carries the exposed part of its TP / EP collectives
-and PP send/recv. Data-parallel collectives overlap with the backward pass (bucketed all-reduce / reduce-scatter)
-and with the next forward (weight all-gather); only what exceeds those windows is exposed.
+and PP send/recv.
+
+Overlap: each collective is an `OverlapTerm` with its total time, the compute window it can hide behind and what
+stays exposed (`trainforge plan --explain` lists them):
+- DP gradient reduce (all-reduce, or reduce-scatter under shard-optimizer / shard-grad-op, and HSDP's all-reduce
+  across replicas): bucketed, launched as backward produces each bucket, so it hides behind the last
+  micro-batch's backward (2/3 of its compute; earlier micro-batches accumulate without communicating); what exceeds
+  the window is exposed, and the last bucket always is (it is ready only when backward ends: DDP's 25 MiB buckets).
+- DP weight all-gather after the optimizer step (shard-optimizer, shard-grad-op): hides behind the next step's first
+  forward (1/3 of a micro-batch), except the first bucket, needed before that forward starts.
+- FSDP (full-shard, hybrid-shard) all-gathers and reduce-scatters every micro-batch: each unit's all-gather is
+  prefetched behind the previous unit's compute, so the traffic hides behind FSDP_OVERLAP of the micro-batches'
+  compute and only the first unit's gather of each micro-batch is always exposed.
+- TP (Megatron sequence parallelism): without TP communication overlap the collectives sit between the GEMMs that
+  produce and consume them; TP_EXPOSED of them is on the critical path. With overlap (Megatron's
+  --tp-comm-overlap, torchtitan's async TP: the collective is split into chunks pipelined with the GEMM) only
+  TP_OVERLAP_EXPOSED is. trainforge's native engine does not overlap TP collectives, so the advisor plans without it
+  (`PlanRequest.tp_comm_overlap`, set for published runs that used it).
+- PP send/recv: on the critical path between stages (no overlap); EP all-to-all: EP_EXPOSED of it.
 MFU = model FLOPs (6N + attention, no recomputation; PaLM appendix B) per second / (GPUs x peak).
 """
 
@@ -36,8 +53,27 @@ HBM_EFFICIENCY = 0.8
 THIN_MATMUL_H = 256  # per-GPU width h/t at which efficiency is halved
 SHORT_MATMUL_TOKENS = 256  # tokens per micro-batch at which efficiency is halved
 TP_EXPOSED = 0.6  # share of TP collective time on the critical path (partial overlap with GEMMs)
+TP_OVERLAP_EXPOSED = 0.2  # the same with TP communication overlap (chunked collectives pipelined with the GEMMs)
 EP_EXPOSED = 0.8
 FSDP_OVERLAP = 0.9  # share of a micro-batch's compute that can hide its FSDP all-gathers / reduce-scatters
+DP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default: the last gradient bucket (first weight bucket) is exposed
+
+
+@dataclass(frozen=True, slots=True)
+class OverlapTerm:
+    """One collective's time per step against the compute it can hide behind."""
+
+    name: str
+    axis: str
+    total_s: float
+    window_s: float
+    """Compute it runs beside (0 for what is on the critical path by construction)."""
+    exposed_s: float
+    rule: str
+
+    @property
+    def hidden_s(self) -> float:
+        return self.total_s - self.exposed_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +92,8 @@ class StepEstimate:
     matmul_efficiency: float
     comm: tuple[CommItem, ...]
     exposed_by_axis: dict[str, float]
+    overlap: tuple[OverlapTerm, ...] = ()
+    """Every collective's total, hidden and exposed seconds per step, with the rule (`--explain`)."""
 
 
 def matmul_efficiency(model: ModelShape, layout: Layout, seq_len: int, gpu: GpuSpec) -> float:
@@ -101,7 +139,8 @@ def hardware_layer_flops_per_token(model: ModelShape, layout: Layout, seq_len: i
 
 
 def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topology, *, seq_len: int,
-                  global_batch_size: int, precision: str, flash_attention: bool = True) -> StepEstimate:
+                  global_batch_size: int, precision: str, flash_attention: bool = True,
+                  tp_comm_overlap: bool = False) -> StepEstimate:
     m = max(1, gradient_accumulation_steps(layout, global_batch_size))
     tokens_mb = seq_len * layout.micro_batch_size
     layer_hw = hardware_layer_flops_per_token(model, layout, seq_len)
@@ -118,20 +157,14 @@ def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topolog
     t_mb = stage_flops * tokens_mb / layout.tp / rate + t_mem
     comm = estimate_comm(model, layout, topo, seq_len=seq_len, global_batch_size=global_batch_size,
                          precision=precision)
+    terms = overlap_terms(comm, layout, t_mb, m, model, tp_comm_overlap=tp_comm_overlap)
     by_axis: dict[str, float] = {"tp": 0.0, "pp": 0.0, "ep": 0.0, "dp": 0.0}
-    per_slot = 0.0
-    for c in comm:
-        if c.axis == "tp":
-            by_axis["tp"] += c.time_s * TP_EXPOSED
-        elif c.axis == "ep":
-            by_axis["ep"] += c.time_s * EP_EXPOSED
-        elif c.axis == "pp":
-            by_axis["pp"] += c.time_s
+    for term in terms:
+        by_axis[term.axis] += term.exposed_s
     per_slot = (by_axis["tp"] + by_axis["ep"] + by_axis["pp"]) / m
     slots = m + (layout.pp - 1) / layout.vpp
     compute = t_mb * m
     bubble = (t_mb + per_slot) * (layout.pp - 1) / layout.vpp
-    by_axis["dp"] = _dp_exposed(comm, layout, t_mb, m)
     optimizer = _optimizer_time(model, layout, gpu, precision)
     step = (t_mb + per_slot) * slots + by_axis["dp"] + optimizer
     tokens = global_batch_size * seq_len
@@ -143,25 +176,50 @@ def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topolog
         step_time_s=step, compute_s=compute, bubble_s=bubble,
         bubble_fraction=((layout.pp - 1) / layout.vpp) / slots, exposed_comm_s=sum(by_axis.values()),
         optimizer_s=optimizer, tokens_per_s=tokens / step, mfu=mfu, hfu=hw_total / step / peak,
-        matmul_efficiency=eff, comm=tuple(comm), exposed_by_axis=by_axis,
+        matmul_efficiency=eff, comm=tuple(comm), exposed_by_axis=by_axis, overlap=tuple(terms),
     )
 
 
-def _dp_exposed(comm: list[CommItem], layout: Layout, t_mb: float, m: int) -> float:
-    """Once-per-step collectives hide behind the last micro-batch's backward (2/3 of it) or the next forward
-    (1/3); FSDP's per-micro-batch traffic hides behind each micro-batch's compute."""
-    exposed = 0.0
-    fsdp = sum(c.time_s for c in comm if c.axis == "dp" and "fsdp" in c.kind)
+def overlap_terms(comm: list[CommItem], layout: Layout, t_mb: float, m: int, model: ModelShape, *,
+                  tp_comm_overlap: bool = False) -> list[OverlapTerm]:
+    """Each collective of the step as total, window and exposed seconds (the module doc gives the rules). TP, PP and
+    EP terms are per step (all micro-batches); the step charges them per pipeline slot."""
+    out: list[OverlapTerm] = []
+    fsdp = [c for c in comm if c.axis == "dp" and "fsdp" in c.kind]
     if fsdp:
-        exposed += max(0.0, fsdp - FSDP_OVERLAP * t_mb * m)
+        total = sum(c.time_s for c in fsdp)
+        gather = sum(c.time_s for c in fsdp if "all-gather" in c.kind)
+        window = FSDP_OVERLAP * t_mb * m
+        first_unit = gather / (stage_layers(model, layout) + 1)  # each micro-batch's first gather: not prefetched
+        out.append(OverlapTerm(
+            "dp fsdp all-gather + reduce-scatter", "dp", total, window,
+            min(total, max(total - window, first_unit)),
+            f"prefetched behind {FSDP_OVERLAP:.0%} of the micro-batches' compute; the first unit's gather of each "
+            "micro-batch exposed"))
     for c in comm:
-        if c.axis != "dp" or "fsdp" in c.kind:
-            continue
-        if "all-gather" in c.kind:
-            exposed += max(0.0, c.time_s - t_mb / 3)
-        else:
-            exposed += max(0.0, c.time_s - 2 * t_mb / 3)
-    return exposed
+        if c.axis == "dp" and "fsdp" not in c.kind:
+            bucket = c.time_s * min(1.0, DP_BUCKET_BYTES / max(c.bytes_per_gpu, 1.0))
+            if "all-gather" in c.kind:
+                window = t_mb / 3
+                rule = "behind the next step's first forward (1/3 of a micro-batch); the first bucket exposed"
+            else:
+                window = 2 * t_mb / 3
+                rule = "bucketed in the last micro-batch's backward (2/3 of it); the last bucket exposed"
+            out.append(OverlapTerm(c.kind, "dp", c.time_s, window, min(c.time_s, max(c.time_s - window, bucket)),
+                                   rule))
+        elif c.axis == "tp":
+            share = TP_OVERLAP_EXPOSED if tp_comm_overlap else TP_EXPOSED
+            out.append(OverlapTerm(
+                c.kind, "tp", c.time_s, 0.0, c.time_s * share,
+                f"{share:.0%} on the critical path " + ("(TP communication overlap: chunks pipelined with the GEMMs)"
+                                                         if tp_comm_overlap else "(no TP communication overlap)")))
+        elif c.axis == "ep":
+            out.append(OverlapTerm(c.kind, "ep", c.time_s, 0.0, c.time_s * EP_EXPOSED,
+                                   f"{EP_EXPOSED:.0%} on the critical path (dispatch/combine between expert GEMMs)"))
+        elif c.axis == "pp":
+            out.append(OverlapTerm(c.kind, "pp", c.time_s, 0.0, c.time_s,
+                                   "on the critical path between stages"))
+    return out
 
 
 def _optimizer_time(model: ModelShape, layout: Layout, gpu: GpuSpec, precision: str) -> float:

@@ -9,7 +9,8 @@ JSON schema `trainforge.plan/v1` (one object per plan; `trainforge plan --json` 
                          "activation_checkpointing", "gradient_accumulation_steps"}
     memory              {"total_bytes", "capacity_bytes", "fits", "items": {name: bytes}}
     comm                {"bytes_per_iteration": {kind: bytes per GPU}, "time_s": {kind: s},
-                         "exposed_s": {"tp"|"pp"|"dp"|"ep": s}}
+                         "exposed_s": {"tp"|"pp"|"dp"|"ep": s},
+                         "overlap": [{"name", "axis", "total_s", "window_s", "hidden_s", "exposed_s", "rule"}]}
     performance         {"step_time_s", "tokens_per_s", "mfu", "hfu", "bubble_fraction", "compute_s",
                          "bubble_s", "exposed_comm_s", "optimizer_s", "matmul_efficiency"} or null if infeasible
 Fields are only ever added, never renamed or removed, within a schema version.
@@ -50,7 +51,10 @@ def plan_to_dict(plan: Plan, req: PlanRequest) -> dict[str, Any]:
             bytes_by[c.kind] = bytes_by.get(c.kind, 0) + c.bytes_per_gpu
             time_by[c.kind] = time_by.get(c.kind, 0) + c.time_s
         out["comm"] = {"bytes_per_iteration": {k: int(v) for k, v in bytes_by.items()}, "time_s": time_by,
-                       "exposed_s": dict(step.exposed_by_axis)}
+                       "exposed_s": dict(step.exposed_by_axis),
+                       "overlap": [{"name": t.name, "axis": t.axis, "total_s": t.total_s, "window_s": t.window_s,
+                                    "hidden_s": t.hidden_s, "exposed_s": t.exposed_s, "rule": t.rule}
+                                   for t in step.overlap]}
         out["performance"] = {
             "step_time_s": step.step_time_s, "tokens_per_s": step.tokens_per_s, "mfu": step.mfu, "hfu": step.hfu,
             "bubble_fraction": step.bubble_fraction, "compute_s": step.compute_s, "bubble_s": step.bubble_s,
