@@ -94,7 +94,7 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
     params = dense + expert
     w = 4 if precision == "fp32" else 2
     dp, stride = layout.dp, layout.tp * layout.pp
-    link, scope = topo.link_for(stride, dp), topo.scope(stride, dp)
+    link, scope = topo.ring_link(stride, dp), topo.scope(stride, dp)
     grad = params * w
     sharding = layout.sharding
     if sharding == "none":
@@ -109,7 +109,7 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
                 CommItem("dp all-gather", "dp", link.name, scope, per, t, t,
                          f"(d-1)/d x {params:,} x {w} B updated weights, once per step")]
     group = hsdp_shard_group(layout, topo.gpus_per_node) if sharding == "hybrid-shard" else dp
-    glink = topo.link_for(stride, group) if sharding == "hybrid-shard" else link
+    glink = topo.ring_link(stride, group) if sharding == "hybrid-shard" else link
     gscope = topo.scope(stride, group) if sharding == "hybrid-shard" else scope
     items = []
     if group > 1:
@@ -124,7 +124,8 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
     replicas = dp // group
     if replicas > 1:
         per = _factor(replicas, True) * grad / group
-        items.append(CommItem("dp all-reduce (hsdp replicas)", "dp", link.name, topo.scope(stride * group, replicas),
-                              per, ring_time(per, link, 2 * replicas), ring_time(per, link, 2 * replicas),
+        rlink = topo.ring_link(stride * group, replicas)
+        items.append(CommItem("dp all-reduce (hsdp replicas)", "dp", rlink.name, topo.scope(stride * group, replicas),
+                              per, ring_time(per, rlink, 2 * replicas), ring_time(per, rlink, 2 * replicas),
                               f"2(r-1)/r x {params:,}/{group} x {w} B across {replicas} replicas, once per step"))
     return items

@@ -4,7 +4,11 @@ Ranks are numbered with tensor parallelism innermost, then pipeline, then data p
 torchtitan's order), so a TP group is `tp` consecutive GPUs of one node, a PP group strides by `tp` (within a rack
 when `tp * pp` GPUs fit in one) and a DP group strides by `tp * pp` (across racks). A group whose span fits in one
 node uses the intra-node link; otherwise the per-GPU network link (every GPU has its own NIC rail in DGX-class
-nodes, so a ring across nodes runs at the per-GPU NIC rate).
+nodes). A ring collective (DP all-reduce, reduce-scatter, all-gather) whose group has g members in each node runs
+g rings at once (NCCL's channels), each crossing nodes on its own rail with 1/g of the data, so it moves g x the
+per-GPU NIC rate, up to the intra-node link's (`ring_link`): a TP-8 job's DP ring has one member per node (the NIC
+rate), an FSDP-only job's eight (nccl-tests' multi-node bus bandwidth on 8-rail nodes is close to 8 NICs' rate).
+Point-to-point (PP) and all-to-all (EP) traffic leaves each GPU through its own NIC: no such gain.
 """
 
 from __future__ import annotations
@@ -25,6 +29,15 @@ class Topology:
     def link_for(self, stride: int, degree: int) -> LinkSpec:
         """The slowest link a group of `degree` ranks spaced `stride` apart crosses."""
         return self.intra if stride * degree <= self.gpus_per_node else self.inter
+
+    def ring_link(self, stride: int, degree: int) -> LinkSpec:
+        """The link a ring collective of `degree` ranks spaced `stride` apart runs at (module doc)."""
+        link = self.link_for(stride, degree)
+        per_node = min(degree, self.gpus_per_node // stride) if stride < self.gpus_per_node else 1
+        if link is self.intra or per_node <= 1:
+            return link
+        rate = min(link.bytes_per_s * per_node, self.intra.bytes_per_s)
+        return LinkSpec(f"{link.name} x {per_node} rails", rate, link.latency_s)
 
     def scope(self, stride: int, degree: int) -> str:
         span = stride * degree
