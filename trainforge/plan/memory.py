@@ -41,7 +41,9 @@ freed after backward, never a cache that grows token by token (that is inference
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainforge.plan.layout import Layout, gradient_accumulation_steps
@@ -50,6 +52,7 @@ from trainforge.plan.model import ModelShape
 GiB = 2**30
 FRAGMENTATION_RESERVE = 0.08  # caching-allocator fragmentation + temporaries, measured at 5-10% on large runs
 DEFAULT_RUNTIME_OVERHEAD = 1 * GiB  # CUDA context + cuBLAS workspace + NCCL buffers
+RESERVE_RULE = f"{FRAGMENTATION_RESERVE:.0%} of the above (allocator fragmentation, temporaries)"
 FSDP_REDUCE_BYTES = 4  # FSDP2 reduce-scatters in fp32 (trainforge FSDPConfig.reduce_dtype default)
 # ZeRO-1 (DeepSpeed stage 1) reduces the whole gradients through a flat bucket of this many elements (its
 # `reduce_bucket_size` default, which trainforge's generated config keeps).
@@ -60,7 +63,12 @@ DEEPSPEED_REDUCE_BUCKET = 500_000_000
 class MemoryItem:
     name: str
     bytes: int
-    formula: str
+    rule: str | Callable[[], str]
+    """The arithmetic, or a function that writes it: the advisor estimates thousands of layouts and shows a few."""
+
+    @property
+    def formula(self) -> str:
+        return self.rule() if callable(self.rule) else self.rule
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,18 +124,19 @@ def _fsdp2_units(model: ModelShape, layout: Layout) -> tuple[int, int, int]:
     return block, root, head
 
 
-def fsdp2_reduce_bytes(model: ModelShape, layout: Layout, *, group: int, precision: str) -> tuple[int, str]:
+def fsdp2_reduce_bytes(model: ModelShape, layout: Layout, *, group: int,
+                       precision: str) -> tuple[int, Callable[[], str]]:
     """In backward FSDP2 (full-shard and shard-grad-op alike) holds one block's unsharded gradients, the head's
     (reduced with the root at the end of backward), and one block's reduce-scatter input and output in fp32."""
     _, g_b, _ = state_bytes_per_param(precision)
     block, _, head = _fsdp2_units(model, layout)
     total = g_b * (block + head) + FSDP_REDUCE_BYTES * (block + block // group)
-    return total, (f"{g_b} B x (block {block:,} + head {head:,}) unsharded grads + {FSDP_REDUCE_BYTES} B x block x "
-                   f"(1 + 1/{group}) reduce-scatter in/out")
+    return total, lambda: (f"{g_b} B x (block {block:,} + head {head:,}) unsharded grads + {FSDP_REDUCE_BYTES} B x "
+                           f"block x (1 + 1/{group}) reduce-scatter in/out")
 
 
 def fsdp2_buffers_bytes(model: ModelShape, layout: Layout, *, group: int, precision: str, gather_bytes: int) -> tuple[
-        int, str]:
+        int, Callable[[], str]]:
     """FSDP2 full-shard's gathered weights, unsharded gradients and reduce-scatter buffers at its peak (the start of
     backward), beyond the DeepSpeed-style gather buffer (one unit's weights + gradients) already counted; see the
     module doc."""
@@ -135,8 +144,8 @@ def fsdp2_buffers_bytes(model: ModelShape, layout: Layout, *, group: int, precis
     block, root, _ = _fsdp2_units(model, layout)
     reduce, reduce_text = fsdp2_reduce_bytes(model, layout, group=group, precision=precision)
     extra = max(0, p_b * (root + 2 * block) + reduce - gather_bytes)
-    return extra, (f"{p_b} B x (root {root:,} + 2 x block {block:,}) gathered + {reduce_text} "
-                   f"- gather buffer {gather_bytes / 2**20:,.0f} MiB")
+    return extra, lambda: (f"{p_b} B x (root {root:,} + 2 x block {block:,}) gathered + {reduce_text()} "
+                           f"- gather buffer {gather_bytes / 2**20:,.0f} MiB")
 
 
 def shard_degrees(sharding: str, group: int) -> tuple[int, int, int]:
@@ -250,6 +259,58 @@ def micro_batches_in_flight(layout: Layout, micro_batches: int) -> float:
     return float(min(layout.pp, micro_batches))
 
 
+# activation_bytes_per_layer reads tp, the micro-batch and the recomputation of its layout only
+_activations = functools.lru_cache(maxsize=8192)(activation_bytes_per_layer)
+
+
+@functools.lru_cache(maxsize=8192)
+def _model_state_items(model: ModelShape, layout: Layout, precision: str,
+                       gpus_per_node: int) -> tuple[MemoryItem, ...]:
+    """Weights, gradients, optimizer state and the sharding's buffers per GPU (`layout`: degrees and sharding)."""
+    dense, expert = local_params(model, layout)
+    group = hsdp_shard_group(layout, gpus_per_node) if layout.sharding == "hybrid-shard" else layout.dp
+    expert_group = max(1, group // max(1, layout.ep)) if expert else 1
+    unit = model.largest_unit_params // layout.tp
+    states = model_states_bytes(dense, num_gpus=group, sharding=layout.sharding, precision=precision,
+                                largest_layer_params=unit)
+    ex_states = model_states_bytes(expert, num_gpus=expert_group, sharding=layout.sharding, precision=precision)
+    p_b, g_b, o_b = state_bytes_per_param(precision)
+    sp, sg, so = shard_degrees(layout.sharding, group)
+    def where() -> str:
+        return f"{dense:,} params/GPU" + (f" + {expert:,} expert params (1/{layout.ep} of the experts)" if expert else "")
+
+    items = [
+        MemoryItem("parameters", states["parameters"] + ex_states["parameters"], lambda: f"{where()} x {p_b} B / {sp}"),
+        MemoryItem("gradients", states["gradients"] + ex_states["gradients"],
+                   (lambda: f"{where()} x {g_b} B / {sg}") if states["gradients"] or not dense else
+                   "16-bit gradients exist per gathered unit only (see gather buffer)"),
+        MemoryItem("optimizer", states["optimizer"] + ex_states["optimizer"],
+                   lambda: f"{where()} x {o_b + fp32_master_copy_bytes(layout.sharding, precision, group)} B "
+                   f"({_optimizer_text(layout.sharding, precision, group)}) / {so}"),
+    ]
+    if states["gather buffer"]:
+        items.append(MemoryItem("gather buffer", states["gather buffer"],
+                                lambda: f"largest unit {unit:,} params x ({p_b}+{g_b}) B (weights + grads gathered)"))
+    if layout.sharding in ("full-shard", "hybrid-shard") and group > 1:
+        extra, text = fsdp2_buffers_bytes(model, layout, group=group, precision=precision,
+                                          gather_bytes=states["gather buffer"])
+        if extra:
+            items.append(MemoryItem("fsdp buffers", extra, text))
+    elif layout.sharding == "none" and layout.dp > 1:
+        grads = (dense + expert) * g_b
+        items.append(MemoryItem("comm buffers", grads,
+                                lambda: f"DDP bucket copy of the gradients: {dense + expert:,} x {g_b} B"))
+    elif layout.sharding == "shard-optimizer" and layout.dp > 1:
+        bucket = min(dense + expert, DEEPSPEED_REDUCE_BUCKET)
+        items.append(MemoryItem("comm buffers", bucket * g_b,
+                                lambda: f"gradient reduce bucket: min({dense + expert:,}, {DEEPSPEED_REDUCE_BUCKET:,.0f} "
+                                f"(DeepSpeed's reduce_bucket_size)) x {g_b} B"))
+    elif layout.sharding == "shard-grad-op" and layout.dp > 1:
+        reduce, text = fsdp2_reduce_bytes(model, layout, group=group, precision=precision)
+        items.append(MemoryItem("comm buffers", reduce, lambda: f"FSDP2 backward: {text()}"))
+    return tuple(items)
+
+
 def estimate_memory(
     model: ModelShape,
     layout: Layout,
@@ -263,64 +324,32 @@ def estimate_memory(
     runtime_overhead_bytes: int = DEFAULT_RUNTIME_OVERHEAD,
 ) -> MemoryEstimate:
     """Peak memory of the busiest GPU (first pipeline stage), itemised with the arithmetic."""
-    dense, expert = local_params(model, layout)
-    group = hsdp_shard_group(layout, gpus_per_node) if layout.sharding == "hybrid-shard" else layout.dp
-    expert_group = max(1, group // max(1, layout.ep)) if expert else 1
-    unit = model.largest_unit_params // layout.tp
-    states = model_states_bytes(dense, num_gpus=group, sharding=layout.sharding, precision=precision,
-                                largest_layer_params=unit)
-    ex_states = model_states_bytes(expert, num_gpus=expert_group, sharding=layout.sharding, precision=precision)
-    p_b, g_b, o_b = state_bytes_per_param(precision)
-    sp, sg, so = shard_degrees(layout.sharding, group)
-    where = f"{dense:,} params/GPU" + (f" + {expert:,} expert params (1/{layout.ep} of the experts)" if expert else "")
-    items = [
-        MemoryItem("parameters", states["parameters"] + ex_states["parameters"], f"{where} x {p_b} B / {sp}"),
-        MemoryItem("gradients", states["gradients"] + ex_states["gradients"],
-                   f"{where} x {g_b} B / {sg}" if states["gradients"] or not dense else
-                   "16-bit gradients exist per gathered unit only (see gather buffer)"),
-        MemoryItem("optimizer", states["optimizer"] + ex_states["optimizer"],
-                   f"{where} x {o_b + fp32_master_copy_bytes(layout.sharding, precision, group)} B "
-                   f"({_optimizer_text(layout.sharding, precision, group)}) / {so}"),
-    ]
-    if states["gather buffer"]:
-        items.append(MemoryItem("gather buffer", states["gather buffer"],
-                                f"largest unit {unit:,} params x ({p_b}+{g_b}) B (weights + grads gathered)"))
-    if layout.sharding in ("full-shard", "hybrid-shard") and group > 1:
-        extra, text = fsdp2_buffers_bytes(model, layout, group=group, precision=precision,
-                                          gather_bytes=states["gather buffer"])
-        if extra:
-            items.append(MemoryItem("fsdp buffers", extra, text))
-    elif layout.sharding == "none" and layout.dp > 1:
-        grads = (dense + expert) * g_b
-        items.append(MemoryItem("comm buffers", grads,
-                                f"DDP bucket copy of the gradients: {dense + expert:,} x {g_b} B"))
-    elif layout.sharding == "shard-optimizer" and layout.dp > 1:
-        bucket = min(dense + expert, DEEPSPEED_REDUCE_BUCKET)
-        items.append(MemoryItem("comm buffers", bucket * g_b,
-                                f"gradient reduce bucket: min({dense + expert:,}, {DEEPSPEED_REDUCE_BUCKET:,.0f} "
-                                f"(DeepSpeed's reduce_bucket_size)) x {g_b} B"))
-    elif layout.sharding == "shard-grad-op" and layout.dp > 1:
-        reduce, text = fsdp2_reduce_bytes(model, layout, group=group, precision=precision)
-        items.append(MemoryItem("comm buffers", reduce, f"FSDP2 backward: {text}"))
-    per_layer, formula = activation_bytes_per_layer(model, layout, seq_len, precision, flash_attention)
+    # The model states depend on the degrees and the sharding only: the advisor asks for them once per (degrees,
+    # sharding) and tries every micro-batch, schedule and recomputation on top.
+    items = list(_model_state_items(model, Layout(dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.ep,
+                                                  vpp=layout.vpp, sharding=layout.sharding),
+                                    precision, gpus_per_node))
+    per_layer, formula = _activations(model, Layout(dp=1, tp=layout.tp, micro_batch_size=layout.micro_batch_size,
+                                                    activation_checkpointing=layout.activation_checkpointing),
+                                      seq_len, precision, flash_attention)
     micro = max(1, gradient_accumulation_steps(layout, global_batch_size))
     in_flight = micro_batches_in_flight(layout, micro)
     layers = first_stage_layers(model, layout)
     items.append(MemoryItem("activations", int(per_layer * layers * in_flight),
-                            f"{formula} = {per_layer / 2**20:,.1f} MiB/layer x {layers} layers x {in_flight:g} "
+                            lambda: f"{formula} = {per_layer / 2**20:,.1f} MiB/layer x {layers} layers x {in_flight:g} "
                             f"micro-batch(es) in flight ({layout.schedule if layout.pp > 1 else 'no pipeline'})"))
     if layout.activation_checkpointing == "full":
-        full = activation_bytes_per_layer(model, Layout(dp=1, tp=layout.tp, micro_batch_size=layout.micro_batch_size),
-                                          seq_len, precision, flash_attention)[0]
+        full = _activations(model, Layout(dp=1, tp=layout.tp, micro_batch_size=layout.micro_batch_size),
+                            seq_len, precision, flash_attention)[0]
         items.append(MemoryItem("recompute", int(full), "one block's full activations while it is recomputed"))
     s, b, t = seq_len, layout.micro_batch_size, layout.tp
     logit_b = 12 if precision == "fp32" else 10
     items.append(MemoryItem("logits", s * b * model.vocab * logit_b // t,
-                            f"s*b*V/t x {logit_b} B (logits, fp32 softmax, fp32 grad) = {s}*{b}*{model.vocab}/{t}"
-                            f" x {logit_b}"))
+                            lambda: f"s*b*V/t x {logit_b} B (logits, fp32 softmax, fp32 grad) = {s}*{b}*"
+                            f"{model.vocab}/{t} x {logit_b}"))
     subtotal = sum(i.bytes for i in items)
     items.append(MemoryItem("reserve", int(subtotal * FRAGMENTATION_RESERVE),
-                            f"{FRAGMENTATION_RESERVE:.0%} of the above (allocator fragmentation, temporaries)"))
+                            RESERVE_RULE))
     items.append(MemoryItem("runtime", runtime_overhead_bytes, "CUDA context, cuBLAS workspace, NCCL buffers"
                             if runtime_overhead_bytes == DEFAULT_RUNTIME_OVERHEAD else "process baseline"))
     notes = ("no KV cache: training runs each sequence in one causal forward pass; keys/values are activations",)

@@ -4,8 +4,8 @@ per GPU generation, and leave-one-source-out (issue 20, deliverable 4).
 What is fitted: `SUSTAINED_FRACTION` of `trainforge/plan/perf.py`, one number per GPU generation (ampere, hopper),
 the fraction of dense peak a large bf16 GEMM sustains inside a training step. Nothing else is fitted, and nothing per
 run: every other constant of the model (HBM and link efficiency, the overlap shares, the bucket size) is a fixed
-engineering figure. `fit` picks, per generation, the fraction (a 0.0025 grid) that minimises the median absolute
-error of that generation's runs. Leave-one-source-out: for each source, the fraction is fitted on the other sources'
+engineering figure. `fit` picks, per generation, the fraction (on a 0.0025 grid: a 0.01 grid first, then the
+0.0025 steps around its best) that minimises the median absolute error of that generation's runs. Leave-one-source-out: for each source, the fraction is fitted on the other sources'
 runs and that source's runs are predicted with it; a source that is alone on its generation has nothing to be
 fitted on without it and is reported so.
 
@@ -23,7 +23,8 @@ from trainforge.plan.hardware import gpu_spec
 from trainforge.plan.perf import SUSTAINED_FRACTION, estimate_step
 from trainforge.plan.topology import default_topology
 
-GRID = [round(0.40 + 0.0025 * i, 4) for i in range(int((0.99 - 0.40) / 0.0025) + 1)]
+COARSE = [round(0.40 + 0.01 * i, 4) for i in range(60)]  # 0.40 .. 0.99
+FINE = 0.0025
 
 
 def generation(run: PublishedRun) -> str:
@@ -67,7 +68,11 @@ def fit(runs: Iterable[PublishedRun]) -> dict[str, float]:
         by_gen.setdefault(generation(r), []).append(r)
     out = {}
     for gen, rs in sorted(by_gen.items()):
-        out[gen] = min(GRID, key=lambda f: (Summary.of(errors(rs, {gen: f}).values()).median, f))
+        def cost(f: float, gen: str = gen, rs: list[PublishedRun] = rs) -> tuple[float, float]:
+            return Summary.of(errors(rs, {gen: f}).values()).median, f
+
+        coarse = min(COARSE, key=cost)
+        out[gen] = min((round(coarse + FINE * k, 4) for k in range(-3, 4)), key=cost)
     return out
 
 

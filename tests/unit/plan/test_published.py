@@ -22,7 +22,7 @@ import pytest
 
 from tests.unit.plan.accuracy import Summary, errors, fit, leave_one_source_out
 from tests.unit.plan.published import PUBLISHED, PublishedRun
-from trainforge.plan.advisor import PlanRequest, evaluate_layout, search
+from trainforge.plan.advisor import PlanRequest, candidate_layouts, evaluate_layout, search
 from trainforge.plan.hardware import gpu_spec
 from trainforge.plan.perf import SUSTAINED_FRACTION
 from trainforge.plan.topology import default_topology
@@ -78,6 +78,16 @@ def test_each_source_left_out_is_predicted_by_the_constants_fitted_on_the_others
 
 
 @pytest.mark.parametrize("run", PUBLISHED, ids=lambda r: r.name)
+def test_every_published_layout_is_among_the_advisors_candidates(run: PublishedRun) -> None:
+    """So the advisor's pick, the fastest feasible candidate, is at least as fast as the published layout by the
+    model's own numbers (the layout is feasible: the test above); the full search is run for one run per source."""
+    assert run.layout in set(candidate_layouts(_request(run))), run.layout.describe()
+
+
+FIRST_OF_EACH_SOURCE = list({r.family: r for r in reversed(PUBLISHED)}.values())
+
+
+@pytest.mark.parametrize("run", FIRST_OF_EACH_SOURCE, ids=lambda r: r.name)
 def test_advisor_pick_at_least_as_fast_as_published(run: PublishedRun) -> None:
     req = _request(run)
     published = evaluate_layout(req, run.layout)

@@ -56,12 +56,20 @@ print(digest.hexdigest(), len(s.running()), s.stats["preemptions"])
 
 @pytest.mark.parametrize("policy", ["ours", "fifo-backfill", "kueue", "las"])
 def test_two_processes_with_different_hash_seeds_decide_the_same(policy):
+    # the two processes run at once (they share nothing): the test takes one replay's time, not two
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, policy], cwd=ROOT,
+                              env={**os.environ, "PYTHONHASHSEED": seed}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for seed in ("1", "2")]
     outs = []
-    for seed in ("1", "2"):
-        env = {**os.environ, "PYTHONHASHSEED": seed}
-        done = subprocess.run([sys.executable, "-c", SCRIPT, policy], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=240)
-        assert done.returncode == 0, done.stderr[-2000:]
-        outs.append(done.stdout.split())
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=240)
+            assert proc.returncode == 0, err[-2000:]
+            outs.append(out.split())
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=10)
     assert outs[0] == outs[1], f"{policy}: decisions differ between hash seeds ({outs[0][1:]} vs {outs[1][1:]})"
     assert int(outs[0][1]) > 0
