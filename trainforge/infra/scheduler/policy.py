@@ -105,6 +105,10 @@ class Scheduler:
         self._earmarked_free: dict[str, int] = dict.fromkeys(state.gpu_types, 0)
         self._reserved: set[str] = set()  # pending gangs holding a standing reservation (Job.reserved_since)
         self._team_jobs: dict[str, int] = {}  # team -> jobs known (pending or running): the active teams
+        # The active teams' total weight, recomputed (by the same sum, in the same order) only when a count changed:
+        # every pass asks it for every pending gang.
+        self._active_weight: tuple[int, float] = (-1, 0.0)
+        self._team_jobs_version = 0
         self._demoted: dict[str, None] = {}  # critical jobs beyond their team's critical quota, scheduled as high
         self.checkpoint_clock: Callable[[Job, float], float] | None = None
         """Optional: when a job last checkpointed (the simulator computes it instead of sending events)."""
@@ -142,11 +146,15 @@ class Scheduler:
     def under_fair_share(self, team: str) -> bool:
         """The team's weighted dominant share is below its fair share: its weight over the weights of the
         active teams (those with a job pending or running)."""
-        total = sum(self.team(t).weight for t, n in self._team_jobs.items() if n)
+        version, total = self._active_weight
+        if version != self._team_jobs_version:
+            total = sum(self.team(t).weight for t, n in self._team_jobs.items() if n)
+            self._active_weight = (self._team_jobs_version, total)
         return total > 0 and self.share(team) * total < 1.0 - 1e-12
 
     def _count_team(self, team: str, delta: int) -> None:
         self._team_jobs[team] = self._team_jobs.get(team, 0) + delta
+        self._team_jobs_version += 1
 
     def held(self, team: str, gpu_type: str | None = None) -> int:
         held = self._alloc.get(team, {})
