@@ -473,7 +473,7 @@ class ParallelismSpec(_Model):
     """FSDP sharding strategy; None = chosen by the planner (auto) or `none` (explicit)."""
     activation_checkpointing: ActivationCheckpointing | None = None
     """Recompute activations in backward to save memory; None = chosen by the planner (auto) or `none`."""
-    engine: Literal["native", "deepspeed"] = "native"
+    engine: Engine = Engine.NATIVE
     """`native`: PyTorch DDP/FSDP2/TP/PP. `deepspeed`: DeepSpeed ZeRO for data parallelism."""
 
     @model_validator(mode="after")

@@ -4,8 +4,9 @@ Every candidate layout of a few models (dense with and without grouped-query att
 world sizes, every sharding included, goes through both sides for each engine: the planner's verdict
 (`layout_problems` with the engine, which the advisor uses) and the engine's own start: for the native engine its
 construction of the mesh degrees (`ParallelDims.from_layout`) plus the tensor-parallel check of `apply_tp`, for
-DeepSpeed's the config it is handed (`deepspeed_config`, which picks the ZeRO stage). A layout the planner accepts must be accepted by the engine, and every layout the engine
-refuses must carry a planner problem — so nothing is refused after the GPUs are granted. No processes: pure.
+DeepSpeed's the config it is handed (`deepspeed_config`, which picks the ZeRO stage). A layout the planner accepts
+must be accepted by the engine, and every layout the engine refuses must carry a planner problem — so nothing is
+refused after the GPUs are granted. No processes: pure.
 Run: `.venv/bin/python -m pytest tests/distributed/test_engine_support.py -q`.
 """
 

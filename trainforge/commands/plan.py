@@ -57,9 +57,9 @@ def plan(
     global_batch: int | None = typer.Option(None, help="Sequences per step (default ~4M tokens)."),
     seq_len: int | None = typer.Option(None, help="Tokens per sequence (default: the model file's, else 4096)."),
     precision: Precision = typer.Option(Precision.BF16, help="Compute precision."),
-    engine: Engine = typer.Option(Engine.NATIVE, help="The engine that runs the job: native (DDP/FSDP2/TP/PP/EP) or "
-                               "deepspeed (ZeRO 0-3, data parallel only); only layouts it runs are planned (a job spec's "
-                               "parallelism.engine wins)."),
+    engine: Engine = typer.Option(Engine.NATIVE, help="The engine that runs the job: native (DDP/FSDP2/TP/PP/EP) "
+                                  "or deepspeed (ZeRO 0-3, data parallel only); only layouts it runs are planned "
+                                  "(a job spec's parallelism.engine wins)."),
     layout: str | None = typer.Option(None, help="Evaluate this one layout instead of searching, e.g. "
                                       "tp=8,pp=12,dp=16,mb=1,schedule=1f1b,vpp=1,sharding=none,ac=full."),
     uneven_stages: bool = typer.Option(False, help="Allow pipeline stages with unequal block counts."),

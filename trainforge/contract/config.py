@@ -18,7 +18,7 @@ Pure: pydantic, the spec and the plan's types; no torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,7 +26,7 @@ from trainforge.contract.health import HealthPolicy
 from trainforge.infra.storage.layout import job_prefix
 from trainforge.plan.layout import Layout
 from trainforge.plan.model import ModelShape
-from trainforge.spec import CodeSpec, JobSpec, TrainingSpec
+from trainforge.spec import CodeSpec, Engine, JobSpec, TrainingSpec
 
 ENV_VAR = "TRAINFORGE_JOB_CONFIG"
 """The environment variable naming the config file in every worker."""
@@ -92,7 +92,7 @@ class ShippedInputs(_Part):
 class EngineConfig(_Part):
     """The training engine: the native loop (DDP/FSDP/TP/PP/EP from the layout) or DeepSpeed ZeRO."""
 
-    kind: Literal["native", "deepspeed"] = "native"
+    kind: Engine = Engine.NATIVE
     zero_stage: int | None = Field(default=None, ge=0, le=3)
     """DeepSpeed's ZeRO stage; None derives it from the layout's sharding (parallel/deepspeed_engine.py)."""
 

@@ -4,8 +4,9 @@ rest by predicted throughput, and explain the winner against the alternatives.
 The search space: tp over divisors of the node size that suit the heads; pp over divisors of world/tp up to the
 layer count; dp = world/(tp*pp); virtual stages and schedule (GPipe, 1F1B, interleaved 1F1B) when pp > 1; ep over
 divisors of the experts that divide dp (MoE only); micro-batch 1..16 dividing the per-replica batch; sharding none,
-shard-optimizer, shard-grad-op, full-shard, hybrid-shard (those the job's engine runs); activation checkpointing none, selective, full. Any value the user fixed is
-the only value tried (expert override). Memory is checked before the step-time model runs, so the search is cheap.
+shard-optimizer, shard-grad-op, full-shard, hybrid-shard (those the job's engine runs); activation checkpointing
+none, selective, full. Any value the user fixed is the only value tried (expert override). Memory is checked before
+the step-time model runs, so the search is cheap.
 """
 
 from __future__ import annotations

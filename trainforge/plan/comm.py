@@ -40,8 +40,7 @@ class CommItem:
     bytes_per_gpu: float
     """Bytes each GPU sends per iteration."""
     time_s: float
-    overlappable_s: float
-    """The part that can run concurrently with compute (the rest is on the critical path)."""
+    """What hides behind compute is the step model's (plan/perf.py `overlap_terms`)."""
     formula: str
 
 
@@ -67,14 +66,14 @@ def estimate_comm(model: ModelShape, layout: Layout, topo: Topology, *, seq_len:
         size = s * b * h * width
         per = colls * _factor(tp) * size * layers * m
         out.append(CommItem("tp all-gather/reduce-scatter", "tp", link.name, scope, per,
-                            ring_time(per, link, colls * layers * m * (tp - 1)), 0.0,
+                            ring_time(per, link, colls * layers * m * (tp - 1)),
                             f"{colls} x (t-1)/t x s*b*h*{width} B x {layers} layers x {m} micro-batches"))
     if pp > 1:
         link, scope = topo.link_for(tp, pp), topo.scope(tp, pp)
         size = s * b * h * width / tp
         per = 2 * size * m * layout.vpp
         out.append(CommItem("pp send/recv", "pp", link.name, scope, per,
-                            ring_time(per, link, 2 * m * layout.vpp), 0.0,
+                            ring_time(per, link, 2 * m * layout.vpp),
                             f"2 (act + grad) x s*b*h/t*{width} B x {m} micro-batches x {layout.vpp} chunks"))
     if layout.ep > 1 and model.experts:
         # EP groups are carved from the DP ranks nearest each other.
@@ -82,7 +81,7 @@ def estimate_comm(model: ModelShape, layout: Layout, topo: Topology, *, seq_len:
         link, scope = topo.link_for(tp * pp, ep), topo.scope(tp * pp, ep)
         size = s * b * max(1, model.top_k) * h * width / tp
         per = 4 * _factor(ep) * size * layers * m
-        out.append(CommItem("ep all-to-all", "ep", link.name, scope, per, ring_time(per, link, 4 * layers * m), 0.0,
+        out.append(CommItem("ep all-to-all", "ep", link.name, scope, per, ring_time(per, link, 4 * layers * m),
                             f"4 x (e-1)/e x s*b*k*h/t*{width} B x {layers} layers x {m} micro-batches"))
     if dp > 1:
         out += _dp_items(model, layout, topo, m, precision)
@@ -99,14 +98,14 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
     sharding = layout.sharding
     if sharding == "none":
         per = _factor(dp, True) * grad
-        return [CommItem("dp all-reduce", "dp", link.name, scope, per, ring_time(per, link, 2 * (dp - 1)), per,
+        return [CommItem("dp all-reduce", "dp", link.name, scope, per, ring_time(per, link, 2 * (dp - 1)),
                          f"2(d-1)/d x {params:,} params x {w} B, once per step")]
     if sharding in ("shard-grad-op", "shard-optimizer"):
         per = _factor(dp) * grad
         t = ring_time(per, link, dp - 1)
-        return [CommItem("dp reduce-scatter", "dp", link.name, scope, per, t, t,
+        return [CommItem("dp reduce-scatter", "dp", link.name, scope, per, t,
                          f"(d-1)/d x {params:,} x {w} B gradients, once per step"),
-                CommItem("dp all-gather", "dp", link.name, scope, per, t, t,
+                CommItem("dp all-gather", "dp", link.name, scope, per, t,
                          f"(d-1)/d x {params:,} x {w} B updated weights, once per step")]
     group = hsdp_shard_group(layout, topo.gpus_per_node) if sharding == "hybrid-shard" else dp
     glink = topo.ring_link(stride, group) if sharding == "hybrid-shard" else link
@@ -116,16 +115,14 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
         ag = 2 * _factor(group) * grad * m
         rs = _factor(group) * grad * m
         items += [CommItem("dp all-gather (fsdp)", "dp", glink.name, gscope, ag, ring_time(ag, glink, 2 * m * group),
-                           ring_time(ag, glink, 2 * m * group),
                            f"2 (fwd + bwd) x (d-1)/d x {params:,} x {w} B x {m} micro-batches"),
                   CommItem("dp reduce-scatter (fsdp)", "dp", glink.name, gscope, rs, ring_time(rs, glink, m * group),
-                           ring_time(rs, glink, m * group),
                            f"(d-1)/d x {params:,} x {w} B x {m} micro-batches")]
     replicas = dp // group
     if replicas > 1:
         per = _factor(replicas, True) * grad / group
         rlink = topo.ring_link(stride * group, replicas)
         items.append(CommItem("dp all-reduce (hsdp replicas)", "dp", rlink.name, topo.scope(stride * group, replicas),
-                              per, ring_time(per, rlink, 2 * replicas), ring_time(per, rlink, 2 * replicas),
+                              per, ring_time(per, rlink, 2 * replicas),
                               f"2(r-1)/r x {params:,}/{group} x {w} B across {replicas} replicas, once per step"))
     return items

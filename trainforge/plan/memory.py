@@ -5,16 +5,16 @@ gradients and 16 B of optimizer-side fp32 state: fp32 gradient copy, fp32 master
 (4 B each). This is DeepSpeed's accounting (`estimate_zero2_model_states_mem_needs`: "2 = params_16bit, 18 =
 2_grads_16bit + 4_grads_32bit + 4_params_32bit + 8_optimizer_states_32bit"), and within 2 B of ZeRO's 16 B/param
 (Rajbhandari et al. 2020, sec. 3) and Megatron's 18 B. fp32 training keeps 4 + 4 + 8 B. Sharding, per ZeRO stage:
-`none` (DDP, ZeRO-0) shards nothing; `shard-optimizer` (ZeRO-1, Megatron's distributed optimizer; DeepSpeed's stage 1
-is how trainforge runs it) shards the optimizer state only: 16-bit weights and gradients stay whole, the fp32 side
-(gradient copy, master weights, Adam m and v) is 16 B / d; `shard-grad-op` (ZeRO-2) shards gradients and optimizer state (in fp32 the
-optimizer's weight shard is a copy of its own next to the whole weights: FSDP2 with reshard_after_forward=False keeps
-the sharded parameter it updates besides the all-gathered one; DeepSpeed ZeRO-1/2 clones its fp32 partition into
-`single_partition_of_fp32_groups`; in mixed precision that copy is the fp32 master already counted); `full-shard`
-(ZeRO-3 / FSDP) shards everything and gathers one unit (a block, or the embedding if larger) at a time -- its
-16-bit gradients are reduce-scattered per unit into the fp32 shard, so only the gathered unit's weights + gradients
-(4 B x unit params) are extra, which is DeepSpeed's `4 * largest_layer_params`; `hybrid-shard` shards like
-full-shard within a node and replicates across nodes.
+`none` (DDP, ZeRO-0) shards nothing; `shard-optimizer` (ZeRO-1, Megatron's distributed optimizer; DeepSpeed's stage
+1 is how trainforge runs it) shards the optimizer state only: 16-bit weights and gradients stay whole, the fp32 side
+(gradient copy, master weights, Adam m and v) is 16 B / d; `shard-grad-op` (ZeRO-2) shards gradients and optimizer
+state (in fp32 the optimizer's weight shard is a copy of its own next to the whole weights: FSDP2 with
+reshard_after_forward=False keeps the sharded parameter it updates besides the all-gathered one; DeepSpeed ZeRO-1/2
+clones its fp32 partition into `single_partition_of_fp32_groups`; in mixed precision that copy is the fp32 master
+already counted); `full-shard` (ZeRO-3 / FSDP) shards everything and gathers one unit (a block, or the embedding if
+larger) at a time -- its 16-bit gradients are reduce-scattered per unit into the fp32 shard, so only the gathered
+unit's weights + gradients (4 B x unit params) are extra, which is DeepSpeed's `4 * largest_layer_params`;
+`hybrid-shard` shards like full-shard within a node and replicates across nodes.
 
 FSDP2 (`fully_shard`, how trainforge runs full-shard) holds more than one gathered unit at its peak, the start of
 backward (measured per phase by bench/memory_phases.py): the root unit -- everything outside the blocks: embedding,
@@ -276,8 +276,10 @@ def _model_state_items(model: ModelShape, layout: Layout, precision: str,
     ex_states = model_states_bytes(expert, num_gpus=expert_group, sharding=layout.sharding, precision=precision)
     p_b, g_b, o_b = state_bytes_per_param(precision)
     sp, sg, so = shard_degrees(layout.sharding, group)
+
     def where() -> str:
-        return f"{dense:,} params/GPU" + (f" + {expert:,} expert params (1/{layout.ep} of the experts)" if expert else "")
+        experts = f" + {expert:,} expert params (1/{layout.ep} of the experts)" if expert else ""
+        return f"{dense:,} params/GPU{experts}"
 
     items = [
         MemoryItem("parameters", states["parameters"] + ex_states["parameters"], lambda: f"{where()} x {p_b} B / {sp}"),
@@ -303,8 +305,8 @@ def _model_state_items(model: ModelShape, layout: Layout, precision: str,
     elif layout.sharding == "shard-optimizer" and layout.dp > 1:
         bucket = min(dense + expert, DEEPSPEED_REDUCE_BUCKET)
         items.append(MemoryItem("comm buffers", bucket * g_b,
-                                lambda: f"gradient reduce bucket: min({dense + expert:,}, {DEEPSPEED_REDUCE_BUCKET:,.0f} "
-                                f"(DeepSpeed's reduce_bucket_size)) x {g_b} B"))
+                                lambda: f"gradient reduce bucket: min({dense + expert:,}, "
+                                f"{DEEPSPEED_REDUCE_BUCKET:,.0f} (DeepSpeed's reduce_bucket_size)) x {g_b} B"))
     elif layout.sharding == "shard-grad-op" and layout.dp > 1:
         reduce, text = fsdp2_reduce_bytes(model, layout, group=group, precision=precision)
         items.append(MemoryItem("comm buffers", reduce, lambda: f"FSDP2 backward: {text()}"))

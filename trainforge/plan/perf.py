@@ -69,7 +69,8 @@ class OverlapTerm:
     axis: str
     total_s: float
     window_s: float
-    """Compute it runs beside (0 for what is on the critical path by construction)."""
+    """The compute it runs beside, where the model times that (DP); 0 where a fixed share of it is charged
+    instead (TP, EP) or all of it (PP)."""
     exposed_s: float
     rule: str
 
@@ -103,7 +104,7 @@ def matmul_efficiency(model: ModelShape, layout: Layout, seq_len: int, gpu: GpuS
     """`sustained_fraction` replaces the generation's SUSTAINED_FRACTION (the calibration fits it)."""
     width = model.hidden / layout.tp
     tokens = seq_len * layout.micro_batch_size
-    base = sustained_fraction or SUSTAINED_FRACTION.get(gpu.generation, 0.5)
+    base = SUSTAINED_FRACTION.get(gpu.generation, 0.5) if sustained_fraction is None else sustained_fraction
     return base * (width / (width + THIN_MATMUL_H) / (1 + THIN_MATMUL_H / 8192) *
                    tokens / (tokens + SHORT_MATMUL_TOKENS) / (1 + SHORT_MATMUL_TOKENS / 8192))
 

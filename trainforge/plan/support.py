@@ -4,10 +4,10 @@ The planner used to accept layouts the engine refused at worker start (after the
 parallelism with FSDP sharding, expert parallelism with pipeline stages, and a tensor-parallel degree that is a
 multiple of the KV heads (the engine shards KV heads over TP ranks and does not replicate them). Which engine runs
 which sharding is a rule too: the native engine (FSDP2) has no mode that shards the optimizer state alone
-(`shard-optimizer`, ZeRO-1: DeepSpeed's stage 1), and DeepSpeed's engine here runs ZeRO data parallelism only
-(no tp, pp, ep, nor FSDP2's hybrid sharding). Each rule lives here once; `plan.layout.layout_problems` reports it (so the advisor never returns such a layout and `validate`
-rejects it before allocation), and the engine's own checks (`trainer/parallel/mesh.py` `ParallelDims`,
-`trainer/parallel/tp.py`) raise with the same words.
+(`shard-optimizer`, ZeRO-1: DeepSpeed's stage 1), and DeepSpeed's engine here runs ZeRO data parallelism only (no
+tp, pp, ep, nor FSDP2's hybrid sharding). Each rule lives here once; `plan.layout.layout_problems` reports it (so
+the advisor never returns such a layout and `validate` rejects it before allocation), and the engine's own checks
+(`trainer/parallel/mesh.py` `ParallelDims`, `trainer/parallel/tp.py`) raise with the same words.
 """
 
 from __future__ import annotations

@@ -135,6 +135,10 @@ class DeepSpeedEngine:
         self.engine, self.ckpt, self.ctx = engine, ckpt, ctx
         self.model, self.dp_rank, self.dp_degree = engine.module, ctx.rank, ctx.world_size
         self.zero_stage = engine.zero_optimization_stage()
+        # ZeRO-0 in fp32 steps a plain torch optimizer and clips without keeping the norm that DeepSpeed's ZeRO and
+        # 16-bit optimizers report (get_global_grad_norm() stays None): the engine measures it itself.
+        self._measure_norm = (self.zero_stage == 0 and not engine.bfloat16_enabled()
+                              and not engine.fp16_enabled())
 
     @classmethod
     def build(cls, cfg: SegmentConfig, ctx: DistContext, model: torch.nn.Module, publish: Publish) -> DeepSpeedEngine:
@@ -160,13 +164,11 @@ class DeepSpeedEngine:
     def step(self, lr: float) -> float | None:
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
-        # ZeRO-0 (sharding none) all-reduces whole gradients in the boundary's backward and clips without keeping
-        # the norm DeepSpeed's ZeRO optimizers report: measured here, on the reduced gradients every rank holds.
-        replicated = self._replicated_grad_norm() if self.zero_stage == 0 else None
+        # measured before the step, which clears them: ZeRO-0's gradients are reduced in the boundary's backward and
+        # whole on every rank
+        measured = self._replicated_grad_norm() if self._measure_norm else None
         self.engine.step()  # the accumulation boundary: the optimizer step
-        norm = self.engine.get_global_grad_norm()  # before clipping, like clip_grad_norm_'s return
-        if norm is None:
-            norm = replicated
+        norm = measured if self._measure_norm else self.engine.get_global_grad_norm()  # before clipping
         return None if norm is None else float(norm)
 
     def _replicated_grad_norm(self) -> float | None:

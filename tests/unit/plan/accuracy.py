@@ -2,12 +2,12 @@
 per GPU generation, and leave-one-source-out (issue 20, deliverable 4).
 
 What is fitted: `SUSTAINED_FRACTION` of `trainforge/plan/perf.py`, one number per GPU generation (ampere, hopper),
-the fraction of dense peak a large bf16 GEMM sustains inside a training step. Nothing else is fitted, and nothing per
-run: every other constant of the model (HBM and link efficiency, the overlap shares, the bucket size) is a fixed
-engineering figure. `fit` picks, per generation, the fraction (on a 0.0025 grid: a 0.01 grid first, then the
-0.0025 steps around its best) that minimises the median absolute error of that generation's runs. Leave-one-source-out: for each source, the fraction is fitted on the other sources'
-runs and that source's runs are predicted with it; a source that is alone on its generation has nothing to be
-fitted on without it and is reported so.
+the fraction of dense peak a large bf16 GEMM sustains inside a training step. Nothing else is fitted, and nothing
+per run: every other constant of the model (HBM and link efficiency, the overlap shares, the bucket size) is a fixed
+engineering figure. `fit` picks, per generation, the fraction (on a 0.0025 grid: a 0.01 grid first, then the 0.0025
+steps around its best) that minimises the median absolute error of that generation's runs. Leave-one-source-out: for
+each source, the fraction is fitted on the other sources' runs and that source's runs are predicted with it; a
+source that is alone on its generation has nothing to be fitted on without it and is reported so.
 
 Run: python -c "from tests.unit.plan.accuracy import main; main()"
 """
@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tests.unit.plan.published import PUBLISHED, PublishedRun
+from trainforge.plan.advisor import PlanRequest
 from trainforge.plan.hardware import gpu_spec
 from trainforge.plan.perf import SUSTAINED_FRACTION, estimate_step
 from trainforge.plan.topology import default_topology
@@ -31,12 +32,21 @@ def generation(run: PublishedRun) -> str:
     return gpu_spec(run.gpu).generation
 
 
+def request(run: PublishedRun) -> PlanRequest:
+    """The advisor's request for a published run: its GPUs, batch and sequence, its attention kernel and TP overlap,
+    and any engine (each run's own: Megatron's distributed optimizer is shard-optimizer)."""
+    return PlanRequest(run.model, gpu_spec(run.gpu), default_topology(run.gpu), run.layout.world_size,
+                       run.global_batch_size, run.seq_len, uneven_stages=run.uneven_stages,
+                       flash_attention=run.flash_attention, tp_comm_overlap=run.tp_comm_overlap, engine=None)
+
+
 def predicted_mfu(run: PublishedRun, sustained: Mapping[str, float] | None = None) -> float:
-    gpu = gpu_spec(run.gpu)
-    step = estimate_step(run.model, run.layout, gpu, default_topology(run.gpu), seq_len=run.seq_len,
-                         global_batch_size=run.global_batch_size, precision="bf16",
-                         flash_attention=run.flash_attention, tp_comm_overlap=run.tp_comm_overlap,
-                         sustained_fraction=(sustained or {}).get(gpu.generation))
+    """The step model's MFU for the run's layout (`sustained`: fractions that replace the shipped ones)."""
+    req = request(run)
+    step = estimate_step(req.model, run.layout, req.gpu, req.topology, seq_len=req.seq_len,
+                         global_batch_size=req.global_batch_size, precision=req.precision,
+                         flash_attention=req.flash_attention, tp_comm_overlap=req.tp_comm_overlap,
+                         sustained_fraction=(sustained or {}).get(req.gpu.generation))
     return step.mfu
 
 
@@ -99,14 +109,15 @@ def leave_one_source_out(runs: list[PublishedRun]) -> dict[str, Summary | None]:
 def main(runs: list[PublishedRun] | None = None) -> None:
     runs = runs if runs is not None else PUBLISHED
     shipped = {g: SUSTAINED_FRACTION[g] for g in sorted({generation(r) for r in runs})}
-    errs = errors(runs)
+    predicted = {r.name: predicted_mfu(r) for r in runs}
+    errs = {r.name: (predicted[r.name] - r.published_mfu) / r.published_mfu for r in runs}
     print(f"{len(runs)} published runs from {len(by_source(runs))} sources; fitted constants "
           + ", ".join(f"{g} {f:.4f}" for g, f in fit(runs).items()) + "; shipped "
           + ", ".join(f"{g} {f:.4f}" for g, f in shipped.items()))
     print("| run | published MFU | predicted | error |")
     print("|---|---|---|---|")
     for r in runs:
-        print(f"| {r.name} | {r.published_mfu:.1%} | {predicted_mfu(r):.1%} | {errs[r.name]:+.1%} |")
+        print(f"| {r.name} | {r.published_mfu:.1%} | {predicted[r.name]:.1%} | {errs[r.name]:+.1%} |")
     print("| source | runs | median abs error | worst | over / under | leave-one-source-out median / worst |")
     print("|---|---|---|---|---|---|")
     loso = leave_one_source_out(runs)

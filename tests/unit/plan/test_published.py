@@ -20,12 +20,10 @@ import math
 
 import pytest
 
-from tests.unit.plan.accuracy import Summary, errors, fit, leave_one_source_out
+from tests.unit.plan.accuracy import Summary, errors, fit, leave_one_source_out, request
 from tests.unit.plan.published import PUBLISHED, PublishedRun
-from trainforge.plan.advisor import PlanRequest, candidate_layouts, evaluate_layout, search
-from trainforge.plan.hardware import gpu_spec
+from trainforge.plan.advisor import candidate_layouts, evaluate_layout, search
 from trainforge.plan.perf import SUSTAINED_FRACTION
-from trainforge.plan.topology import default_topology
 
 MEDIAN_TOLERANCE = 0.05  # median |predicted - published| / published over every run
 RUN_TOLERANCE = 0.15  # every run
@@ -33,20 +31,9 @@ KNOWN_MISSES = {"mt-nlg": 0.32}  # source -> its measured worst error, asserted 
 LOSO_KNOWN_MISSES = {"mt-nlg": 0.29, "torchtitan": 0.16}
 
 
-def _request(run: PublishedRun) -> PlanRequest:
-    return PlanRequest(run.model, gpu_spec(run.gpu), default_topology(run.gpu), run.layout.world_size,
-                       run.global_batch_size, run.seq_len, uneven_stages=run.uneven_stages,
-                       flash_attention=run.flash_attention, tp_comm_overlap=run.tp_comm_overlap,
-                       engine=None)  # each run's own engine (Megatron, DeepSpeed)
-
-
-def relative_errors() -> dict[str, float]:
-    return errors(PUBLISHED)
-
-
 @pytest.mark.parametrize("run", PUBLISHED, ids=lambda r: r.name)
 def test_published_layout_is_feasible_and_mfu_close(run: PublishedRun) -> None:
-    plan = evaluate_layout(_request(run), run.layout)
+    plan = evaluate_layout(request(run), run.layout)
     assert not plan.problems, plan.problems
     assert plan.memory.fits, plan.memory.explain()
     assert plan.step is not None
@@ -61,7 +48,7 @@ def test_the_shipped_constants_are_the_fit() -> None:
 
 
 def test_mfu_error_distribution_has_a_small_median_and_no_bias() -> None:
-    total = Summary.of(relative_errors().values())
+    total = Summary.of(errors(PUBLISHED).values())
     print(f"\n{total}")
     assert total.median <= MEDIAN_TOLERANCE
     # no bias: as many over as under, within two standard deviations of a fair coin's count
@@ -81,7 +68,7 @@ def test_each_source_left_out_is_predicted_by_the_constants_fitted_on_the_others
 def test_every_published_layout_is_among_the_advisors_candidates(run: PublishedRun) -> None:
     """So the advisor's pick, the fastest feasible candidate, is at least as fast as the published layout by the
     model's own numbers (the layout is feasible: the test above); the full search is run for one run per source."""
-    assert run.layout in set(candidate_layouts(_request(run))), run.layout.describe()
+    assert run.layout in set(candidate_layouts(request(run))), run.layout.describe()
 
 
 FIRST_OF_EACH_SOURCE = list({r.family: r for r in reversed(PUBLISHED)}.values())
@@ -89,7 +76,7 @@ FIRST_OF_EACH_SOURCE = list({r.family: r for r in reversed(PUBLISHED)}.values())
 
 @pytest.mark.parametrize("run", FIRST_OF_EACH_SOURCE, ids=lambda r: r.name)
 def test_advisor_pick_at_least_as_fast_as_published(run: PublishedRun) -> None:
-    req = _request(run)
+    req = request(run)
     published = evaluate_layout(req, run.layout)
     best = search(req).best
     assert best.feasible and best.step is not None and published.step is not None

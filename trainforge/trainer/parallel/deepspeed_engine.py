@@ -3,9 +3,9 @@
 The config is generated from the spec (`deepspeed_config`, pure); `build_deepspeed` hands the model and a torch
 AdamW to `deepspeed.initialize`. ZeRO stage from the layout's sharding (plan/support.py DEEPSPEED_ZERO_STAGE, the
 planner's memory and traffic model of each): none -> 0 (replicated, gradients all-reduced, as DDP), shard-optimizer
--> 1 (optimizer states sharded), shard-grad-op -> 2, full-shard -> 3 (an explicit `zero_stage` in the layout wins). DeepSpeed runs the micro-batch
-accumulation itself (`engine.backward` scales by 1/accumulation, `engine.step` steps on the boundary). On CPU it
-uses gloo (its CPU accelerator without oneCCL).
+-> 1 (optimizer states sharded), shard-grad-op -> 2, full-shard -> 3 (an explicit `zero_stage` in the layout wins).
+DeepSpeed runs the micro-batch accumulation itself (`engine.backward` scales by 1/accumulation, `engine.step` steps
+on the boundary). On CPU it uses gloo (its CPU accelerator without oneCCL).
 
 Checkpoints: DeepSpeed's partitioned optimizer is not a torch.optim.Optimizer that DCP can save, so every rank
 writes DeepSpeed's own checkpoint (`engine.save_checkpoint(step_folder, tag="ds")`: model states, each rank's
