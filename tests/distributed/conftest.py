@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,26 +50,20 @@ def run_torchrun(nproc: int, module: str, args: list[str], *, timeout: float = 2
     return proc
 
 
-@pytest.fixture(scope="session")
-def deepspeed_ops() -> None:
-    """DeepSpeed's C++ ops compiled for this environment before a test starts its gang. A cold build (a fresh CI
-    clone) takes a minute of both cores here and over three beside the parallel phase, and inside a torchrun it
-    counted against the test's 240 s wait: stop 48's CI timed out in deepspeed.initialize that way. Built in a child
-    with its own bound; xdist workers that race wait on torch's build lock, the later ones only load."""
+@pytest.fixture(scope="module")
+def deepspeed_ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The DeepSpeed runs of a test JIT-compile nothing: they get an empty extensions folder of their own
+    (TORCH_EXTENSIONS_DIR, which every torchrun and worker inherits), and it is still empty afterwards. On CPU,
+    DeepSpeed's backend would compile its shared-memory collective at init_distributed, a minute of both cores on
+    a fresh clone inside the gang's start (stop 48's CI timed out in it); training never calls that op, and the
+    engine builds without it (deepspeed_engine.py `_no_shm_collective`)."""
     pytest.importorskip("deepspeed")
-    code = "from trainforge.trainer.parallel.deepspeed_engine import prebuild_deepspeed_ops as b; print(b())"
-    with subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          start_new_session=True) as child:
-        try:
-            out, _ = child.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)  # the compiler's children too
-            out, _ = child.communicate()
-            pytest.fail(f"building DeepSpeed's ops took over 900 s:\n{out[-3000:]}")
-    if child.returncode != 0:
-        pytest.fail(f"building DeepSpeed's ops failed ({child.returncode}):\n{out[-3000:]}")
+    folder = tmp_path_factory.mktemp("torch-extensions")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_EXTENSIONS_DIR", str(folder))
+        yield
+    built = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+    assert not built, f"DeepSpeed JIT-compiled ops into TORCH_EXTENSIONS_DIR: {built[:10]}"
 
 
 def run_layout(tmp: Path, layout: dict[str, Any], *, steps: int = 4, model: dict[str, Any] | None = None,

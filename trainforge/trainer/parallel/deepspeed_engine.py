@@ -23,6 +23,7 @@ Evaluation/export consolidate the ZeRO partitions with `get_fp32_state_dict_from
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import os
 import sys
@@ -69,7 +70,7 @@ def deepspeed_config(layout: dict[str, Any], training: dict[str, Any], world_siz
 
 
 def _private_extensions_dir() -> None:
-    """DeepSpeed JIT-compiles C++ ops (on CPU: its shm collective, at init_distributed) into torch's extensions
+    """DeepSpeed JIT-compiles the C++ ops a config asks for (CPU Adam, async I/O, ...) into torch's extensions
     cache, ~/.cache/torch_extensions by default, keyed by op name only. The build file names this interpreter's
     include paths, so two environments sharing that cache (a CI clone's venv and a developer's) rebuild the op
     at every switch (minutes on 2 cores), serialised on a lock file that a killed build leaves behind for every
@@ -80,27 +81,20 @@ def _private_extensions_dir() -> None:
         os.environ["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "torch_extensions" / f"env-{key}")
 
 
-def prebuild_deepspeed_ops() -> list[str]:
-    """Compile the C++ ops DeepSpeed JIT-builds when a job initialises (on CPU: its shm collective) into this
-    environment's extensions folder, ahead of any job. A cold build takes about a minute of both cores here and
-    several on a loaded machine, and it runs inside the gang's start: paid there, it eats the rendezvous and
-    launch timeouts of whichever job comes first. Returns the ops built or found; a second call only loads."""
-    from trainforge._optional import require
-
-    require("deepspeed", purpose="parallelism.engine: deepspeed")
-    from deepspeed.accelerator import get_accelerator
-    from deepspeed.ops import __compatible_ops__
-
-    _private_extensions_dir()
-    # The ops deepspeed.comm's TorchBackend builds at init_distributed (deepspeed/comm/torch.py build_shm_op);
-    # an accelerator without them (CUDA) returns None.
-    built = []
-    for name in ("ShareMemCommBuilder",):
-        builder = get_accelerator().create_op_builder(name)
-        if builder is not None and __compatible_ops__.get(builder.NAME, False):
-            builder.load()
-            built.append(builder.NAME)
-    return built
+def _no_shm_collective() -> None:
+    """On CPU, DeepSpeed's torch backend JIT-compiles a C++ shared-memory collective at `init_distributed`
+    (deepspeed/comm/torch.py `build_shm_op`) that only its `inference_all_reduce` calls: training's collectives are
+    torch.distributed's (gloo here). The compile takes about a minute of both cores on a fresh environment, inside
+    the gang's start (it ate the rendezvous wait of whichever job came first), and every later process still pays
+    a build check to load it. Training never reaches it, so on CPU the backend is built without it; inference
+    all-reduce then falls back to torch.distributed as it does where the op is missing. On GPUs the accelerator
+    has no such op: nothing changes there."""
+    if torch.cuda.is_available():
+        return
+    # By module path: the attribute `deepspeed.comm.torch` is torch itself (deepspeed/comm imports it).
+    backend = importlib.import_module("deepspeed.comm.torch")
+    if hasattr(backend, "build_shm_op"):
+        backend.build_shm_op = lambda: None
 
 
 def build_deepspeed(model: torch.nn.Module, layout: dict[str, Any], training: dict[str, Any],
@@ -109,6 +103,7 @@ def build_deepspeed(model: torch.nn.Module, layout: dict[str, Any], training: di
 
     deepspeed = require("deepspeed", purpose="parallelism.engine: deepspeed")
     _private_extensions_dir()
+    _no_shm_collective()
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     opt = training["optimizer"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
