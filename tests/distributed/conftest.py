@@ -51,7 +51,7 @@ def run_torchrun(nproc: int, module: str, args: list[str], *, timeout: float = 2
 
 
 @pytest.fixture(scope="module")
-def deepspeed_ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def deepspeed_builds_nothing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The DeepSpeed runs of a test JIT-compile nothing: they get an empty extensions folder of their own
     (TORCH_EXTENSIONS_DIR, which every torchrun and worker inherits), and it is still empty afterwards. On CPU,
     DeepSpeed's backend would compile its shared-memory collective at init_distributed, a minute of both cores on

@@ -88,7 +88,7 @@ def final_weights(cfg: SegmentConfig, scratch: Path) -> tuple[Path, dict[str, to
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, deepspeed_ops: None) -> dict[str, SegmentConfig]:
+def runs(tmp_path_factory: pytest.TempPathFactory, deepspeed_builds_nothing: None) -> dict[str, SegmentConfig]:
     from trainforge.datasets.catalog import EmbeddedCatalog
     from trainforge.datasets.demo import tiny_dataset
 

@@ -99,7 +99,7 @@ def test_ep_dispatch_equals_dense_routing(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding,stage", [("none", 0), ("shard-optimizer", 1), ("shard-grad-op", 2),
                                             ("full-shard", 3)])
-@pytest.mark.usefixtures("deepspeed_ops")
+@pytest.mark.usefixtures("deepspeed_builds_nothing")
 def test_deepspeed_zero_trains_like_reference(tmp_path: Path, ref: dict[str, Any], sharding: str, stage: int) -> None:
     """DeepSpeed ZeRO-0/1/2/3 (none, shard-optimizer, shard-grad-op, full-shard) on 2 gloo ranks (DeepSpeed's CPU
     accelerator): losses, grad norms and final weights equal the single-process reference. ZeRO-3 really

@@ -84,7 +84,7 @@ def test_train_under_ddp_and_fsdp_matches_the_single_process_run(tmp_path: Path,
     assert_same(got, reference)
 
 
-@pytest.mark.usefixtures("deepspeed_ops")
+@pytest.mark.usefixtures("deepspeed_builds_nothing")
 def test_train_under_deepspeed_zero2_matches_the_single_process_run(tmp_path: Path, dataset: Any,
                                                                    reference: dict[str, Any]) -> None:
     pytest.importorskip("deepspeed")

@@ -288,8 +288,9 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
     # upload while the device computes: 6 CPU workers on 2 cores starve the upload instead (a save took 3 s to
     # commit, longer than the 4-step interval), so no moment exists with the last save committed and the next not
     # yet staged, which is when the faults are injected. The losses and weights are the same as without it.
+    workers = 6
     monkeypatch.setenv("TRAINFORGE_FAULT", ",".join(f"slow:rank={r}:step=0:ms={STEP_DEVICE_S * 1000:.0f}:always=1"
-                                                    for r in range(6)))
+                                                    for r in range(workers)))
     ensure_demo_dataset()
     job_id = "tiny-hosts-lost"
     faults: list[Fault] = []
@@ -299,7 +300,7 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
                                    daemon=True)
         watcher.start()
         try:
-            result = run_flow(tiny_spec(workers=6, per_node=2), rig_cluster(rig, tmp_path / "nodes"), job_id)
+            result = run_flow(tiny_spec(workers=workers, per_node=2), rig_cluster(rig, tmp_path / "nodes"), job_id)
             # before the partitioned host is resumed (what its processes do then is not the job's end)
             job_dir = tmp_path / "nodes" / job_id
             folders_left = sorted(p.name for p in job_dir.iterdir() if not p.name.startswith(("segment-", ".")))
@@ -310,7 +311,8 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
             for fault in faults:
                 if fault.how == "partition":
                     rig.resume(fault.host)
-    assert [f.how for f in faults] == ["kill", "partition"], faults
+    assert [f.how for f in faults] == ["kill", "partition"], (
+        f"faults injected: {faults}; each waits for a commit with no later save in flight (_after_a_commit)")
     assert result["state"] == "completed"
     record = JobStore().get(job_id)
     incidents = [i for i in record.data["incidents"] if i["scope"] == "node"]
