@@ -95,4 +95,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainforge.trainer.process_exit import exit_now
+
+    exit_now(main())  # the flow waits on this process: skip the interpreter's teardown (process_exit.py)

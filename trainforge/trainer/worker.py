@@ -179,4 +179,6 @@ def main() -> int:
 if __name__ == "__main__":
     code = main()
     output_mask.close()
-    sys.exit(code)
+    from trainforge.trainer.process_exit import exit_now
+
+    exit_now(code)  # not the interpreter's teardown: the segment's end would wait for it (process_exit.py)
