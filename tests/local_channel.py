@@ -86,6 +86,14 @@ class LocalChannel:
         self._sent[node] += [c for c in self._down[node].poll() if c.kind != "lease"]
         return list(self._sent[node])
 
+    def kill(self, node: str) -> None:
+        """The node's publisher dies as with its node (SIGKILL): its threads stop, no closing batch is written."""
+        pub = self.publishers.pop(node)
+        pub._stop.set()
+        pub._wake.set()
+        for thread in pub._threads:
+            thread.join(timeout=10)
+
     def close(self) -> None:
         for pub in self.publishers.values():
             pub.close()

@@ -93,6 +93,26 @@ def test_a_node_whose_batches_never_come_is_lost_whole(tmp_path, record):
         channel.close()
 
 
+def test_draining_waits_for_each_closing_batch_but_a_dead_nodes(tmp_path, record):
+    """At a segment's end the survivors' closing batches are read; a node the launcher saw die (its agent killed)
+    sends none, and the drain does not wait lost_after_s for the channel to call it lost."""
+    channel = LocalChannel(tmp_path / "objects", ["node-0", "node-1"], lost_after_s=30.0)
+    try:
+        sup = channel.supervisor(record, rank_hosts={0: "node-0", 1: "node-1"})
+        channel.deliver(sup, channel.beat(0, step=3), channel.beat(1, node="node-1", step=3))
+        channel.kill("node-1")
+        channel.publishers.pop("node-0").close()
+        t0 = time.monotonic()
+        sup.drain(timeout_s=10.0, gone=["node-1"])
+        assert time.monotonic() - t0 < 3.0
+        assert channel.reader.status()["node-0"].state == "closed"
+        t0 = time.monotonic()
+        sup.drain(timeout_s=1.0)  # not told: it waits for node-1's closing batch, or for it to be lost
+        assert time.monotonic() - t0 >= 1.0
+    finally:
+        channel.close()
+
+
 def test_a_host_whose_ranks_all_die_is_one_node_incident_in_the_record(tmp_path, record):
     """Both ranks of node-1 found dead in the same pass are one lost machine: one incident, scope `node`, naming
     both ranks, in the supervisor and in the job record, however often the record is written."""

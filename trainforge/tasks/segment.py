@@ -59,6 +59,12 @@ from trainforge.tasks.supervisor import SegmentSupervisor, offending_samples
 from trainforge.trainer.health import HealthPolicy, collective_timeout_for
 
 LOG_TAIL_LINES = 20
+STOP_GRACE_S = 5.0
+"""A policy's stop (straggler eviction, GPU drain): the workers' SIGTERM is a termination notice; they get this long
+to act on it before SIGKILL."""
+BROKEN_GANG_GRACE_S = 0.5
+"""A stop after a node was lost: the survivors block in a collective with it and cannot act on a SIGTERM, so the
+grace is short (a partitioned node's survivors waited out the 5 s of `STOP_GRACE_S`, stop 54)."""
 
 logger = logging.getLogger(__name__)
 
@@ -222,8 +228,9 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
             if cancel is not None and cancel.is_set():
                 gang.terminate()
                 raise SegmentCancelled(f"segment {attempt} of {config.job_id} cancelled; workers stopped")
-            if supervisor.poll() is not None:  # policy: stop the gang now (straggler eviction, GPU drain)
-                gang.terminate()
+            if supervisor.poll() is not None:  # policy: stop the gang now (straggler eviction, GPU drain, a node
+                # the channel lost: then the gang is broken and its survivors get no grace, as below)
+                gang.terminate(grace_s=BROKEN_GANG_GRACE_S if supervisor.gang_broken else STOP_GRACE_S)
                 code = gang.poll() if gang.poll() is not None else -1
                 break
             time.sleep(0.2)
@@ -232,11 +239,13 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
             raise SegmentCancelled(f"segment {attempt} of {config.job_id} cancelled; workers stopped")
         if code != 0 and nnodes > 1:
             supervisor.poll()  # who died first, before the survivors fail of the broken gang
-            for i in gang.killed_nodes():  # the agent itself died: the whole node was lost, not one process
-                supervisor.node_lost(names[i])
-            gang.terminate(grace_s=0.5)  # a lost node: the survivors' gang is broken, stop them (after the
-            # supervisor saw who died first)
-            supervisor.drain()  # their publishers closed with the gang: journal the rest (events, reports)
+            killed = [names[i] for i in gang.killed_nodes()]
+            for name in killed:  # the agent itself died: the whole node was lost, not one process
+                supervisor.node_lost(name)
+            gang.terminate(grace_s=BROKEN_GANG_GRACE_S)  # a lost node: the survivors' gang is broken, stop them
+            # (after the supervisor saw who died first)
+            supervisor.drain(gone=killed)  # their publishers closed with the gang: journal the rest (events,
+            # reports); a killed node's publisher died with it
         else:
             gang.stop_sidecar()  # their closing batches: everything the workers sent is in the channel now
             supervisor.drain()

@@ -29,7 +29,7 @@ import logging
 import re
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,6 +165,9 @@ class SegmentSupervisor:
         self._preempt_seen: float | None = None  # when a preemption at a later checkpoint boundary was first seen
         self.preempting = False
         self.terminate_requested: str | None = None
+        self.gang_broken = False
+        """The stop is for a node the channel lost: the survivors wait in a collective with it and can save
+        nothing, so they get no grace (run_segment)."""
         self._evict_after: float | None = None
         self._evict_rank: int | None = None
         self._evict_host: str | None = None
@@ -249,6 +252,7 @@ class SegmentSupervisor:
             if self.stop_on_lost_node and self.terminate_requested is None and not outage:
                 self.terminate_requested = (f"node {node} lost: no batch from its publisher for "
                                             f"{self.channel.lost_after_s:g}s")
+                self.gang_broken = True
                 self.finish()  # the incident is in the record before the segment's failure is handled
         return self._beats
 
@@ -314,14 +318,16 @@ class SegmentSupervisor:
         except Exception as e:  # the store is busy: the lease has 2/3 of its time left, try on the next pass
             logger.warning("renewing the workers' lease failed: %s: %s", type(e).__name__, e)
 
-    def drain(self, timeout_s: float = 15.0) -> None:
+    def drain(self, timeout_s: float = 15.0, gone: Collection[str] = ()) -> None:
         """After the gang ended (and its publishers closed): read the channel to its end, so the journal holds
-        every event the workers sent before the caller reads it."""
+        every event the workers sent before the caller reads it. `gone`: nodes the launcher saw die whole, whose
+        publishers died with them: what they sent is read, but their closing batch is not waited for (the channel
+        would call them lost only lost_after_s after their last batch)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             batches = self.channel.poll()
             self._journal(batches)
-            states = [st.state for st in self.channel.status().values()]
+            states = [st.state for node, st in self.channel.status().items() if node not in gone]
             if not batches and all(st in ("closed", "lost") for st in states):
                 break
             if not batches:

@@ -53,6 +53,8 @@ ORPHAN_GRACE_S = 5.0
 """Grace the workers get (SIGTERM, then SIGKILL) when the control plane's end of stdin closes."""
 SIDECAR_STOP_S = 15.0
 """How long the sidecar may take to write its closing batch before it is killed."""
+REAP_GRACE_S = 2.0
+"""Grace (SIGTERM, then SIGKILL) for what is left below the agent once torchrun ended by itself."""
 CONFIG_NAME = "worker-config.json"
 
 
@@ -133,9 +135,12 @@ def _children() -> list[int]:
     return out
 
 
-def _reap_all(grace_s: float = 2.0) -> None:
-    """SIGTERM, then SIGKILL, everything still below the agent, and reap it: nothing of the node outlives it."""
+def _reap_all(grace_s: float) -> None:
+    """SIGTERM (when `grace_s`), then SIGKILL, everything still below the agent, and reap it: nothing of the node
+    outlives it."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        if not wait:
+            continue
         pids = _children()
         if not pids:
             return
@@ -251,12 +256,16 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
         _emit(out, error=f"node {program.node}: could not start: {exc}")
         return 127
     _emit(out, started={"node": program.node, "agent_pid": agent.pid, "host_pid": os.getpid(), "port": port})
+    stopped = True  # until _supervise says otherwise: an exception in it is a stop too
     try:
-        code = _supervise(agent, sidecar, stdin)
+        code, stopped = _supervise(agent, sidecar, stdin)
     finally:
         for sig in (signal.SIGTERM, signal.SIGHUP):  # a stop now must not cost the exit line (the node is done)
             signal.signal(sig, signal.SIG_IGN)
-        _reap_all()  # a worker whose torchrun died first (its own session) re-parented here
+        # A worker whose torchrun died first (its own session) re-parented here. After a stop it already had its
+        # SIGTERM and grace (torchrun passed the stop's SIGTERM on): it is killed at once. A worker blocked in a
+        # collective of a broken gang never acts on a SIGTERM, and a second grace only delayed the node's exit.
+        _reap_all(grace_s=0.0 if stopped else REAP_GRACE_S)
     if program.logs_url and program.logs_key:  # before the exit line: the flow reads them once it has that
         from trainforge.infra.backends.node_logs import upload_bounded
 
@@ -397,38 +406,40 @@ def _wait_for_go(stdin: _Lines) -> int | None:
                 return int(parts[1]) if len(parts) > 1 else 0
 
 
-def _supervise(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | None, stdin: _Lines) -> int:
+def _supervise(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | None,
+               stdin: _Lines) -> tuple[int, bool]:
+    """The torchrun agent's exit code, and whether it was stopped (not ended by itself)."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     try:
         return _watch(agent, sidecar, stdin)
     except _Stop:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time
-        stop_group(agent, ORPHAN_GRACE_S)
-        stop_process(sidecar, SIDECAR_STOP_S)
-        return agent.returncode if agent.returncode is not None else -signal.SIGKILL
+        return _stop(agent, sidecar, ORPHAN_GRACE_S), True
 
 
-def _watch(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | None, stdin: _Lines) -> int:
+def _stop(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | None, grace_s: float) -> int:
+    stop_group(agent, grace_s)
+    stop_process(sidecar, SIDECAR_STOP_S)
+    return agent.returncode if agent.returncode is not None else -signal.SIGKILL
+
+
+def _watch(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | None,
+           stdin: _Lines) -> tuple[int, bool]:
     while True:
         code = agent.poll()
         if code is not None:
             stop_process(sidecar, SIDECAR_STOP_S)
-            return code
+            return code, False
         if not stdin.ready(0.2):
             continue
         lines = stdin.read()
         if stdin.eof and not lines:  # the control plane's end closed: nobody supervises this node any more
-            stop_group(agent, ORPHAN_GRACE_S)
-            stop_process(sidecar, SIDECAR_STOP_S)
-            return agent.returncode if agent.returncode is not None else -signal.SIGKILL
+            return _stop(agent, sidecar, ORPHAN_GRACE_S), True
         for command in lines:
             if command.startswith("stop"):
                 parts = command.split()
-                grace = float(parts[1]) if len(parts) > 1 else ORPHAN_GRACE_S
-                stop_group(agent, grace)
-                stop_process(sidecar, SIDECAR_STOP_S)
-                return agent.returncode if agent.returncode is not None else -signal.SIGKILL
+                return _stop(agent, sidecar, float(parts[1]) if len(parts) > 1 else ORPHAN_GRACE_S), True
 
 
 class _Stop(Exception):
