@@ -113,7 +113,7 @@ def rig(tmp_path_factory) -> Iterator[Rig]:
             server.start()
             yield Rig(hosts, server)
         finally:
-            server.stop(term_timeout=8.0, kill_timeout=5.0)
+            server.stop(term_timeout=0.5, kill_timeout=5.0)  # its data is the tests': no 2 s graceful shutdown
 
 
 def rig_store(rig: Rig, mp: pytest.MonkeyPatch) -> None:

@@ -104,3 +104,16 @@ def test_watching_queue_reports_changes_while_the_request_blocks():
             time.sleep(0.01)
     assert [(w.position, w.pending) for w in heard] == [(2, 2), (1, 1)]
     assert not any(t.name == "queue-watch-a" for t in threading.enumerate())  # stopped with the request
+
+
+def test_the_last_checkpoint_is_exported_as_it_commits_only_when_promotion_will_take_it():
+    from trainforge.flows.train_job import promotes_on_commit
+
+    doc = demo_doc()
+    ranked = JobSpec.model_validate(doc)  # the demo ranks its checkpoints by eval_loss (keep_best)
+    doc["checkpoint"].pop("keep_best")
+    newest = JobSpec.model_validate(doc)
+    total = newest.training.total_steps
+    assert promotes_on_commit(total, total, newest)
+    assert not promotes_on_commit(total - 1, total, newest)  # a later one will be newer
+    assert not promotes_on_commit(total, total, ranked)  # the best by an evaluation still to come

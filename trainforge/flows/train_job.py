@@ -344,7 +344,8 @@ def _promote(spec: JobSpec, record: JobRecord, config_path: str, config: Segment
 
     metrics = checkpoint_metrics(job_store(config), config.storage_prefix)
     step = best_step(spec, metrics)
-    model = steps.promote(spec, str(record.folder), config_path, config, run_id, step, lineage, metrics[step])
+    model = steps.promote(spec, str(record.folder), config_path, config, run_id, step, lineage, metrics[step],
+                          pump.exported(step))
     protected = sorted(set(record.data.get("protected_steps", [])) | {step})
     record.update(protected_steps=protected)
     return model
@@ -356,6 +357,12 @@ def _evaluation_scheduler(spec: JobSpec) -> EvaluationScheduler:
     import os
 
     return EvaluationScheduler(limit=concurrency_from(os.environ), keep_all=spec.checkpoint.keep_best is not None)
+
+
+def promotes_on_commit(step: int, total_steps: int, spec: JobSpec) -> bool:
+    """Whether the checkpoint of `step`, just committed, is the one the job will promote if it completes: its last
+    step's, and promotion takes the newest (no keep_best metric to rank by)."""
+    return step >= total_steps and spec.checkpoint.keep_best is None
 
 
 def _superseded(step: int, committed: dict[int, dict[str, Any]]) -> bool:
@@ -378,6 +385,7 @@ class _EventPump:
         self.evaluations = _evaluation_scheduler(spec)  # evaluations: bounded, newest first (contract/evaluation)
         self.pending_entries: dict[int, dict[str, Any]] = {}  # committed, evaluation pending
         self.running: dict[int, PrefectFuture[Any]] = {}  # evaluations in flight
+        self.export: tuple[int, PrefectFuture[Any]] | None = None  # the last checkpoint's, begun as it committed
         self._last_cancel_check = 0.0
         self.log = get_run_logger()
         from trainforge.registry.alerts import MetricsObserver, load_rules
@@ -466,6 +474,7 @@ class _EventPump:
                 self.observer.platform_finished(f"commit-{step}", time.time())
                 if entry is None:
                     continue
+                self._export_early(step)
                 if self.spec.evaluation.enabled:
                     self.pending_entries[step] = entry
                     self.evaluations.ready(step)
@@ -500,6 +509,23 @@ class _EventPump:
                 self._book(step, entry)
             if not block or (not self.futures and self.evaluations.idle):
                 return
+
+    def _export_early(self, step: int) -> None:
+        """The job's last checkpoint is exported as soon as it commits, while the gang winds down, when promotion
+        will take it: the newest, unless keep_best ranks the checkpoints by an evaluation still to come. The
+        promotion then only registers it: a tiny job's end came 2.5-3 s sooner (stop 54)."""
+        if self.export is None and promotes_on_commit(step, self.config.total_steps, self.spec):
+            self.export = (step, steps.export.submit(self.config_path, self.config, step, str(self.record.folder)))
+
+    def exported(self, step: int) -> dict[str, Any] | None:
+        """The early export's result when it is of `step` and succeeded; None: the promotion exports."""
+        if self.export is None or self.export[0] != step:
+            return None
+        try:
+            return self.export[1].result()
+        except Exception as exc:  # the promotion exports again: the export's own error is said there if it recurs
+            self.log.warning("checkpoint %s: its export as it committed failed (%s): exporting again", step, exc)
+            return None
 
     def _result(self, step: int, future: PrefectFuture[Any], raise_errors: bool) -> Any:
         """A commit's or an evaluation's result; None when it failed (logged, or raised when `raise_errors`)."""

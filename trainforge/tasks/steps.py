@@ -260,16 +260,30 @@ def apply_retention(spec: JobSpec, config: SegmentConfig, protected: list[int]) 
     return ckpt.apply_retention(spec, config, protected)
 
 
+def export_folder(record_folder: str | Path, step: int) -> Path:
+    return Path(record_folder) / "export" / f"step-{step}"
+
+
+@task(name="export", cache_policy=NO_CACHE)
+def export(config_path: str, config: SegmentConfig, step: int, record_folder: str) -> dict[str, Any]:
+    """The checkpoint as the model promotion registers (safetensors, HF folder, MLmodel), in the job's folder."""
+    return ckpt.export_safetensors(Path(config_path), config, step, export_folder(record_folder, step))
+
+
 @task(name="promote", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def promote(spec: JobSpec, record_folder: str, config_path: str, config: SegmentConfig, run_id: str,
-            step: int, lineage: dict[str, str], metrics: dict[str, float]) -> dict[str, Any]:
+            step: int, lineage: dict[str, str], metrics: dict[str, float],
+            exported: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Register the checkpoint of `step` as the team's next model version. `exported`: the result of its `export`
+    task, already run (the flow starts it as the last checkpoint commits); else exported here."""
     from trainforge.registry.lineage import LineageStore, checkpoint_id
     from trainforge.registry.tracking import Tracker
 
     # The dataset may have been withdrawn while the job ran: such a checkpoint is never registered (QuarantinedError).
     LineageStore().check_usable(checkpoint_id(config.job_id, step))
-    out = Path(record_folder) / "export" / f"step-{step}"
-    exported = ckpt.export_safetensors(Path(config_path), config, step, out)
+    out = export_folder(record_folder, step)
+    if exported is None or not (out / "model.safetensors").is_file():  # an export renames its folder in when done
+        exported = ckpt.export_safetensors(Path(config_path), config, step, out)
     tracker = Tracker()
     tracker.log_artifacts(run_id, out, "model")  # the folder is the MLflow model (MLmodel, weights, hf/)
     name = f"{spec.team}.{spec.name}"
