@@ -25,6 +25,7 @@ Pure helpers (aggregate, mfu, bubble_fraction, device_peak_flops) are tested wit
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -145,20 +146,47 @@ def peak_memory_bytes(device: Any) -> int:
 def calibrate_cpu_peak(precision: str = "fp32", threads: int | None = None, cache_dir: Path | None = None,
                        size: int = 512, seconds: float = 0.3) -> float:
     """Measured matmul FLOP/s of this CPU with `threads` threads (the best of repeated n x n products), cached in
-    `cache_dir/cpu-peak.json` per (cpu, threads, dtype) so each host measures once."""
+    `cache_dir/cpu-peak.json` per (cpu, threads, dtype) so each host measures once: the ranks of a host starting
+    together take the cache's lock in turn, the first measures, the others read its figure. Without the lock every
+    rank measured at once (6 x 0.3 s of CPU at each start on 2 cores, each figure taken on a contended CPU)."""
     import torch
 
     threads = threads or torch.get_num_threads()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     key = f"{platform.processor() or platform.machine()}|{os.cpu_count()}|t{threads}|{dtype}|n{size}"
-    cache = (cache_dir / "cpu-peak.json") if cache_dir else None
-    if cache is not None and cache.is_file():
+    if cache_dir is None:
+        return _measure_matmul(torch, dtype, size, seconds)
+    cache = cache_dir / "cpu-peak.json"
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(cache_dir / "cpu-peak.lock", "a")  # noqa: SIM115  (closed below, lock released with it)
+    except OSError:  # a read-only home: measure, remember nothing
+        return _measure_matmul(torch, dtype, size, seconds)
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        known = _read_json(cache)
+        if key in known:
+            return float(known[key])
+        best = _measure_matmul(torch, dtype, size, seconds)
         try:
-            known = json.loads(cache.read_text())
-            if key in known:
-                return float(known[key])
-        except ValueError:
+            known[key] = best
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known, indent=1))
+            os.replace(tmp, cache)
+        except OSError:
             pass
+        return best
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _measure_matmul(torch: Any, dtype: Any, size: int, seconds: float) -> float:
     a = torch.randn(size, size, dtype=dtype)
     b = torch.randn(size, size, dtype=dtype)
     torch.mm(a, b)  # warm-up
@@ -168,16 +196,6 @@ def calibrate_cpu_peak(precision: str = "fp32", threads: int | None = None, cach
         torch.mm(a, b)
         dt = time.perf_counter() - t0
         best = max(best, 2.0 * size**3 / dt)
-    if cache is not None:
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            known = json.loads(cache.read_text()) if cache.is_file() else {}
-            known[key] = best
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known, indent=1))
-            os.replace(tmp, cache)
-        except (OSError, ValueError):
-            pass
     return best
 
 

@@ -113,6 +113,20 @@ def test_cpu_calibration_is_measured_once_and_cached(tmp_path):
     assert calibrate_cpu_peak("fp32", threads=1, cache_dir=tmp_path, size=128, seconds=0.05) == first
 
 
+def test_ranks_starting_together_measure_the_cpu_once(tmp_path):
+    """Each rank of a host calls the calibration as it starts: one measures, the others wait for its figure (they
+    would each time their own matmuls, on a CPU the others load, and get as many different figures)."""
+    results: list[float] = []
+    threads = [threading.Thread(target=lambda: results.append(
+        calibrate_cpu_peak("fp32", threads=1, cache_dir=tmp_path, size=128, seconds=0.2))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(results) == 4 and len(set(results)) == 1
+    assert list(json.loads((tmp_path / "cpu-peak.json").read_text()).values()) == results[:1]
+
+
 def test_async_writer_keeps_order_and_flushes_on_close(tmp_path):
     writer = AsyncEventWriter(EventWriter(tmp_path, enabled=True))
     threads = [threading.Thread(target=lambda: writer.publish(System(step=0, source="cpu", cpu_percent=1.0))) for _ in range(3)]
