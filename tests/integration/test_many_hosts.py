@@ -384,7 +384,7 @@ def test_a_hybrid_layout_keeps_each_tensor_group_on_a_host_and_each_pipeline_in_
     ensure_demo_dataset()
     doc = tiny_spec(workers=8, per_node=2, name="tiny-hybrid")
     doc["training"]["global_batch_size"] = 8  # dp 2 x 2 micro-batches of 2: two micro-batches in each pipeline
-    doc["training"]["max_steps"] = 4  # placement is what is checked: 4 steps, one checkpoint (the final one)
+    doc["training"]["max_steps"] = 2  # placement is what is checked: 2 steps, one checkpoint (the final one)
     doc["training"]["lr_schedule"]["warmup_steps"] = 1
     doc["parallelism"].update({"dp": 2, "tp": 2, "pp": 2, "micro_batch_size": 2})
     racks = ["rack-a", "rack-a", "rack-b", "rack-b"]
