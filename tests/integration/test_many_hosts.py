@@ -248,16 +248,17 @@ class Fault:
     at: float
 
 
-def _ready_for_a_fault(path: Path, since: float) -> bool:
-    """A checkpoint committed, two steps trained past the newest commit after `since` (the last fault: a resumed
-    segment replays steps it had trained before, so only its own events count), and no save in flight: the
-    external fault's `durable=1` (trainer/faults.py). A fault while the next save is still uploading races that
+def _ready_for_a_fault(path: Path, since: float, attempt: int) -> bool:
+    """A checkpoint committed, two steps trained past the newest commit by segment `attempt` after `since` (the
+    last fault: a resumed segment replays steps it had trained before, and the dying segment's survivors may report
+    a step after the fault, so only the new segment's own events count), and no save in flight: the external
+    fault's `durable=1` (trainer/faults.py). A fault while the next save is still uploading races that
     save, and recovery then rightly falls back to the commit before it, a second interval lost; stop 53's CI-like
     run met that race (step 4 committed 3.2 s after its save, the save of step 8 already staged, 6 and 7 steps
     lost)."""
     events = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     newest = max((e["step"] for e in events if e["type"] == "checkpoint"), default=None)
-    recent = [e for e in events if e["time"] > since]
+    recent = [e for e in events if e["time"] > since and e.get("src", {}).get("attempt") == attempt]
     staged = [e["step"] for e in recent if e["type"] == "checkpoint_staged"]
     return (newest is not None and max(staged, default=0) <= newest
             and any(e["type"] == "metrics" and e["step"] >= newest + 2 for e in recent))
@@ -272,7 +273,7 @@ def inject_after_commits(rig: TestHosts, job_id: str, faults: list[str], out: li
     since = 0.0
     for how in faults:
         while not stop.wait(0.1):
-            if _ready_for_a_fault(path, since):
+            if _ready_for_a_fault(path, since, attempt=len(out)):  # one segment retry per fault
                 break
         else:
             return
@@ -332,10 +333,10 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
         for fault in faults:
             if fault.how == "partition":
                 hosts.resume(fault.host)
-        # the rig as the next scenario expects it: nothing of this job left on a host (the resumed one's agent
+        # the rig as the next scenario expects it: nothing of this job left on any host (the resumed one's agent
         # finds its control plane gone and stops its node: ORPHAN_GRACE_S + SIDECAR_STOP_S at most)
-        leftovers = {fault.host: hosts.reap(fault.host, timeout_s=25.0) for fault in faults}
-    assert not any(leftovers.values()), f"still running 25 s after the job ended (killed): {leftovers}"
+        leftovers = {host: left for host in hosts.names if (left := hosts.reap(host, timeout_s=25.0))}
+    assert not leftovers, f"still running 25 s after the job ended (killed): {leftovers}"
     assert [f.how for f in faults] == ["kill", "partition"], (
         f"faults injected: {faults}; each waits for a commit with no later save in flight (_ready_for_a_fault)")
     assert result["state"] == "completed"

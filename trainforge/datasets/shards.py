@@ -88,9 +88,12 @@ def _column_words(table: pa.Table, name: str, width: int) -> np.ndarray:
     types, 0.25 s of CPU in every worker that reads a shard."""
     col = table.column(name)
     values = (col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()).flatten()
-    if values.null_count or values.type not in _WORDS:
-        raise ValueError(f"column {name!r}: {values.type} with {values.null_count} nulls; a shard holds "
+    nulls = col.null_count + values.null_count  # a null row would vanish in flatten and shift the rows after it
+    if nulls or values.type not in _WORDS:
+        raise ValueError(f"column {name!r}: {values.type} with {nulls} nulls; a shard holds "
                          f"{' or '.join(map(str, _WORDS))} words without nulls (write_shard)")
+    if len(values) == 0:
+        return np.empty((0, width), dtype=_WORDS[values.type])
     words = np.frombuffer(values.buffers()[1], dtype=_WORDS[values.type])
     return words[values.offset: values.offset + len(values)].reshape(-1, width)
 

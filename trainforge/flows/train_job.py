@@ -359,6 +359,10 @@ def _evaluation_scheduler(spec: JobSpec) -> EvaluationScheduler:
     return EvaluationScheduler(limit=concurrency_from(os.environ), keep_all=spec.checkpoint.keep_best is not None)
 
 
+EXPORT_STOP_WAIT_S = 60.0
+"""How long a failed or cancelled job waits for its stopped early export (its download or process is stopped)."""
+
+
 def promotes_on_commit(step: int, total_steps: int, spec: JobSpec) -> bool:
     """Whether the checkpoint of `step`, just committed, is the one the job will promote if it completes: its last
     step's, and promotion takes the newest (no keep_best metric to rank by)."""
@@ -474,7 +478,8 @@ class _EventPump:
                 self.observer.platform_finished(f"commit-{step}", time.time())
                 if entry is None:
                     continue
-                self._export_early(step)
+                if evaluate:  # not while a failed or cancelled job winds down: nothing will promote
+                    self._export_early(step)
                 if self.spec.evaluation.enabled:
                     self.pending_entries[step] = entry
                     self.evaluations.ready(step)
@@ -576,6 +581,9 @@ class _EventPump:
         # (their commits booked without metrics), or a cancel would wait out an evaluation nothing will promote.
         with contextlib.nullcontext() if raise_errors else offline_stopped(job_location(self.config)):
             self._collect(block=True, raise_errors=raise_errors, evaluate=raise_errors)
+            if not raise_errors and self.export is not None:  # begun before the failure: stopped (refused if
+                self.export[1].wait(EXPORT_STOP_WAIT_S)  # it had not started), and waited for here, not by the
+                # task runner at the flow's end
         self.record.update(alert_coverage=dict(self.observer.engine.coverage))
         self._log_profiles()
 

@@ -17,7 +17,6 @@ project supports)."""
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import sys
 import threading
@@ -31,6 +30,8 @@ def exit_now(code: int) -> NoReturn:
         shutdown()  # what the interpreter's exit does first: wait for every non-daemon thread
     getattr(atexit, "_run_exitfuncs", lambda: None)()
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed or broken pipe: nothing left to say there
+        try:
             stream.flush()
+        except Exception:  # a closed or broken pipe: what was left to say is lost, which CPython reports as 120
+            code = code or 120
     os._exit(code)

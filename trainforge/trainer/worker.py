@@ -8,6 +8,7 @@ exiting non-zero. Rank and world size come from torchrun's environment; the mode
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -152,6 +153,9 @@ def main() -> int:
         cfg = localize(cfg)
         if cfg.script_mode:
             run_script(cfg)
+            # The script's globals hold themselves in a cycle (its functions point back at them): collected now, a
+            # buffered file or an object that flushes in __del__ is closed before exit_now skips the teardown.
+            gc.collect()
             current_monitor().close()  # the supervisor's last pass must see this rank finished, not lost
             return 0
         from trainforge.trainer.distributed import DistContext, shutdown

@@ -137,24 +137,25 @@ def _children() -> list[int]:
 
 def _reap_all(grace_s: float) -> None:
     """SIGTERM (when `grace_s`), then SIGKILL, everything still below the agent, and reap it: nothing of the node
-    outlives it."""
+    outlives it. Each pass signals the children found then: a killed worker's own children (its output pump, a
+    data-loader worker, a script's subprocess) re-parent here only once it is gone."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         if not wait:
             continue
-        pids = _children()
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+        signalled: set[int] = set()
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
+            pids = _children()
+            if not pids:
+                return
+            for pid in set(pids) - signalled:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+                signalled.add(pid)
+            time.sleep(0.05)
             with contextlib.suppress(ChildProcessError):
                 while os.waitpid(-1, os.WNOHANG)[0] > 0:
                     pass
-            if not _children():
-                return
-            time.sleep(0.05)
 
 
 def _free_port() -> int:
@@ -256,7 +257,7 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
         _emit(out, error=f"node {program.node}: could not start: {exc}")
         return 127
     _emit(out, started={"node": program.node, "agent_pid": agent.pid, "host_pid": os.getpid(), "port": port})
-    stopped = True  # until _supervise says otherwise: an exception in it is a stop too
+    stopped = False  # an exception in _supervise stopped nothing: what runs gets the SIGTERM grace below
     try:
         code, stopped = _supervise(agent, sidecar, stdin)
     finally:

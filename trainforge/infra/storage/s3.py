@@ -70,7 +70,7 @@ def _session() -> boto3.session.Session:
     global _LOADER
     with _LOADER_LOCK:
         if _LOADER is None:
-            _LOADER = botocore.loaders.create_loader()
+            _LOADER = botocore.loaders.create_loader(os.environ.get("AWS_DATA_PATH"))
         loader = _LOADER
     core = botocore.session.Session()
     core.register_component("data_loader", loader)

@@ -1,0 +1,39 @@
+"""What a node agent reaps as it ends (infra/backends/node_agent.py `_reap_all`): a child's own children, which
+re-parent to the agent (its node's subreaper) only once the child is killed, are killed too, with no grace after a
+stop. A real subreaper process, its child and the child's child in a session of its own (as torchrun starts
+workers)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+AGENT = textwrap.dedent("""
+    import os, subprocess, sys, time
+    from trainforge.infra.backends import node_agent
+
+    node_agent._prctl(node_agent.PR_SET_CHILD_SUBREAPER, 1)
+    spawn = ("import subprocess, sys, time; "
+             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+             "print(p.pid, flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", spawn], stdout=subprocess.PIPE, text=True)
+    grandchild = int(child.stdout.readline())
+    t0 = time.monotonic()
+    node_agent._reap_all(grace_s=0.0)
+    print(grandchild, round(time.monotonic() - t0, 2), node_agent._children(), flush=True)
+""")
+
+
+def test_a_killed_childs_own_children_are_killed_too_and_at_once_after_a_stop():
+    done = subprocess.run([sys.executable, "-c", AGENT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    grandchild, took, left = done.stdout.split(maxsplit=2)
+    assert left.strip() == "[]"
+    assert float(took) < 4.0  # no SIGTERM grace: SIGKILL, and the grandchild's within a few passes
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{grandchild}") and time.monotonic() < deadline:  # reaped by the agent: gone
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{grandchild}")
