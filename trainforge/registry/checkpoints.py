@@ -94,6 +94,12 @@ def evaluate(config_path: Path, config: JobLocation, step: int, batches: int,
     return result
 
 
+def export_folder(job_folder: Path | str, step: int) -> Path:
+    """Where a job's export of `step` lives (the MLflow model folder promotion registers); one that exists is
+    complete (export_safetensors renames it into place)."""
+    return Path(job_folder) / "export" / f"step-{step}"
+
+
 def export_safetensors(config_path: Path, config: JobLocation, step: int, out: Path,
                        timeout_s: float = 600) -> dict[str, Any]:
     store = job_store(config)

@@ -24,6 +24,7 @@ from trainforge.registry.checkpoints import (
     best_step,
     checkpoint_metrics,
     committed_ref,
+    export_folder,
     export_safetensors,
     job_store,
 )
@@ -93,7 +94,7 @@ def promote(job: str, *, step: int | None = None, best: bool = False, alias: str
     lineage = lineage or LineageStore()
     lineage.check_usable(checkpoint_id(record.job_id, step))
     who = who or current_user()
-    out = record.folder / "export" / f"step-{step}"
+    out = export_folder(record.folder, step)
     if not (out / "model.safetensors").is_file():
         export_safetensors(record.folder / "worker-config.json", config, step, out)
     tracker = Tracker()

@@ -19,6 +19,7 @@ from trainforge.registry.checkpoints import (
     checkpoint_metrics,
     committed_ref,
     evaluate,
+    export_folder,
     export_safetensors,
     job_location,
     job_store,
@@ -37,7 +38,7 @@ from trainforge.spec import JobSpec
 
 __all__ = ["GC_GRACE_S", "CheckpointCorrupt", "apply_retention", "best_step", "checkpoint_metrics",
            "checkpoint_status", "collect_garbage", "commit_bookkeeping", "committed_ref", "evaluate",
-           "export_safetensors", "job_location", "job_store", "policy_of"]
+           "export_folder", "export_safetensors", "job_location", "job_store", "policy_of"]
 
 
 def commit_bookkeeping(config: JobLocation, step: int) -> dict[str, Any]:

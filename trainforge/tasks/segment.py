@@ -59,12 +59,9 @@ from trainforge.tasks.supervisor import SegmentSupervisor, offending_samples
 from trainforge.trainer.health import HealthPolicy, collective_timeout_for
 
 LOG_TAIL_LINES = 20
-STOP_GRACE_S = 5.0
-"""A policy's stop (straggler eviction, GPU drain): the workers' SIGTERM is a termination notice; they get this long
-to act on it before SIGKILL."""
 BROKEN_GANG_GRACE_S = 0.5
 """A stop after a node was lost: the survivors block in a collective with it and cannot act on a SIGTERM, so the
-grace is short (a partitioned node's survivors waited out the 5 s of `STOP_GRACE_S`, stop 54)."""
+grace is short (a partitioned node's survivors waited out a policy stop's 5 s, the backends' default, stop 54)."""
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +227,7 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
                 raise SegmentCancelled(f"segment {attempt} of {config.job_id} cancelled; workers stopped")
             if supervisor.poll() is not None:  # policy: stop the gang now (straggler eviction, GPU drain, a node
                 # the channel lost: then the gang is broken and its survivors get no grace, as below)
-                gang.terminate(grace_s=BROKEN_GANG_GRACE_S if supervisor.gang_broken else STOP_GRACE_S)
+                gang.terminate(BROKEN_GANG_GRACE_S) if supervisor.gang_broken else gang.terminate()
                 code = gang.poll() if gang.poll() is not None else -1
                 break
             time.sleep(0.2)

@@ -260,14 +260,10 @@ def apply_retention(spec: JobSpec, config: SegmentConfig, protected: list[int]) 
     return ckpt.apply_retention(spec, config, protected)
 
 
-def export_folder(record_folder: str | Path, step: int) -> Path:
-    return Path(record_folder) / "export" / f"step-{step}"
-
-
 @task(name="export", cache_policy=NO_CACHE)
 def export(config_path: str, config: SegmentConfig, step: int, record_folder: str) -> dict[str, Any]:
     """The checkpoint as the model promotion registers (safetensors, HF folder, MLmodel), in the job's folder."""
-    return ckpt.export_safetensors(Path(config_path), config, step, export_folder(record_folder, step))
+    return ckpt.export_safetensors(Path(config_path), config, step, ckpt.export_folder(record_folder, step))
 
 
 @task(name="promote", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
@@ -281,7 +277,7 @@ def promote(spec: JobSpec, record_folder: str, config_path: str, config: Segment
 
     # The dataset may have been withdrawn while the job ran: such a checkpoint is never registered (QuarantinedError).
     LineageStore().check_usable(checkpoint_id(config.job_id, step))
-    out = export_folder(record_folder, step)
+    out = ckpt.export_folder(record_folder, step)
     if exported is None or not (out / "model.safetensors").is_file():  # an export renames its folder in when done
         exported = ckpt.export_safetensors(Path(config_path), config, step, out)
     tracker = Tracker()
