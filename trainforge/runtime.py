@@ -334,7 +334,8 @@ def data_loader(*, start_step: int | None = None, end_step: int | None = None, d
     if ds.version != dset.require_pinned():  # the pinned version is what the run records; never train on another
         raise RuntimeError(f"dataset at {dset.path} is version {ds.version}, the job pinned {dset.version}")
     source = StepSource(dset.path, dset.ref, dset.eval_fraction, job.seed, job.global_batch_size, dp_rank,
-                        dp_degree, transforms=dset.transforms, skip=cfg.skip_samples)
+                        dp_degree, transforms=dset.transforms, skip=cfg.skip_samples, seq_len=job.seq_len,
+                        tokenizer=dset.tokenizer)
     workers = dset.num_workers if num_workers is None else num_workers
     width = job.seq_len + 1
     for step, rows in StepLoader(source, start_step, end, num_workers=workers):

@@ -215,9 +215,17 @@ class DatasetSpec(_Model):
     """Where the data is: `catalog://name[@version]`, `lakefs://repo/ref/path`, `s3://bucket/prefix`,
     `gs://bucket/prefix` or `file:///abs/path` (relative `file://` paths are relative to the spec file)."""
     format: Literal["arrow", "parquet", "jsonl", "text"] = "arrow"
-    """Storage format of the shards. Training reads tokenized Arrow/Parquet shards."""
+    """Storage format. Catalog, file and lakeFS versions hold tokenized Arrow shards. An `s3://` prefix is read in
+    place, so its format says how: `jsonl` (one JSON object per line, the text in `text_field`), `text` (each
+    non-blank line a document) or `parquet` (the text in column `text_field`)."""
+    text_field: str = "text"
+    """The JSON field (jsonl) or column (parquet) that holds a document's text, for an `s3://` prefix."""
+    chunk_mb: Float = Field(default=4.0, gt=0.0, le=1024.0)
+    """An `s3://` prefix's objects are read in chunks of about this many MiB (the unit of sampling; each chunk is
+    fetched with ranged GETs and tokenized on its own). Part of the pinned version."""
     license: str | None = None
-    """SPDX identifier of the data's license (e.g. `CC-BY-4.0`). Omitted: taken from the dataset's manifest."""
+    """SPDX identifier of the data's license (e.g. `CC-BY-4.0`). Omitted: taken from the dataset's manifest.
+    Required for an `s3://` prefix, which has no manifest to take it from."""
     eval_fraction: Float = Field(default=0.01, ge=0.0, lt=0.5)
     """Fraction of samples held out for evaluation (a deterministic split by sample index)."""
     transforms: tuple[str, ...] = ()
@@ -247,7 +255,26 @@ class DatasetSpec(_Model):
                 d.pop("num_workers", None)
             if d.get("tokenizer") is None:
                 d.pop("tokenizer", None)
+            if d.get("text_field") == "text":
+                d.pop("text_field", None)
+            if d.get("chunk_mb") == 4.0:
+                d.pop("chunk_mb", None)
         return d
+
+    @model_validator(mode="after")
+    def _in_place_needs(self) -> DatasetSpec:
+        if not self.ref.startswith("s3://"):
+            return self
+        if self.format == "arrow":
+            raise FieldProblem("an s3:// prefix is read in place, so its format must say how to read the objects",
+                               "format", "set dataset.format to jsonl, text or parquet", self.format)
+        if not self.license:
+            raise FieldProblem("an s3:// prefix has no manifest to take the data's license from", "license",
+                               "set dataset.license to the data's SPDX identifier (e.g. CC-BY-4.0); lineage "
+                               "records it with every job trained on the prefix")
+        if not self.text_field.strip():
+            raise FieldProblem("is empty", "text_field", "name the JSON field or Parquet column that holds the text")
+        return self
 
     @field_validator("tokenizer")
     @classmethod

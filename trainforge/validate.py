@@ -433,7 +433,7 @@ def default_dataset_checker() -> DatasetChecker:
         from trainforge.datasets.refs import check_and_resolve
         from trainforge.datasets.tokenizer_match import tokenizer_problem
 
-        found, ds = check_and_resolve(spec.dataset.ref, base_dir)
+        found, ds = check_and_resolve(spec.dataset.ref, base_dir, spec.dataset)
         if ds is None:
             return found
         return tokenizer_problem(spec, ds.manifest.tokenizer, base_dir, f"dataset {ds.name}@{ds.version[:12]}")

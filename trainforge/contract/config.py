@@ -57,11 +57,19 @@ class ResolvedDataset(_Part):
     """Online preprocessing (spec dataset.transforms), applied in the data pipeline."""
     num_workers: int = 0
     """Data-loader worker processes (0: read in the training process)."""
+    tokenizer: str = ""
+    """The tokenizer an in-place version (an s3:// prefix) is read with: byte-level-v1 or hf:sha256:<digest> (kept
+    in the version folder); empty for tokenized shards, which name their own."""
 
     @classmethod
     def from_resolution(cls, resolved: dict[str, Any]) -> ResolvedDataset:
         """From tasks/prepare.py `resolve_dataset`'s record (its `warnings` are the flow's to log, not the worker's)."""
         return cls.model_validate({k: v for k, v in resolved.items() if k != "warnings"})
+
+    @property
+    def in_place(self) -> bool:
+        """An s3:// prefix read in place (its samples are counted as they are read), not tokenized shards."""
+        return bool(self.tokenizer)
 
     def require_pinned(self) -> str:
         """The pinned version; a worker never trains on an unresolved reference."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from trainforge.datasets import tokenizer
 from trainforge.datasets.manifest import MANIFEST_FILE, DatasetManifest, ShardInfo
+from trainforge.datasets.prefix_manifest import PrefixManifest, is_prefix_manifest
 from trainforge.home import home
 from trainforge.infra.storage import (
     LocalObjectStore,
@@ -49,7 +50,12 @@ class ResolvedDataset:
     version: str
     license: str
     path: Path
-    manifest: DatasetManifest
+    manifest: DatasetManifest | PrefixManifest
+    """Tokenized shards (DatasetManifest), or the pinned objects of an s3:// prefix read in place."""
+
+    @property
+    def in_place(self) -> bool:
+        return isinstance(self.manifest, PrefixManifest)
 
 
 class CatalogError(LookupError):
@@ -166,6 +172,22 @@ class EmbeddedCatalog:
             self.set_ref(name, ref, manifest.version_id)
         return self.resolve(name, manifest.version_id)
 
+    def commit_prefix(self, manifest: PrefixManifest, ref: str | None = "main") -> ResolvedDataset:
+        """Record a pinned s3:// prefix as a version: its manifest (and source.json, where the objects are), not
+        its bytes. Content-addressed like every version: pinning the same objects again is the same version."""
+        name = self._check_name(manifest.name)
+        prefix = f"{name}/versions/{manifest.version_id}"
+        source = json.dumps({"store_url": f"s3://{manifest.bucket}", "prefix": manifest.prefix}).encode()
+        if not self.store.exists(f"{prefix}/{MANIFEST_FILE}"):
+            self.store.put_bytes(f"{prefix}/{SOURCE_FILE}", source)
+            with contextlib.suppress(ObjectExistsError):  # pinned concurrently, same content
+                self.store.put_bytes(f"{prefix}/{MANIFEST_FILE}",
+                                     json.dumps(manifest.to_dict(), indent=1, sort_keys=True).encode(),
+                                     if_none_match=True)
+        if ref is not None:
+            self.set_ref(name, ref, manifest.version_id)
+        return self.resolve(name, manifest.version_id)
+
     def _upload(self, name: str, manifest: DatasetManifest, folder: Path) -> None:
         publish_version(self.store, f"{name}/versions/{manifest.version_id}", manifest, folder)
 
@@ -276,8 +298,15 @@ def write_source_folder(folder: Path, store: ObjectStore | _Prefixed, prefix: st
     if not (folder / MANIFEST_FILE).is_file():
         folder.mkdir(parents=True, exist_ok=True)
         data = store.get_bytes(f"{prefix}/{MANIFEST_FILE}")
+        doc = json.loads(data)
+        if is_prefix_manifest(doc):  # an in-place version: its objects are where the manifest says, not here
+            pinned = PrefixManifest.from_dict(doc)
+            _atomic_write(folder / SOURCE_FILE, json.dumps({"store_url": f"s3://{pinned.bucket}",
+                                                            "prefix": pinned.prefix}).encode())
+            _atomic_write(folder / MANIFEST_FILE, data)
+            return folder
         _atomic_write(folder / SOURCE_FILE, json.dumps({"store_url": url or store.url, "prefix": prefix}).encode())
-        if tokenizer.ships_json(json.loads(data)["tokenizer"]):
+        if tokenizer.ships_json(doc["tokenizer"]):
             _atomic_write(folder / tokenizer.TOKENIZER_FILE,
                           store.get_bytes(f"{prefix}/{tokenizer.TOKENIZER_FILE}"))
         _atomic_write(folder / MANIFEST_FILE, data)
@@ -296,7 +325,9 @@ def load_version_dir(path: Path, ref: str) -> ResolvedDataset:
     if not manifest_path.is_file():
         raise CatalogError(f"{path} has no {MANIFEST_FILE}: not a committed dataset version")
     try:
-        manifest = DatasetManifest.from_dict(json.loads(manifest_path.read_text()))
+        doc = json.loads(manifest_path.read_text())
+        manifest: DatasetManifest | PrefixManifest = (
+            PrefixManifest.from_dict(doc) if is_prefix_manifest(doc) else DatasetManifest.from_dict(doc))
     except (ValueError, TypeError, KeyError) as exc:
         raise CatalogError(f"{manifest_path} is not a valid dataset manifest: {exc}") from None
     return ResolvedDataset(ref=ref, name=manifest.name, version=manifest.version_id, license=manifest.license,

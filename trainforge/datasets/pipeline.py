@@ -15,14 +15,10 @@ import importlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch.utils.data as tud
-
-from trainforge.datasets.catalog import load_version_dir
-from trainforge.datasets.sampler import SampleOrder
 
 Transform = Callable[[np.ndarray, int], np.ndarray]
 
@@ -51,16 +47,19 @@ class StepSource:
     transforms: Sequence[str] = ()
     skip: Sequence[int] = ()
     """Sample ids removed from the stream (the sampler's divergence-rollback skip list)."""
+    seq_len: int = 0
+    """Tokens per training sequence (an in-place version packs samples of seq_len + 1)."""
+    tokenizer: str = ""
+    """An in-place version's tokenizer (ResolvedDataset.tokenizer)."""
     _state: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _open(self) -> dict[str, Any]:
         if not self._state:
-            from trainforge.datasets.stream import open_reader
+            from trainforge.datasets.training_data import open_training_data
 
-            ds = load_version_dir(Path(self.path), self.ref)
-            self._state.update(reader=open_reader(ds.path, ds.manifest),
-                               order=SampleOrder(ds.manifest.num_samples, self.eval_fraction, ds.version, self.seed,
-                                                 skip=frozenset(self.skip)),
+            data = open_training_data(self.path, self.ref, eval_fraction=self.eval_fraction, seed=self.seed,
+                                      seq_len=self.seq_len, skip=self.skip, tokenizer_name=self.tokenizer)
+            self._state.update(reader=data.reader, order=data.order,
                                fns=[load_transform(t) for t in self.transforms])
         return self._state
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from trainforge.datasets.catalog import (
     CatalogError,
@@ -15,9 +16,19 @@ from trainforge.datasets.catalog import (
 from trainforge.spec import Problem
 
 
-def resolve_reference(ref: str, base_dir: Path | None = None) -> ResolvedDataset:
+def resolve_reference(ref: str, base_dir: Path | None = None, dataset: Any = None) -> ResolvedDataset:
     """Resolve a reference to a committed version. Raises CatalogError with a readable reason, DatasetWithdrawn
-    (a CatalogError) if that version was withdrawn, whichever way it was named (branch, tag, version, file)."""
+    (a CatalogError) if that version was withdrawn, whichever way it was named (branch, tag, version, file).
+    An `s3://` prefix is pinned as it is now (its objects listed into a catalog version, read in place later):
+    `dataset` (the spec's dataset section) says how to read it."""
+    if ref.startswith("s3://"):
+        if dataset is None:
+            raise CatalogError("an s3:// prefix is pinned from a job spec's dataset section (format, license)")
+        from trainforge.datasets.pin_prefix import pin_prefix
+
+        ds = pin_prefix(ref, dataset)
+        refuse_withdrawn(ds, ref)
+        return ds
     ds = _resolve(ref, base_dir)
     refuse_withdrawn(ds, ref)
     return ds
@@ -68,12 +79,12 @@ def _resolve(ref: str, base_dir: Path | None) -> ResolvedDataset:
     raise CatalogError(f"{scheme}:// datasets are not resolvable on the embedded backend yet")
 
 
-def check_reference(ref: str, base_dir: Path) -> Problem | None:
+def check_reference(ref: str, base_dir: Path, dataset: Any = None) -> Problem | None:
     """None if the reference resolves; otherwise an error, or "not-checked" for systems out of reach."""
-    return check_and_resolve(ref, base_dir)[0]
+    return check_and_resolve(ref, base_dir, dataset)[0]
 
 
-def check_and_resolve(ref: str, base_dir: Path) -> tuple[Problem | None, ResolvedDataset | None]:
+def check_and_resolve(ref: str, base_dir: Path, dataset: Any = None) -> tuple[Problem | None, ResolvedDataset | None]:
     """`check_reference`'s problem, and the version when it resolved (so a caller that checks more of it, as
     validate does its tokenizer, does not resolve it again: a lakeFS ref is a round trip)."""
     scheme = ref.partition("://")[0]
@@ -85,6 +96,8 @@ def check_and_resolve(ref: str, base_dir: Path) -> tuple[Problem | None, Resolve
             return Problem("dataset.ref", f"{scheme}:// reference not checked: no object-storage credentials in "
                            "this environment", ref, "run where the credentials are set, or drop --strict",
                            "not-checked"), None
+        if scheme == "s3" and dataset is not None:
+            return _listed(ref, dataset), None
         return Problem("dataset.ref", f"{scheme}:// existence is checked at submit time", ref, "", "not-checked"), None
     if scheme == "lakefs":
         from trainforge.datasets import lakefs_catalog as lk
@@ -109,3 +122,17 @@ def _resolved(ref: str, base_dir: Path, fix: str) -> tuple[Problem | None, Resol
         return Problem("dataset.ref", exc.reason, ref, exc.fix), None
     except CatalogError as exc:
         return Problem("dataset.ref", str(exc), ref, fix), None
+
+
+def _listed(ref: str, dataset: Any) -> Problem | None:
+    """An s3:// prefix lists (with these credentials) to at least one object of the dataset's format. Nothing is
+    recorded: validate leaves nothing behind."""
+    from trainforge.datasets.pin_prefix import list_prefix
+
+    try:
+        list_prefix(ref, format=dataset.format, text_field=dataset.text_field, license=dataset.license or "",
+                    chunk_mb=dataset.chunk_mb)
+    except CatalogError as exc:
+        return Problem("dataset.ref", str(exc), ref, "point dataset.ref at a prefix holding the data, readable with "
+                       "these credentials")
+    return None

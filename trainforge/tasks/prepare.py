@@ -50,7 +50,9 @@ def validate_spec(doc: dict[str, Any], source: str, base_dir: Path, cluster: Clu
 
 
 def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
-    ds = resolve_reference(spec.dataset.ref, base_dir)
+    ds = resolve_reference(spec.dataset.ref, base_dir, spec.dataset)
+    if ds.in_place:
+        return _in_place_dataset(spec, base_dir, ds)
     mismatch = tokenizer_problem(spec, ds.manifest.tokenizer, base_dir, f"dataset {ds.name}@{ds.version[:12]}")
     if mismatch is not None:  # every scheme, lakeFS and remote catalogs too: validate saw only the local ones
         raise JobRejected(str(SpecError([mismatch], spec.name)))
@@ -63,6 +65,28 @@ def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
            "path": str(ds.path), "num_samples": ds.manifest.num_samples, "sample_len": ds.manifest.sample_len,
            "vocab_size": ds.manifest.vocab_size, "eval_fraction": spec.dataset.eval_fraction, "warnings": warnings}
     if spec.dataset.transforms or spec.dataset.num_workers:  # online preprocessing (absent: read in the trainer)
+        out.update(transforms=list(spec.dataset.transforms), num_workers=spec.dataset.num_workers)
+    return out
+
+
+def _in_place_dataset(spec: JobSpec, base_dir: Path, ds: Any) -> dict[str, Any]:
+    """The record of a pinned s3:// prefix: read in place with the spec's tokenizer (byte-level by default, or
+    its tokenizer.json, kept beside the version by content digest) in samples of seq_len + 1 tokens."""
+    from trainforge.datasets import tokenizer
+    from trainforge.datasets.tokenizer_match import wanted_file
+    from trainforge.datasets.training_data import save_in_place_tokenizer
+
+    file = wanted_file(spec, base_dir)
+    if file is None:
+        name, vocab = tokenizer.NAME, tokenizer.VOCAB_SIZE
+    else:
+        text = tokenizer.read_tokenizer_json(file)
+        name, vocab = save_in_place_tokenizer(ds.path, text), tokenizer.JsonTokenizer(text).vocab_size
+    out = {"ref": spec.dataset.ref, "pinned_ref": f"catalog://{ds.name}@{ds.version}", "name": ds.name,
+           "version": ds.version, "license": ds.license, "path": str(ds.path), "num_samples": 0,
+           "sample_len": spec.training.seq_len + 1, "vocab_size": vocab, "eval_fraction": spec.dataset.eval_fraction,
+           "tokenizer": name, "warnings": []}
+    if spec.dataset.transforms or spec.dataset.num_workers:
         out.update(transforms=list(spec.dataset.transforms), num_workers=spec.dataset.num_workers)
     return out
 

@@ -749,9 +749,18 @@ def offending_samples(config: SegmentConfig, step: int, skip: list[int]) -> list
     from trainforge.datasets.sampler import SampleOrder
 
     ds = config.dataset
+    batch = config.training.global_batch_size
+    if ds.in_place:  # its samples are counted as they are read: walk the order as the workers did
+        from trainforge.datasets.training_data import open_training_data
+
+        data = open_training_data(ds.path, ds.ref, eval_fraction=ds.eval_fraction, seed=config.training.seed,
+                                  seq_len=config.training.seq_len, skip=skip, tokenizer_name=ds.tokenizer)
+        try:
+            return data.order.global_indices(step * batch, batch)
+        finally:
+            data.close()
     order = SampleOrder(ds.num_samples, ds.eval_fraction, ds.version or "", config.training.seed,
                         skip=frozenset(skip))
-    batch = config.training.global_batch_size
     return order.global_indices(step * batch, batch)
 
 

@@ -14,16 +14,12 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainforge.contract.config import SegmentConfig
 from trainforge.contract.events import CheckpointCorrupt, Metrics, SegmentEnd, SegmentStart
-from trainforge.datasets.catalog import load_version_dir
-from trainforge.datasets.sampler import SampleOrder
-from trainforge.datasets.stream import open_reader
 from trainforge.events import AsyncEventWriter, event_sink, worker_sender
 from trainforge.trainer.distributed import DistContext
 from trainforge.trainer.engine import StepHook, build_engine
@@ -105,11 +101,9 @@ class DataFeed:
 
     def __init__(self, cfg: SegmentConfig, dp_rank: int, dp_degree: int):
         from trainforge.datasets.pipeline import StepSource
+        from trainforge.datasets.training_data import open_training_data
 
         dset = cfg.dataset
-        ds = load_version_dir(Path(dset.path), dset.ref)
-        if ds.version != dset.require_pinned():
-            raise RuntimeError(f"dataset at {dset.path} is version {ds.version}, expected {dset.version}")
         skip = frozenset(cfg.skip_samples)
         self.global_batch = cfg.training.global_batch_size
         self.micro = cfg.layout.micro_batch_size
@@ -118,17 +112,20 @@ class DataFeed:
         self.last_wait_s = 0.0  # time the last step() spent getting data (data-wait)
         self.num_workers = dset.num_workers
         self.total_steps = cfg.total_steps
-        self.order = SampleOrder(ds.manifest.num_samples, dset.eval_fraction, ds.version, cfg.training.seed,
-                                 skip=skip)
+        # Local shards, streamed shards, or an s3:// prefix read in place; a version other than the pinned one is
+        # refused. The order is opened here either way (the preprocessing workers open their own readers too).
+        self.data = open_training_data(dset.path, dset.ref, eval_fraction=dset.eval_fraction, seed=cfg.training.seed,
+                                       seq_len=self.seq_len, skip=skip, tokenizer_name=dset.tokenizer,
+                                       expect_version=dset.require_pinned())
+        self.order = self.data.order
         self.source: StepSource | None = None
         self._loader: Any = None
         self._next_step: int | None = None
         if self.num_workers or dset.transforms:
             self.source = StepSource(dset.path, dset.ref, dset.eval_fraction, cfg.training.seed,
                                      self.global_batch, dp_rank, dp_degree, transforms=dset.transforms,
-                                     skip=tuple(sorted(skip)))
-        if self.num_workers == 0:  # the workers open their own readers; the training process opens none
-            self.reader = open_reader(ds.path, ds.manifest)  # local shards, or streamed through the cache tiers
+                                     skip=tuple(sorted(skip)), seq_len=self.seq_len, tokenizer=dset.tokenizer)
+        self.reader = self.data.reader
 
     def _rows(self, step: int) -> Any:
         if self.num_workers:

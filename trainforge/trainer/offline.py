@@ -20,9 +20,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from trainforge.contract.config import SegmentConfig
-from trainforge.datasets.catalog import load_version_dir
-from trainforge.datasets.sampler import SampleOrder
-from trainforge.datasets.shards import ShardReader
+from trainforge.datasets.training_data import open_training_data
 from trainforge.trainer.checkpoint import load_model_weights
 from trainforge.trainer.loop import build_model
 from trainforge.trainer.mlflow_model import write_mlmodel
@@ -40,9 +38,9 @@ def _model(cfg: SegmentConfig, checkpoint: Path) -> torch.nn.Module:
 @torch.no_grad()
 def evaluate(cfg: SegmentConfig, checkpoint: Path, batches: int) -> dict[str, float]:
     model = _model(cfg, checkpoint)
-    ds = load_version_dir(Path(cfg.dataset.path), cfg.dataset.ref)
-    reader = ShardReader(ds.path, ds.manifest)
-    order = SampleOrder(ds.manifest.num_samples, cfg.dataset.eval_fraction, ds.version, cfg.training.seed)
+    data = open_training_data(cfg.dataset.path, cfg.dataset.ref, eval_fraction=cfg.dataset.eval_fraction,
+                              seed=cfg.training.seed, seq_len=cfg.training.seq_len, tokenizer_name=cfg.dataset.tokenizer)
+    reader, order = data.reader, data.order
     micro = cfg.layout.micro_batch_size
     idx = order.eval_indices(batches * micro)
     if not idx:

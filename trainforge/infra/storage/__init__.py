@@ -1,7 +1,9 @@
 """Object storage behind one small interface: a local folder (embedded default) or S3."""
 
 from trainforge.infra.storage.base import (
+    ObjectChangedError,
     ObjectExistsError,
+    ObjectInfo,
     ObjectNotFoundError,
     ObjectStore,
     PermissionDeniedError,
@@ -13,7 +15,9 @@ from trainforge.infra.storage.local import LocalObjectStore
 
 __all__ = [
     "LocalObjectStore",
+    "ObjectChangedError",
     "ObjectExistsError",
+    "ObjectInfo",
     "ObjectNotFoundError",
     "ObjectStore",
     "PermissionDeniedError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -17,6 +18,26 @@ class ObjectNotFoundError(KeyError):
 
 class ObjectExistsError(FileExistsError):
     """A conditional write (if_none_match) found the key already present."""
+
+
+class ObjectChangedError(OSError):
+    """A pinned read found the object changed: its pinned ETag no longer matches, or its pinned version (or the
+    key) is gone."""
+
+    def __init__(self, key: str, etag: str = "", version_id: str | None = None):
+        self.key, self.etag, self.version_id = key, etag, version_id
+        pinned = f"version {version_id}" if version_id else f"ETag {etag}"
+        super().__init__(f"{key}: the pinned {pinned} is no longer there (overwritten or deleted)")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One listed object: its key (relative to the store's root), size, ETag and version id (versioned listing)."""
+
+    key: str
+    size: int
+    etag: str
+    version_id: str | None = None
 
 
 class PermissionDeniedError(PermissionError):

@@ -39,7 +39,9 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from trainforge.infra.storage.base import (
+    ObjectChangedError,
     ObjectExistsError,
+    ObjectInfo,
     ObjectNotFoundError,
     ObjectStore,
     PermissionDeniedError,
@@ -499,6 +501,54 @@ class S3ObjectStore:
                     if in_scope(key, self.prefix):
                         keys.append(key)
         return sorted(keys)
+
+
+    # ---- pinned reads of data in place (datasets.inplace) ------------------------------------------------
+
+    def versioning_enabled(self) -> bool:
+        """Whether the bucket keeps object versions (a suspended or never-enabled bucket does not)."""
+        with self._translate("get_bucket_versioning", "/"):
+            return self._client.get_bucket_versioning(Bucket=self.bucket).get("Status") == "Enabled"
+
+    def list_objects(self, prefix: str = "", *, versions: bool = False) -> list[ObjectInfo]:
+        """Every object under `prefix` with its size and ETag (and, with `versions`, the current version's id;
+        deleted keys are left out), sorted by key. Keys are relative to the store's root."""
+        prefix = scoped_list_prefix(prefix, self.prefix)
+        full_prefix = f"{self.root}/{prefix}" if self.root else prefix
+        out: list[ObjectInfo] = []
+        op = "list_object_versions" if versions else "list_objects_v2"
+        with self._translate(op, prefix or "/"):
+            for page in self._client.get_paginator(op).paginate(Bucket=self.bucket, Prefix=full_prefix):
+                for obj in page.get("Versions" if versions else "Contents", ()):
+                    if versions and not obj.get("IsLatest"):
+                        continue
+                    key = self._relative(obj["Key"])
+                    if in_scope(key, self.prefix):
+                        out.append(ObjectInfo(key, int(obj["Size"]), obj.get("ETag", ""),
+                                              obj.get("VersionId") if versions else None))
+        return sorted(out, key=lambda o: o.key)
+
+    def get_range_pinned(self, key: str, byte_range: tuple[int, int], *, etag: str = "",
+                         version_id: str | None = None) -> bytes:
+        """Bytes [start, end) of one pinned object: of version `version_id` when given, else only while its ETag
+        is still `etag`. Raises ObjectChangedError when that version or ETag is gone (overwritten or deleted)."""
+        full = self._full(key)
+        start, end = byte_range
+        if end <= start:
+            return b""
+        kw: dict[str, Any] = {"Key": full, "Range": f"bytes={start}-{end - 1}"}
+        if version_id:
+            kw["VersionId"] = version_id
+        elif etag:
+            kw["IfMatch"] = etag
+        try:
+            return self._read_body("get_range", key, **kw)
+        except (ObjectExistsError, ObjectNotFoundError):  # 412: the ETag moved on; 404: the key or version is gone
+            raise ObjectChangedError(key, etag, version_id) from None
+        except StorageError as e:
+            if getattr(e, "s3_code", None) in ("NoSuchVersion", "InvalidArgument") and version_id:
+                raise ObjectChangedError(key, etag, version_id) from None
+            raise
 
 
 def _body_size(body: Any) -> int:

@@ -1,0 +1,377 @@
+"""Reading an in-place dataset: pinned ranged reads of the objects themselves, tokenized chunk by chunk.
+
+`InPlaceReader` is the reader for a pinned s3:// prefix (`prefix_manifest.PrefixManifest`). For each chunk
+(`datasets.chunks`) it reads the bytes the chunk owns with ranged GETs pinned to the manifest's version id (a
+versioned bucket: a later overwrite changes nothing) or ETag (If-Match: a changed object fails with
+`DatasetChangedError`, naming the object and the pinned version, and no sample of it is returned). It parses the
+documents (JSONL lines' text field, text lines, Parquet row groups' text column), tokenizes them ([BOS] ids EOS,
+as `trainforge datasets build` does) and packs them into windows of `sample_len` tokens, the tail shorter than a
+window dropped. Tokenized chunks go to the local cache tier (LRU by bytes, `stream.CacheTier`), their window
+counts to a small count file that is never evicted, so a chunk is read and tokenized once per host while it stays
+cached. A thread pool tokenizes the chunks of upcoming steps ahead of need (`prefetch`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainforge.datasets import tokenizer
+from trainforge.datasets.chunk_order import WINDOW_BITS, split_sample_id
+from trainforge.datasets.chunks import Chunk, owned_lines, owned_row_groups
+from trainforge.datasets.prefix_manifest import PrefixManifest, SourceObject
+from trainforge.datasets.stream import CacheConfig, CacheStats, CacheTier
+from trainforge.infra.storage import ObjectChangedError
+
+logger = logging.getLogger(__name__)
+
+
+class DatasetChangedError(RuntimeError):
+    """An object of a pinned in-place dataset is not the one pinned: training on it would train on other data."""
+
+    def __init__(self, manifest: PrefixManifest, obj: SourceObject):
+        self.key = obj.key
+        pinned = f"version {obj.version_id}" if obj.version_id else f"ETag {obj.etag}"
+        super().__init__(
+            f"dataset {manifest.name}@{manifest.version_id[:12]}: object s3://{manifest.bucket}/{obj.key} is no "
+            f"longer the pinned {pinned} (it was overwritten or deleted after the version was pinned); the job "
+            "does not train on changed data. Resubmit to pin the prefix as it is now, or restore the object "
+            "(a bucket with versioning enabled keeps pinned versions readable)")
+
+
+class DataFormatError(ValueError):
+    """A record of an in-place dataset cannot be read as its format says."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerSpec:
+    """How a job tokenizes in-place text: byte-level, or a tokenizer.json (its text, which pins it)."""
+
+    name: str = tokenizer.NAME
+    json_text: str | None = None
+
+    def load(self) -> Callable[[str], np.ndarray]:
+        if self.json_text is None:
+            return tokenizer.encode
+        return tokenizer.JsonTokenizer(self.json_text).encode
+
+    @property
+    def dtype(self) -> type:
+        if self.json_text is None:
+            return np.uint16
+        return tokenizer.JsonTokenizer(self.json_text).dtype
+
+
+class PinnedObjects:
+    """Pinned ranged reads of a manifest's objects through one S3 handle (the job's own credentials)."""
+
+    def __init__(self, manifest: PrefixManifest, store: Any):
+        self.manifest, self.store = manifest, store
+        self.bytes_read = 0
+        self.requests = 0
+        self._lock = threading.Lock()
+
+    def read(self, index: int, start: int, end: int) -> bytes:
+        obj = self.manifest.objects[index]
+        end = min(end, obj.size)
+        if end <= start:
+            return b""
+        try:
+            data = self.store.get_range_pinned(obj.key, (start, end), etag=obj.etag, version_id=obj.version_id)
+        except ObjectChangedError:
+            raise DatasetChangedError(self.manifest, obj) from None
+        with self._lock:
+            self.bytes_read += len(data)
+            self.requests += 1
+        return data
+
+
+class _PinnedFile(io.RawIOBase):
+    """A seekable read-only file over one pinned object, for pyarrow's Parquet reader (footer, row groups)."""
+
+    def __init__(self, objects: PinnedObjects, index: int):
+        self.objects, self.index = objects, index
+        self.size = objects.manifest.objects[index].size
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, buf: Any) -> int:
+        data = self.objects.read(self.index, self.pos, self.pos + len(buf))
+        buf[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def readall(self) -> bytes:
+        data = self.objects.read(self.index, self.pos, self.size)
+        self.pos += len(data)
+        return data
+
+
+def _check_text(where: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise DataFormatError(f"{where}: the text is {type(value).__name__}, not a string")
+    return value if value.strip() else None
+
+
+def jsonl_documents(data: bytes, text_field: str, where: str) -> list[str]:
+    """The documents of the JSONL lines a chunk owns; blank lines are skipped, anything else unreadable fails."""
+    docs = []
+    offset = 0
+    for line in data.split(b"\n"):
+        here = f"{where} at byte +{offset}"
+        offset += len(line) + 1
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DataFormatError(f"{here}: not a JSON line ({exc})") from None
+        if not isinstance(obj, dict) or text_field not in obj:
+            raise DataFormatError(f"{here}: no {text_field!r} field (set dataset.text_field to the field that "
+                                  "holds the text)")
+        if (text := _check_text(here, obj[text_field])) is not None:
+            docs.append(text)
+    return docs
+
+
+def text_documents(data: bytes, where: str) -> list[str]:
+    """Each non-blank line of a text chunk is one document (as Hugging Face's `text` loader reads files)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(f"{where}: not UTF-8 text ({exc.reason} at byte +{exc.start})") from None
+    return [line for line in text.split("\n") if line.strip()]
+
+
+class ParquetLayout:
+    """Row-group byte ranges of one Parquet object, from its footer (read once per object and process)."""
+
+    def __init__(self, objects: PinnedObjects, index: int, column: str):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        key = objects.manifest.objects[index].key
+        try:
+            self.file = pq.ParquetFile(_PinnedFile(objects, index))
+        except (OSError, pa.ArrowException) as exc:
+            if isinstance(exc, DatasetChangedError):
+                raise
+            raise DataFormatError(f"s3://{objects.manifest.bucket}/{key}: not a readable Parquet file ({exc})") from None
+        schema = self.file.schema_arrow
+        if column not in schema.names:
+            raise DataFormatError(f"s3://{objects.manifest.bucket}/{key}: no {column!r} column (columns: "
+                                  f"{', '.join(schema.names)}); set dataset.text_field to the text column")
+        if not (pa.types.is_string(schema.field(column).type) or pa.types.is_large_string(schema.field(column).type)):
+            raise DataFormatError(f"s3://{objects.manifest.bucket}/{key}: column {column!r} is "
+                                  f"{schema.field(column).type}, not a string column")
+        meta = self.file.metadata
+        self.groups: list[tuple[int, int]] = []
+        for i in range(meta.num_row_groups):
+            rg = meta.row_group(i)
+            starts = []
+            for j in range(rg.num_columns):
+                col = rg.column(j)
+                starts.append(col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset)
+            self.groups.append((min(starts), rg.total_compressed_size or rg.total_byte_size))
+        self.column = column
+
+    def documents(self, chunk: Chunk, where: str) -> list[str]:
+        docs = []
+        for g in owned_row_groups(self.groups, chunk.start, chunk.end):
+            values = self.file.read_row_group(g, columns=[self.column]).column(0).to_pylist()
+            for r, value in enumerate(values):
+                if (text := _check_text(f"{where} row group {g} row {r}", value)) is not None:
+                    docs.append(text)
+        return docs
+
+
+class InPlaceReader:
+    """Fixed-length samples of a pinned prefix by sample id (`chunk_order.sample_id`), read in place."""
+
+    def __init__(self, manifest: PrefixManifest, store: Any, *, sample_len: int, tokenizer_spec: TokenizerSpec,
+                 cache: CacheConfig | None = None, threads: int = 2):
+        self.manifest, self.sample_len, self.tok = manifest, sample_len, tokenizer_spec
+        self.chunks = manifest.chunks()
+        self.objects = PinnedObjects(manifest, store)
+        cache = cache or CacheConfig.from_env()
+        tok_key = tokenizer_spec.name.replace(":", "-")
+        key = f"inplace/{manifest.version_id}/{tok_key}/L{sample_len}"
+        self.tier = CacheTier(Path(cache.local_dir), cache.local_max_bytes)
+        self.key = key
+        self.counts_dir = Path(cache.local_dir).parent / "inplace-counts" / key  # tiny, never evicted
+        self.counts_dir.mkdir(parents=True, exist_ok=True)
+        self.stats = CacheStats()
+        self._encode: Callable[[str], np.ndarray] | None = None
+        self._dtype = tokenizer_spec.dtype
+        self._layouts: dict[int, ParquetLayout] = {}
+        self._windows: dict[int, np.ndarray] = {}
+        self._counts: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="inplace-chunk")
+        self._inflight: dict[int, Future[np.ndarray]] = {}
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunks)
+
+    # ---- one chunk ---------------------------------------------------------------------------------
+
+    def _where(self, chunk: Chunk) -> str:
+        return f"s3://{self.manifest.bucket}/{self.manifest.objects[chunk.obj].key} [{chunk.start}, {chunk.end})"
+
+    def documents(self, c: int) -> list[str]:
+        chunk = self.chunks[c]
+        where = self._where(chunk)
+        fmt = self.manifest.format
+        if fmt == "parquet":
+            with self._lock:
+                layout = self._layouts.get(chunk.obj)
+            if layout is None:
+                layout = ParquetLayout(self.objects, chunk.obj, self.manifest.text_field)
+                with self._lock:
+                    self._layouts[chunk.obj] = layout
+            return layout.documents(chunk, where)
+        size = self.manifest.objects[chunk.obj].size
+        data = owned_lines(lambda a, b: self.objects.read(chunk.obj, a, b), chunk.start, chunk.end, size)
+        if fmt == "jsonl":
+            return jsonl_documents(data, self.manifest.text_field, where)
+        return text_documents(data, where)
+
+    def _tokenize(self, c: int) -> np.ndarray:
+        if self._encode is None:
+            self._encode = self.tok.load()
+        docs = [self._encode(d) for d in self.documents(c)]
+        stream = np.concatenate(docs).astype(self._dtype, copy=False) if docs else np.zeros(0, self._dtype)
+        n = len(stream) // self.sample_len
+        if n >= 1 << WINDOW_BITS:
+            raise DataFormatError(f"{self._where(self.chunks[c])} packs into {n} samples, more than a chunk may hold")
+        return stream[: n * self.sample_len].reshape(n, self.sample_len)
+
+    def _load(self, c: int) -> np.ndarray:
+        name = f"{self.key}/{c}.npy"
+        if (p := self.tier.lookup(name)) is not None:
+            try:
+                windows = np.load(p, mmap_mode="r")
+                self.stats.add(local_hits=1)
+                return windows
+            except (FileNotFoundError, ValueError):  # evicted or half-visible: read it again
+                pass
+        before = self.objects.bytes_read
+        windows = self._tokenize(c)
+        fd, tmp = self.tier.temp_file(name)
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, windows)
+        self.tier.publish(tmp, name, windows.nbytes)
+        self._write_count(c, len(windows))
+        self.stats.add(store_fetches=1, bytes_from_store=self.objects.bytes_read - before)
+        return windows
+
+    def _write_count(self, c: int, n: int) -> None:
+        path = self.counts_dir / str(c)
+        if not path.exists():
+            tmp = path.with_name(f".{c}.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(str(n))
+            os.replace(tmp, path)
+        with self._lock:
+            self._counts[c] = n
+
+    def chunk_windows(self, c: int) -> np.ndarray:
+        """The chunk's samples, (windows, sample_len), read and tokenized if not cached (waits for a prefetch)."""
+        with self._lock:
+            hit = self._windows.get(c)
+            fut = self._inflight.get(c)
+            if hit is None and fut is None:
+                fut = self._pool.submit(self._load, c)
+                self._inflight[c] = fut
+        if hit is not None:
+            return hit
+        assert fut is not None
+        try:
+            windows = fut.result()
+        finally:
+            with self._lock:
+                if self._inflight.get(c) is fut:
+                    del self._inflight[c]
+        with self._lock:
+            self._windows[c] = windows
+            while len(self._windows) > 32:  # mapped files: a bound on what this process keeps open
+                self._windows.pop(next(iter(self._windows)))
+        return windows
+
+    def windows(self, c: int) -> int:
+        """How many samples chunk `c` packs into (its count file, else read and tokenize it)."""
+        with self._lock:
+            if (n := self._counts.get(c)) is not None:
+                return n
+        try:
+            n = int((self.counts_dir / str(c)).read_text())
+        except (FileNotFoundError, ValueError):
+            n = len(self.chunk_windows(c))
+        with self._lock:
+            self._counts[c] = n
+        return n
+
+    # ---- the reader interface (as shards.ShardReader) ----------------------------------------------
+
+    def get(self, ids: Sequence[int]) -> np.ndarray:
+        out = np.empty((len(ids), self.sample_len), dtype=np.int64)
+        for row, sid in enumerate(ids):
+            c, w = split_sample_id(int(sid))
+            out[row] = self.chunk_windows(c)[w]
+        return out
+
+    def prefetch(self, ids: Sequence[int]) -> None:
+        """Read and tokenize, in the background, the chunks of the given upcoming samples."""
+        self._submit(sorted({split_sample_id(int(sid))[0] for sid in ids}))
+
+    def warm_counts(self, chunks: Sequence[int]) -> None:
+        """Start reading, in parallel, the chunks among these whose sample counts are not known yet (ChunkOrder
+        calls it with a group's chunks before it counts them)."""
+        with self._lock:
+            unknown = [c for c in chunks if c not in self._counts]
+        self._submit([c for c in unknown if not (self.counts_dir / str(c)).exists()])
+
+    def _submit(self, chunks: Sequence[int]) -> None:
+        with self._lock:
+            for c in chunks:
+                if c not in self._windows and c not in self._inflight:
+                    self._inflight[c] = self._pool.submit(self._load, c)
+
+    def verify(self) -> list[str]:
+        return []  # every read is pinned (version id or If-Match): a changed object fails the read itself
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._windows.clear()
+
+
+def open_data_store(manifest: PrefixManifest) -> Any:
+    """An S3 handle on the manifest's bucket with this process's credentials (a worker: the job's own identity)."""
+    from trainforge.infra.storage.s3 import S3ObjectStore
+
+    return S3ObjectStore.from_url(f"s3://{manifest.bucket}")
