@@ -17,8 +17,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-READ_AHEAD = 64 << 10
-"""Bytes fetched per extra read while finishing a chunk's last line."""
+READ_AHEAD = 16 << 10
+"""Bytes read past a chunk's end with its own read, to finish its last line without a second request."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -48,38 +48,40 @@ Read = Callable[[int, int], bytes]
 
 
 def owned_lines(read: Read, start: int, end: int, size: int, *, read_ahead: int = READ_AHEAD) -> bytes:
-    """The bytes of the lines that start in [start, end) of an object of `size` bytes (the last one with its
-    newline, if it has one). Reads [start - 1, end) and then `read_ahead` bytes at a time until the last line ends."""
+    return owned_span(read, start, end, size, read_ahead=read_ahead)[1]
+
+
+def owned_span(read: Read, start: int, end: int, size: int, *,
+               read_ahead: int = READ_AHEAD) -> tuple[int, bytes]:
+    """(offset in the object, bytes) of the lines of the lines that start in [start, end) of an object of `size` bytes (the last one with its
+    newline, if it has one). One read of [start - 1, end + read_ahead) finds them when lines are shorter than
+    `read_ahead`; a longer last line is finished with reads that double in size."""
     if not 0 <= start <= end <= size:
         raise ValueError(f"range [{start}, {end}) is not inside an object of {size} bytes")
     if start == end:
-        return b""
+        return start, b""
     lo = start - 1 if start else 0
-    buf = read(lo, end)
+    hi = min(size, end + read_ahead)
+    buf = bytearray(read(lo, hi))
+    head = 0
     if start:
-        # A line starts at `start` only if the byte before it ends a line; otherwise the chunk before owns it.
-        nl = buf.find(b"\n")
+        # A line starts at p in [start, end) only after a newline at p - 1 in [start - 1, end - 1).
+        nl = buf.find(b"\n", 0, end - 1 - lo)
         if nl < 0:
-            return b""  # no line starts inside this range
+            return end, b""  # inside one line that started before: the chunk that holds its start owns it
         head = nl + 1
-    else:
-        head = 0
-    if head >= end - lo:  # the first line that starts after `start` starts at `end`: the next chunk's
-        return b""
-    pos = end
-    tail = bytearray()
-    if not buf.endswith(b"\n") and pos < size:
-        while pos < size:
-            more = read(pos, min(size, pos + read_ahead))
-            if not more:
-                break
-            nl = more.find(b"\n")
-            if nl >= 0:
-                tail += more[: nl + 1]
-                break
-            tail += more
-            pos += len(more)
-    return bytes(buf[head:]) + bytes(tail)
+    # The last owned line is the one holding byte end - 1: it ends at the first newline at or after it.
+    search, step = end - 1 - lo, max(1, read_ahead)
+    while (nl := buf.find(b"\n", search)) < 0 and hi < size:
+        search = len(buf)
+        step *= 2
+        more = read(hi, min(size, hi + step))
+        if not more:
+            break
+        buf += more
+        hi += len(more)
+    stop = nl + 1 if nl >= 0 else len(buf)
+    return lo + head, bytes(buf[head:stop])
 
 
 def owned_row_groups(row_groups: Sequence[tuple[int, int]], start: int, end: int) -> list[int]:

@@ -28,7 +28,7 @@ import numpy as np
 
 from trainforge.datasets import tokenizer
 from trainforge.datasets.chunk_order import WINDOW_BITS, split_sample_id
-from trainforge.datasets.chunks import Chunk, owned_lines, owned_row_groups
+from trainforge.datasets.chunks import READ_AHEAD, Chunk, owned_row_groups, owned_span
 from trainforge.datasets.prefix_manifest import PrefixManifest, SourceObject
 from trainforge.datasets.stream import CacheConfig, CacheStats, CacheTier
 from trainforge.infra.storage import ObjectChangedError
@@ -138,12 +138,13 @@ def _check_text(where: str, value: Any) -> str | None:
     return value if value.strip() else None
 
 
-def jsonl_documents(data: bytes, text_field: str, where: str) -> list[str]:
-    """The documents of the JSONL lines a chunk owns; blank lines are skipped, anything else unreadable fails."""
+def jsonl_documents(data: bytes, text_field: str, where: str, base: int = 0) -> list[str]:
+    """The documents of the JSONL lines a chunk owns (starting at byte `base` of the object); blank lines are
+    skipped, anything else unreadable fails naming the object and the line's byte offset."""
     docs = []
-    offset = 0
+    offset = base
     for line in data.split(b"\n"):
-        here = f"{where} at byte +{offset}"
+        here = f"{where} (the line at byte {offset})"
         offset += len(line) + 1
         if not line.strip():
             continue
@@ -159,12 +160,12 @@ def jsonl_documents(data: bytes, text_field: str, where: str) -> list[str]:
     return docs
 
 
-def text_documents(data: bytes, where: str) -> list[str]:
+def text_documents(data: bytes, where: str, base: int = 0) -> list[str]:
     """Each non-blank line of a text chunk is one document (as Hugging Face's `text` loader reads files)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataFormatError(f"{where}: not UTF-8 text ({exc.reason} at byte +{exc.start})") from None
+        raise DataFormatError(f"{where}: not UTF-8 text ({exc.reason} at byte {base + exc.start})") from None
     return [line for line in text.split("\n") if line.strip()]
 
 
@@ -178,9 +179,9 @@ class ParquetLayout:
         key = objects.manifest.objects[index].key
         try:
             self.file = pq.ParquetFile(_PinnedFile(objects, index))
+        except DatasetChangedError:
+            raise
         except (OSError, pa.ArrowException) as exc:
-            if isinstance(exc, DatasetChangedError):
-                raise
             raise DataFormatError(f"s3://{objects.manifest.bucket}/{key}: not a readable Parquet file ({exc})") from None
         schema = self.file.schema_arrow
         if column not in schema.names:
@@ -193,11 +194,9 @@ class ParquetLayout:
         self.groups: list[tuple[int, int]] = []
         for i in range(meta.num_row_groups):
             rg = meta.row_group(i)
-            starts = []
-            for j in range(rg.num_columns):
-                col = rg.column(j)
-                starts.append(col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset)
-            self.groups.append((min(starts), rg.total_compressed_size or rg.total_byte_size))
+            cols = [rg.column(j) for j in range(rg.num_columns)]
+            starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in cols]
+            self.groups.append((min(starts), sum(c.total_compressed_size for c in cols)))
         self.column = column
 
     def documents(self, chunk: Chunk, where: str) -> list[str]:
@@ -257,10 +256,14 @@ class InPlaceReader:
                     self._layouts[chunk.obj] = layout
             return layout.documents(chunk, where)
         size = self.manifest.objects[chunk.obj].size
-        data = owned_lines(lambda a, b: self.objects.read(chunk.obj, a, b), chunk.start, chunk.end, size)
+        # Read past the end by an eighth of the chunk (at most READ_AHEAD) to finish its last line in one request.
+        ahead = min(READ_AHEAD, max(256, (chunk.end - chunk.start) // 8))
+        base, data = owned_span(lambda a, b: self.objects.read(chunk.obj, a, b), chunk.start, chunk.end, size,
+                                read_ahead=ahead)
+        where = f"s3://{self.manifest.bucket}/{self.manifest.objects[chunk.obj].key}"
         if fmt == "jsonl":
-            return jsonl_documents(data, self.manifest.text_field, where)
-        return text_documents(data, where)
+            return jsonl_documents(data, self.manifest.text_field, where, base)
+        return text_documents(data, where, base)
 
     def _tokenize(self, c: int) -> np.ndarray:
         if self._encode is None:

@@ -77,3 +77,20 @@ def open_training_data(path: str | Path, ref: str, *, eval_fraction: float, seed
         return TrainingData(ds, order, reader, seq_len + 1)
     order = SampleOrder(m.num_samples, eval_fraction, ds.version, seed, skip=frozenset(skip))
     return TrainingData(ds, order, open_reader(ds.path, m), m.sample_len)
+
+
+def eval_samples(dataset: Any, seed: int, seq_len: int, count: int) -> Any:
+    """The first `count` held-out samples of a job's pinned version (`dataset`: the SegmentConfig's dataset), as
+    an int64 array (n, seq_len + 1). The flow reads them with its own access and hands the offline evaluation a
+    file: that process runs the user's model code, so it gets no object-store credentials."""
+    import numpy as np
+
+    data = open_training_data(dataset.path, dataset.ref, eval_fraction=dataset.eval_fraction, seed=seed,
+                              seq_len=seq_len, tokenizer_name=dataset.tokenizer,
+                              expect_version=dataset.require_pinned())
+    try:
+        idx = data.order.eval_indices(count)
+        rows = data.reader.get(idx) if idx else np.zeros((0, seq_len + 1), np.int64)
+        return np.ascontiguousarray(rows[:, : seq_len + 1], dtype=np.int64)
+    finally:
+        data.close()

@@ -80,14 +80,29 @@ def _single_thread_env() -> dict[str, str]:
     return {**without_platform_credentials(os.environ), "OMP_NUM_THREADS": "1"}
 
 
+def _write_eval_samples(config_path: Path, batches: int, out: Path) -> None:
+    """The held-out samples, read here (this process may read the data; the offline one runs user code and may
+    not: an in-place prefix or a remote catalog needs credentials it does not get)."""
+    import numpy as np
+
+    from trainforge.datasets.training_data import eval_samples
+
+    cfg = SegmentConfig.load(str(config_path))
+    rows = eval_samples(cfg.dataset, cfg.training.seed, cfg.training.seq_len, batches * cfg.layout.micro_batch_size)
+    np.save(out, rows)
+
+
 def evaluate(config_path: Path, config: JobLocation, step: int, batches: int,
              timeout_s: float = 600) -> dict[str, float]:
     store = job_store(config)
     ref = committed_ref(store, job_location(config)[1], step)
     with tempfile.TemporaryDirectory(prefix="tf-eval-") as scratch:
         folder = _materialize(store, ref, Path(scratch), config, "evaluate")
+        samples = Path(scratch) / "eval-samples.npy"
+        _write_eval_samples(config_path, batches, samples)
         result = run_offline(job_location(config), ["evaluate", "--config", str(config_path), "--checkpoint",
-                                                     str(folder), "--batches", str(batches)],
+                                                     str(folder), "--batches", str(batches), "--samples",
+                                                     str(samples)],
                              timeout_s, _single_thread_env())
     # Results live beside the immutable manifest, so retention and promotion can rank checkpoints.
     store.put_bytes(f"{ref.prefix}/{EVAL_FILE}", json.dumps(result).encode())

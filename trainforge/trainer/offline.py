@@ -15,12 +15,13 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from trainforge.contract.config import SegmentConfig
-from trainforge.datasets.training_data import open_training_data
+from trainforge.datasets.training_data import eval_samples
 from trainforge.trainer.checkpoint import load_model_weights
 from trainforge.trainer.loop import build_model
 from trainforge.trainer.mlflow_model import write_mlmodel
@@ -36,19 +37,21 @@ def _model(cfg: SegmentConfig, checkpoint: Path) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def evaluate(cfg: SegmentConfig, checkpoint: Path, batches: int) -> dict[str, float]:
+def evaluate(cfg: SegmentConfig, checkpoint: Path, batches: int, samples: Path | None = None) -> dict[str, float]:
+    """Held-out loss of a checkpoint: on `samples` (a .npy the flow wrote, `training_data.eval_samples`), else read
+    here from the pinned version (local use, e.g. `trainforge evaluate` with the data on disk)."""
     model = _model(cfg, checkpoint)
-    data = open_training_data(cfg.dataset.path, cfg.dataset.ref, eval_fraction=cfg.dataset.eval_fraction,
-                              seed=cfg.training.seed, seq_len=cfg.training.seq_len, tokenizer_name=cfg.dataset.tokenizer)
-    reader, order = data.reader, data.order
     micro = cfg.layout.micro_batch_size
-    idx = order.eval_indices(batches * micro)
-    if not idx:
-        raise SystemExit("the dataset has no held-out samples: raise dataset.eval_fraction")
     seq = cfg.training.seq_len
+    if samples is not None:
+        rows = np.load(samples)
+    else:
+        rows = eval_samples(cfg.dataset, cfg.training.seed, seq, batches * micro)
+    if not len(rows):
+        raise SystemExit("the dataset has no held-out samples: raise dataset.eval_fraction")
     total, count = 0.0, 0
-    for i in range(0, len(idx), micro):
-        tokens = torch.from_numpy(reader.get(idx[i : i + micro]))[:, : seq + 1]
+    for i in range(0, len(rows), micro):
+        tokens = torch.from_numpy(np.ascontiguousarray(rows[i : i + micro]))[:, : seq + 1]
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="sum")
         total += float(loss)
@@ -81,11 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--out")
+    p.add_argument("--samples", help="evaluate: a .npy of held-out samples (int64, n x seq_len+1)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     cfg = SegmentConfig.load(args.config)
     if args.command == "evaluate":
-        result = evaluate(cfg, Path(args.checkpoint), args.batches)
+        result = evaluate(cfg, Path(args.checkpoint), args.batches, Path(args.samples) if args.samples else None)
     else:
         result = export(cfg, Path(args.checkpoint), Path(args.out))
     sys.stdout.write(json.dumps(result) + "\n")

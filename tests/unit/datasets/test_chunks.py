@@ -32,6 +32,15 @@ def _reader(data: bytes, log: list | None = None):
     return read
 
 
+def test_short_lines_take_one_read():
+    data = b"".join(b"line %d\n" % i for i in range(100))
+    log: list = []
+    for c in plan_chunks([len(data)], 100):
+        log.clear()
+        owned_lines(_reader(data, log), c.start, c.end, len(data), read_ahead=32)
+        assert len(log) == 1
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_owned_lines_partition_the_lines(seed):
     rng = random.Random(seed)
@@ -47,7 +56,7 @@ def test_a_long_line_belongs_to_the_chunk_it_starts_in():
     data = b"a\n" + b"b" * 100 + b"\nc\n"
     log: list = []
     assert owned_lines(_reader(data, log), 0, 10, len(data), read_ahead=16) == b"a\n" + b"b" * 100 + b"\n"
-    assert log[0] == (0, 10) and len(log) > 2  # read past the end, in read_ahead steps, to the newline
+    assert log == [(0, 26), (26, 58), (58, 105)]  # read_ahead past the end, then doubling reads to the newline
     assert owned_lines(_reader(data), 10, 50, len(data)) == b""  # starts inside the long line: owns nothing
     assert owned_lines(_reader(data), 50, len(data), len(data)) == b"c\n"
     assert owned_lines(_reader(data), 2, 3, len(data)) == b"b" * 100 + b"\n"  # byte 1 is '\n': a line starts at 2

@@ -1,0 +1,260 @@
+"""Datasets where they live: an s3:// prefix on a real S3 server (SeaweedFS), pinned and read in place."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from trainforge.datasets import tokenizer
+from trainforge.datasets.catalog import CatalogError, EmbeddedCatalog
+from trainforge.datasets.chunk_order import split_sample_id
+from trainforge.datasets.inplace import DatasetChangedError, jsonl_documents
+from trainforge.datasets.pin_prefix import pin_prefix
+from trainforge.datasets.training_data import open_training_data
+from trainforge.spec import DatasetSpec
+
+WORDS = ["the", "of", "and", "to", "in", "model", "data", "train", "token", "chunk", "object", "bucket", "prefix", "gradient", "step", "loss"]
+
+
+def documents(seed: int, n: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 120))) for _ in range(n)]
+
+
+def put_jsonl(client, bucket: str, prefix: str, objects: int, docs: int = 40) -> dict[str, list[str]]:
+    out = {}
+    for i in range(objects):
+        texts = documents(i, docs)
+        body = "".join(json.dumps({"text": t, "id": f"{i}-{j}"}) + "\n" for j, t in enumerate(texts))
+        key = f"{prefix}/part-{i:03d}.jsonl"
+        client.put_object(Bucket=bucket, Key=key, Body=body.encode())
+        out[key] = texts
+    client.put_object(Bucket=bucket, Key=f"{prefix}/_SUCCESS", Body=b"")
+    return out
+
+
+def put_parquet(client, bucket: str, prefix: str, objects: int, docs: int = 60) -> dict[str, list[str]]:
+    out = {}
+    for i in range(objects):
+        texts = documents(100 + i, docs)
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"id": list(range(docs)), "body": texts}), buf, row_group_size=7)
+        key = f"{prefix}/part-{i:03d}.parquet"
+        client.put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
+        out[key] = texts
+    return out
+
+
+def spec(ref: str, fmt: str = "jsonl", **kw) -> DatasetSpec:
+    return DatasetSpec(ref=ref, format=fmt, license="CC-BY-4.0", chunk_mb=kw.pop("chunk_mb", 4 / 1024), **kw)
+
+
+@pytest.fixture
+def bucket(s3_server, s3_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TRAINFORGE_DATA_CACHE", str(tmp_path / "cache" / "shards"))
+    name = s3_server.make_bucket()
+    yield name
+    s3_server.delete_bucket(name)
+
+
+def _packed(texts: list[str], sample_len: int) -> list[np.ndarray]:
+    return list(tokenizer.pack([tokenizer.encode(t) for t in texts], sample_len))
+
+
+def test_jsonl_prefix_pins_objects_not_bytes_and_reads_every_document(s3_server, bucket, tmp_path):
+    client = s3_server.client()
+    put = put_jsonl(client, bucket, "corpus/en", objects=5)
+    ds = pin_prefix(f"s3://{bucket}/corpus/en", spec(f"s3://{bucket}/corpus/en"))
+    m = ds.manifest
+    assert ds.in_place and [o.key for o in m.objects] == sorted(put)  # _SUCCESS is not data
+    assert all(o.etag and o.version_id is None for o in m.objects) and not m.versioned
+    files = sorted(p.name for p in ds.path.iterdir())
+    assert files == ["manifest.json", "source.json"]  # the catalog holds the manifest, not the bytes
+    assert pin_prefix(f"s3://{bucket}/corpus/en", spec(f"s3://{bucket}/corpus/en")).version == ds.version
+    assert EmbeddedCatalog().resolve(m.name, "main").version == ds.version
+
+    data = open_training_data(ds.path, ds.ref, eval_fraction=0.0, seed=3, seq_len=31)
+    try:
+        reader = data.reader
+        assert reader.num_chunks > len(m.objects)  # 4 KiB chunks: several per object
+        # Every chunk's samples are its own lines' documents, packed: together, each object's documents once.
+        for key, texts in put.items():
+            obj = [o.key for o in m.objects].index(key)
+            mine = [c for c, ch in enumerate(reader.chunks) if ch.obj == obj]
+            docs = [d for c in mine for d in reader.documents(c)]
+            assert docs == texts
+            for c in mine:
+                want = np.array(_packed(reader.documents(c), 32)).reshape(-1, 32)
+                assert np.array_equal(reader.chunk_windows(c), want)
+        ids = data.order.global_indices(0, 50)
+        rows = reader.get(ids)
+        for sid, row in zip(ids, rows, strict=True):
+            c, w = split_sample_id(sid)
+            assert np.array_equal(row, _packed(reader.documents(c), 32)[w])
+    finally:
+        data.close()
+
+
+def test_nothing_is_read_before_it_is_needed(s3_server, bucket):
+    client = s3_server.client()
+    put_jsonl(client, bucket, "big", objects=12, docs=80)
+    ds = pin_prefix(f"s3://{bucket}/big", spec(f"s3://{bucket}/big", chunk_mb=2 / 1024))
+    data = open_training_data(ds.path, ds.ref, eval_fraction=0.0, seed=1, seq_len=15)
+    try:
+        data.reader.get(data.order.rank_slice(0, 8, 0, 1))
+        read = data.reader.objects.bytes_read
+        # one group of 8 chunks of 2 KiB, with the tails of their last lines: not the 340 KB prefix
+        assert 0 < read <= 8 * (2048 + 2048)
+        assert data.reader.objects.requests <= 8 * 3
+    finally:
+        data.close()
+
+
+def test_parquet_prefix_reads_row_groups_in_place(s3_server, bucket):
+    client = s3_server.client()
+    put = put_parquet(client, bucket, "pq", objects=3)
+    ds = pin_prefix(f"s3://{bucket}/pq", spec(f"s3://{bucket}/pq", "parquet", text_field="body",
+                                                chunk_mb=1 / 1024))
+    data = open_training_data(ds.path, ds.ref, eval_fraction=0.0, seed=3, seq_len=63)
+    try:
+        reader = data.reader
+        for key, texts in put.items():
+            obj = [o.key for o in ds.manifest.objects].index(key)
+            mine = [c for c, ch in enumerate(reader.chunks) if ch.obj == obj]
+            assert len(mine) > 1 and [d for c in mine for d in reader.documents(c)] == texts
+        assert reader.get(data.order.global_indices(0, 5)).shape == (5, 64)
+    finally:
+        data.close()
+    with pytest.raises(CatalogError, match="no objects"):
+        pin_prefix(f"s3://{bucket}/pq", spec(f"s3://{bucket}/pq", "jsonl"))
+
+
+def test_changed_object_in_an_unversioned_bucket_fails_the_read_naming_it(s3_server, bucket):
+    client = s3_server.client()
+    put_jsonl(client, bucket, "c", objects=2)
+    ds = pin_prefix(f"s3://{bucket}/c", spec(f"s3://{bucket}/c"))
+    client.put_object(Bucket=bucket, Key="c/part-001.jsonl", Body=b'{"text": "something else"}\n')
+    data = open_training_data(ds.path, ds.ref, eval_fraction=0.0, seed=3, seq_len=31)
+    try:
+        changed = [c for c, ch in enumerate(data.reader.chunks) if ch.obj == 1]
+        with pytest.raises(DatasetChangedError) as err:
+            data.reader.chunk_windows(changed[0])
+        assert f"s3://{bucket}/c/part-001.jsonl" in str(err.value) and ds.manifest.objects[1].etag in str(err.value)
+        assert ds.version[:12] in str(err.value)
+        data.reader.chunk_windows(0)  # the untouched object still reads
+    finally:
+        data.close()
+
+
+def test_versioned_bucket_reads_the_pinned_version_after_an_overwrite(s3_server, bucket):
+    client = s3_server.client()
+    client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    put = put_jsonl(client, bucket, "v", objects=1)
+    ds = pin_prefix(f"s3://{bucket}/v", spec(f"s3://{bucket}/v"))
+    assert ds.manifest.versioned and ds.manifest.objects[0].version_id
+    client.put_object(Bucket=bucket, Key="v/part-000.jsonl", Body=b'{"text": "overwritten"}\n')
+    data = open_training_data(ds.path, ds.ref, eval_fraction=0.0, seed=3, seq_len=31)
+    try:
+        docs = [d for c in range(data.reader.num_chunks) for d in data.reader.documents(c)]
+        assert docs == put["v/part-000.jsonl"]
+    finally:
+        data.close()
+    assert pin_prefix(f"s3://{bucket}/v", spec(f"s3://{bucket}/v")).version != ds.version  # a new pin sees it
+
+
+def test_bad_records_fail_with_the_object_and_offset():
+    with pytest.raises(ValueError, match=r"obj \(the line at byte 114\): not a JSON line"):
+        jsonl_documents(b'{"text": "a"}\n{oops\n', "text", "obj", 100)
+    with pytest.raises(ValueError, match="no 'body' field"):
+        jsonl_documents(b'{"text": "a"}\n', "body", "obj")
+    assert jsonl_documents(b'\n{"text": "a"}\n\n{"text": "  "}\n', "text", "obj") == ["a"]
+
+
+RECORDER = '''
+import os
+from pathlib import Path
+
+from trainforge.trainer.models.llama import build_model  # noqa: F401  (the job's entrypoint)
+
+
+def record(sample, index):
+    """Write down which sample each rank trained on, in order (a transform that changes nothing)."""
+    with open(Path(os.environ["RECORD_DIR"]) / f"{os.getpid()}.txt", "a") as f:
+        f.write(f"{index}\\n")
+    return sample
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_train_on_a_jsonl_prefix_through_the_flow_and_resume_after_a_kill(prefect_api, s3_server, s3_env, tmp_path,
+                                                                          monkeypatch):
+    """The tiny job trains on objects in a bucket with no copy: the catalog holds the manifest; the job's own
+    identity reads the prefix; a worker killed mid-run resumes and replays exactly the samples the order gives."""
+    from tests.integration.test_train_job import EXAMPLES, small_spec
+    from trainforge.datasets.chunk_order import ChunkOrder
+    from trainforge.flows.train_job import train_job
+    from trainforge.registry.jobs import JobStore
+
+    data_bucket, job_bucket = s3_server.make_bucket(), s3_server.make_bucket()
+    client = s3_server.client()
+    put_jsonl(client, data_bucket, "web/2026", objects=6, docs=60)
+    client.put_object(Bucket=data_bucket, Key="private/secret.jsonl", Body=b'{"text": "not for this job"}\n')
+    monkeypatch.setenv("TRAINFORGE_STORAGE_URL", f"s3://{job_bucket}/platform")
+    monkeypatch.setenv("TRAINFORGE_JOB_CREDENTIALS", f"seaweedfs:{s3_server.config_path}")
+    monkeypatch.setenv("TRAINFORGE_DATA_CACHE", str(tmp_path / "cache" / "shards"))
+    record_dir = tmp_path / "record"
+    record_dir.mkdir()
+    monkeypatch.setenv("RECORD_DIR", str(record_dir))
+    monkeypatch.setenv("TRAINFORGE_FAULT", "kill:rank=1:step=13:durable=1")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "recorder.py").write_text(RECORDER)
+    doc = small_spec(max_steps=16)
+    doc["checkpoint"]["interval_steps"] = 8
+    doc["code"] = {"entrypoint": "recorder:build_model", "repo": str(code)}
+    doc["dataset"] = {"ref": f"s3://{data_bucket}/web/2026", "format": "jsonl", "license": "CC-BY-4.0",
+                      "chunk_mb": 8 / 1024, "eval_fraction": 0.1, "transforms": ["recorder:record"]}
+    job_id = "inplace-" + str(abs(hash(str(tmp_path))) % 10**8)
+    try:
+        result = train_job(doc, "inplace.yaml", str(EXAMPLES), job_id, False)
+        assert result["state"] == "completed", result
+        record = JobStore().get(job_id)
+        assert [s["state"] for s in record.data["segments"]] == ["failed", "completed"]
+        ds = record.data["dataset"]
+        assert ds["ref"] == f"s3://{data_bucket}/web/2026" and ds["tokenizer"] == tokenizer.NAME
+        assert sorted(p.name for p in Path(ds["path"]).iterdir()) == ["manifest.json", "source.json"]
+        manifest = json.loads((Path(ds["path"]) / "manifest.json").read_text())
+        assert [o["key"] for o in manifest["objects"]] == [f"web/2026/part-{i:03d}.jsonl" for i in range(6)]
+
+        # What each rank trained on, segment by segment, is the order's rank slice for each step it ran.
+        from trainforge.datasets.training_data import open_training_data
+
+        data = open_training_data(ds["path"], ds["ref"], eval_fraction=0.1, seed=doc["training"]["seed"],
+                                  seq_len=doc["training"]["seq_len"], tokenizer_name=ds["tokenizer"])
+        order: ChunkOrder = data.order
+        per_rank = doc["training"]["global_batch_size"] // 2
+        resumed_from = next(e for e in record.data.get("segments", [])[1:]).get("start_step")
+        runs = [list(map(int, p.read_text().split())) for p in sorted(record_dir.iterdir())]
+        assert len(runs) == 4  # two ranks, two segments
+        seen_starts = set()
+        for ids in runs:
+            assert len(ids) % per_rank == 0
+            steps = len(ids) // per_rank
+            match = [(start, r) for start in {0, resumed_from or 8} for r in (0, 1)
+                     if ids == [i for s in range(start, start + steps) for i in order.rank_slice(s, 2 * per_rank, r, 2)]]
+            assert match, f"a rank trained on samples the order does not give: {ids[:8]}..."
+            seen_starts.add(match[0])
+        assert {s for s, _ in seen_starts} == {0, resumed_from or 8}
+        data.close()
+    finally:
+        s3_server.delete_bucket(data_bucket)
+        s3_server.delete_bucket(job_bucket)
