@@ -179,6 +179,7 @@ def test_bad_records_fail_with_the_object_and_offset():
 
 
 RECORDER = '''
+import json
 import os
 from pathlib import Path
 
@@ -187,9 +188,37 @@ from trainforge.trainer.models.llama import build_model  # noqa: F401  (the job'
 
 def record(sample, index):
     """Write down which sample each rank trained on, in order (a transform that changes nothing)."""
-    with open(Path(os.environ["RECORD_DIR"]) / f"{os.getpid()}.txt", "a") as f:
+    out = Path(os.environ["RECORD_DIR"])
+    probes = out.parent / "probes"
+    if not (probes / f"{os.getpid()}.json").exists():
+        probes.mkdir(exist_ok=True)
+        (probes / f"{os.getpid()}.json").write_text(json.dumps(probe()))
+    with open(out / f"{os.getpid()}.txt", "a") as f:
         f.write(f"{index}\\n")
     return sample
+
+
+def probe():
+    """What this job's own identity may do, tried from its model code."""
+    from botocore.exceptions import ClientError
+
+    from trainforge.infra.storage.s3 import S3ObjectStore
+
+    bucket = os.environ["DATA_BUCKET"]
+    client = S3ObjectStore.from_url(f"s3://{bucket}")._client
+    seen = {"key": os.environ.get("AWS_ACCESS_KEY_ID", "")}
+    for name, call in (
+            ("own_prefix", lambda: client.get_object(Bucket=bucket, Key="web/2026/part-000.jsonl")["Body"].read()),
+            ("outside", lambda: client.get_object(Bucket=bucket, Key="private/secret.jsonl")["Body"].read()),
+            ("list_outside", lambda: client.list_objects_v2(Bucket=bucket, Prefix="private/")),
+            ("write_prefix", lambda: client.put_object(Bucket=bucket, Key="web/2026/x.jsonl", Body=b"{}")),
+            ("buckets", lambda: [b["Name"] for b in client.list_buckets()["Buckets"]])):
+        try:
+            got = call()
+            seen[name] = got if name == "buckets" else "allowed"
+        except ClientError as e:
+            seen[name] = e.response["Error"]["Code"]
+    return seen
 '''
 
 
@@ -214,6 +243,7 @@ def test_train_on_a_jsonl_prefix_through_the_flow_and_resume_after_a_kill(prefec
     record_dir = tmp_path / "record"
     record_dir.mkdir()
     monkeypatch.setenv("RECORD_DIR", str(record_dir))
+    monkeypatch.setenv("DATA_BUCKET", data_bucket)
     monkeypatch.setenv("TRAINFORGE_FAULT", "kill:rank=1:step=13:durable=1")
     code = tmp_path / "code"
     code.mkdir()
@@ -242,19 +272,32 @@ def test_train_on_a_jsonl_prefix_through_the_flow_and_resume_after_a_kill(prefec
                                   seq_len=doc["training"]["seq_len"], tokenizer_name=ds["tokenizer"])
         order: ChunkOrder = data.order
         per_rank = doc["training"]["global_batch_size"] // 2
-        resumed_from = next(e for e in record.data.get("segments", [])[1:]).get("start_step")
+        from trainforge.events import read_events
+
+        events, _ = read_events(record.events_path)
+        starts = [e for e in events if e["type"] == "segment_start"]
+        resumed_from = starts[1]["resumed_from"]
+        assert [s["resumed_from"] for s in starts] == [None, 8]
         runs = [list(map(int, p.read_text().split())) for p in sorted(record_dir.iterdir())]
         assert len(runs) == 4  # two ranks, two segments
         seen_starts = set()
         for ids in runs:
             assert len(ids) % per_rank == 0
             steps = len(ids) // per_rank
-            match = [(start, r) for start in {0, resumed_from or 8} for r in (0, 1)
+            match = [(start, r) for start in (0, resumed_from) for r in (0, 1)
                      if ids == [i for s in range(start, start + steps) for i in order.rank_slice(s, 2 * per_rank, r, 2)]]
             assert match, f"a rank trained on samples the order does not give: {ids[:8]}..."
             seen_starts.add(match[0])
-        assert {s for s, _ in seen_starts} == {0, resumed_from or 8}
+        assert {s for s, _ in seen_starts} == {0, resumed_from}
         data.close()
+
+        # From the workers' side: the job's own identity reads its prefix and nothing else, writes nothing there,
+        # and sees no bucket names.
+        for p in sorted((tmp_path / "probes").iterdir()):
+            seen = json.loads(p.read_text())
+            assert seen.pop("key").startswith("TFJOB")
+            assert seen == {"own_prefix": "allowed", "outside": "AccessDenied", "list_outside": "AccessDenied",
+                            "write_prefix": "AccessDenied", "buckets": []}, seen
     finally:
         s3_server.delete_bucket(data_bucket)
         s3_server.delete_bucket(job_bucket)
