@@ -291,6 +291,33 @@ def test_train_on_a_jsonl_prefix_through_the_flow_and_resume_after_a_kill(prefec
         assert {s for s, _ in seen_starts} == {0, resumed_from}
         data.close()
 
+        # Lineage: the prefix, the manifest digest and every object's key and ETag; the legal questions by prefix
+        # and by one object key both find the job.
+        from typer.testing import CliRunner
+
+        from trainforge.cli import app
+
+        def trained_on(what: str) -> dict:
+            out = CliRunner().invoke(app, ["lineage", "trained-on", what, "--json"])
+            assert out.exit_code == 0, out.output
+            return json.loads(out.output)
+
+        by_prefix = trained_on(f"s3://{data_bucket}/web/2026")
+        assert [d["version"] for d in by_prefix["datasets"]] == [ds["version"]]
+        assert [j["name"] for j in by_prefix["jobs"]] == [job_id]
+        assert {a["kind"] for a in by_prefix["affected"]} == {"checkpoint", "model"}  # its checkpoints, its model
+        assert {a["name"] for a in by_prefix["affected"] if a["kind"] == "checkpoint"} == {job_id}
+        by_key = trained_on(f"s3://{data_bucket}/web/2026/part-004.jsonl")
+        assert [j["name"] for j in by_key["jobs"]] == [job_id]
+        assert trained_on(f"s3://{data_bucket}/private/secret.jsonl")["jobs"] == []
+        from trainforge.registry.lineage import LineageStore, dataset_id
+
+        node = LineageStore().node(dataset_id(ds["name"], ds["version"]))
+        assert node.attrs["provenance"]["source"] == f"s3://{data_bucket}/web/2026"
+        assert node.attrs["provenance"]["objects"] == 6 and node.license == "CC-BY-4.0"
+        etag = next(o["etag"] for o in manifest["objects"] if o["key"] == "web/2026/part-004.jsonl").strip('"')
+        assert [d.id for d in LineageStore().find_datasets(file=etag)] == [node.id]  # recorded with its ETag
+
         # From the workers' side: the job's own identity reads its prefix and nothing else, writes nothing there,
         # and sees no bucket names.
         for p in sorted((tmp_path / "probes").iterdir()):

@@ -132,7 +132,8 @@ def datasets_of(target: str = typer.Argument(..., help="models:/team.name/3, tea
 
 
 @lineage_app.command("trained-on")
-def trained_on(dataset: str = typer.Argument("", help="NAME or NAME@VERSION (a version prefix is fine)."),
+def trained_on(dataset: str = typer.Argument("", help="NAME or NAME@VERSION (a version prefix is fine), or an "
+                                             "s3:// prefix or object key (datasets read in place)."),
                file: str | None = typer.Option(None, help="Any version containing this file, PREFIX/ or glob."),
                as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """Checkpoints and model versions trained on a dataset (by name, version or contained file), directly or
@@ -140,6 +141,10 @@ def trained_on(dataset: str = typer.Argument("", help="NAME or NAME@VERSION (a v
     version is withdrawn."""
     from trainforge.registry.lineage import LineageStore
 
+    if dataset.startswith("s3://"):  # a prefix or one object of datasets read in place: a query by file
+        if file:
+            fail("give an s3:// prefix or object either as the argument or as --file, not both")
+        dataset, file = "", dataset
     name, version = _split(dataset)
     if not name and not file:
         fail("give a dataset (NAME[@VERSION]) or --file PATH")
@@ -155,6 +160,8 @@ def _emit_rows(result: dict[str, Any], as_json: bool) -> None:
         print_json(result)
         return
     _table("datasets", result["datasets"], _DATASET_COLUMNS)
+    if "jobs" in result:
+        _table("jobs", result["jobs"], ("name", "team", "license", "status"))
     _table("affected", result["affected"], _AFFECTED_COLUMNS)
     for line in result.get("tagged", []):
         console.print(f"  tagged {line} (trainforge.dataset_withdrawn)")

@@ -171,6 +171,8 @@ def dataset_files_of(manifest: Mapping[str, Any], path: str = "") -> list[tuple[
     tokenized with (a BPE or pretrained one; its sha256 is the digest in the manifest's tokenizer id) and, where its
     provenance lists them, the source files and folder it was built from (so a query by source file or prefix finds
     it)."""
+    if manifest.get("kind") == _IN_PLACE_KIND:
+        return _in_place_files(manifest)
     out = []
     base = path.rstrip("/")
     for shard in manifest.get("shards", []):
@@ -185,6 +187,31 @@ def dataset_files_of(manifest: Mapping[str, Any], path: str = "") -> list[tuple[
         if isinstance(prov.get(key), list):
             out.extend((str(p), "") for p in prov[key] if isinstance(p, str))
     return sorted(set(out))
+
+
+_IN_PLACE_KIND = "s3-prefix"  # datasets/prefix_manifest.py KIND (not imported: lineage does not import the pipeline)
+
+
+def _in_place_files(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """An s3:// prefix read in place: the prefix itself and every object as `s3://bucket/key`, with its ETag (the
+    object store's identity of its bytes, quotes dropped) where shards have their sha256."""
+    source = str(manifest.get("source", "")).rstrip("/")
+    bucket = source.removeprefix("s3://").partition("/")[0]
+    out = [(source, "")]
+    out += [(f"s3://{bucket}/{o['key']}", str(o.get("etag", "")).strip('"')) for o in manifest.get("objects", [])]
+    return sorted(set(out))
+
+
+def dataset_provenance(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """What a version was made from: a built version's own provenance, or an in-place prefix's description (the
+    prefix, pattern, format, object count, bytes, and whether reads go by version id)."""
+    if manifest.get("kind") != _IN_PLACE_KIND:
+        return dict(manifest.get("provenance") or {})
+    objects = manifest.get("objects", [])
+    return {"source": manifest.get("source", ""), "pattern": manifest.get("pattern", ""),
+            "format": manifest.get("format", ""), "text_field": manifest.get("text_field", ""),
+            "objects": len(objects), "bytes": sum(int(o.get("size", 0)) for o in objects),
+            "pinned_by": "version id" if manifest.get("versioned") else "etag", "read": "in place"}
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -317,7 +344,7 @@ class LineageStore:
         manifest = dataset.get("manifest") or _read_manifest(dataset.get("path", ""))
         ds = self.record_dataset(dataset["name"], dataset["version"], license=dataset.get("license", ""),
                                  ref=dataset.get("ref", ""), path=dataset.get("path", ""),
-                                 provenance=manifest.get("provenance") if manifest else None,
+                                 provenance=dataset_provenance(manifest) if manifest else None,
                                  file_list=dataset_files_of(manifest, dataset.get("path", "")) if manifest else (),
                                  tokenizer=str(manifest.get("tokenizer", "")) if manifest else "")
         node = job_id_node(job_id)
@@ -468,10 +495,13 @@ class LineageStore:
 
     def trained_on_report(self, name: str | None = None, version: str | None = None, file: str | None = None
                           ) -> dict[str, list[dict[str, Any]]]:
-        """`trained_on` as rows: each dataset with its withdrawal (by, at, why); each affected checkpoint and model
+        """`trained_on` as rows: each dataset with its withdrawal (by, at, why); the jobs trained on it (directly or
+        through fine-tuning, whether or not they committed anything); each affected checkpoint and model
         version with `checkpoint` (a model's: the checkpoint it was promoted as), that checkpoint's storage
         `prefix`, and `withdrawn` (the withdrawn dataset versions among those queried it was trained on)."""
-        result = self.trained_on(name, version, file)
+        result = self.trained_on(name, version, file, kinds=("job", "checkpoint", "model"))
+        jobs = [n.to_dict() for n in result["affected"] if n.kind == "job"]
+        result["affected"] = [n for n in result["affected"] if n.kind != "job"]
         datasets: list[dict[str, Any]] = []
         tainted: dict[str, list[str]] = {}
         for d in result["datasets"]:
@@ -491,7 +521,7 @@ class LineageStore:
             rows.append(n.to_dict() | {"checkpoint": ckpt.removeprefix("checkpoint:"),
                                        "prefix": (ckpt_node.attrs.get("prefix", "") if ckpt_node else ""),
                                        "withdrawn": ", ".join(sorted(tainted.get(n.id, [])))})
-        return {"datasets": datasets, "affected": rows}
+        return {"datasets": datasets, "jobs": jobs, "affected": rows}
 
     def history(self, node_id: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
