@@ -226,6 +226,11 @@ class DatasetSpec(_Model):
     license: str | None = None
     """SPDX identifier of the data's license (e.g. `CC-BY-4.0`). Omitted: taken from the dataset's manifest.
     Required for an `s3://` prefix, which has no manifest to take it from."""
+    expectations: str | None = None
+    """The team's own great-expectations suite (a JSON file, relative to the spec's folder): it runs with the
+    built-in expectations before anything is allocated, on each record of an `s3://` prefix's sample (its own
+    fields, plus `_chars` and `_object`) or each sample of a catalog version (`num_tokens`, `max_token`, ...); a
+    failed expectation refuses the version."""
     eval_fraction: Float = Field(default=0.01, ge=0.0, lt=0.5)
     """Fraction of samples held out for evaluation (a deterministic split by sample index)."""
     transforms: tuple[str, ...] = ()
@@ -255,6 +260,8 @@ class DatasetSpec(_Model):
                 d.pop("num_workers", None)
             if d.get("tokenizer") is None:
                 d.pop("tokenizer", None)
+            if d.get("expectations") is None:
+                d.pop("expectations", None)
             if d.get("text_field") == "text":
                 d.pop("text_field", None)
             if d.get("chunk_mb") == 4.0:

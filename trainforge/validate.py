@@ -145,7 +145,27 @@ def _dataset_problems(spec: JobSpec, base_dir: Path, dataset_checker: DatasetChe
     except (OSError, ValueError) as exc:  # e.g. a file:// path the OS refuses (too long, NUL byte)
         found = Problem("dataset.ref", f"cannot be resolved: {exc}", spec.dataset.ref,
                         "give a catalog:// name or a file:// path to a dataset version folder")
-    return spec_tokenizer_problems(spec, base_dir) + ([] if found is None else [found])
+    return (spec_tokenizer_problems(spec, base_dir) + _expectations_problems(spec, base_dir)
+            + ([] if found is None else [found]))
+
+
+def _expectations_problems(spec: JobSpec, base_dir: Path) -> list[Problem]:
+    """`dataset.expectations` names a readable great-expectations suite whose every expectation is known."""
+    if not spec.dataset.expectations:
+        return []
+    from trainforge.datasets.gate import load_suite
+    from trainforge.datasets.quality import SuiteError
+
+    try:
+        load_suite(spec.dataset.expectations, base_dir)
+    except SuiteError as exc:
+        return [Problem("dataset.expectations", str(exc), spec.dataset.expectations,
+                        'write a JSON suite: {"name": "team", "expectations": [{"type": '
+                        '"expect_column_values_to_be_in_set", "kwargs": {"column": "lang", "value_set": ["en"]}}]}')]
+    except ImportError as exc:  # the quality extra is not installed here
+        return [Problem("dataset.expectations", f"cannot be checked: {exc}", spec.dataset.expectations,
+                        "pip install 'trainforge[quality]'")]
+    return []
 
 
 def _init_folder_problems(init_from: str, shape: ModelShape, experts: int, base_dir: Path) -> list[Problem]:

@@ -328,3 +328,94 @@ def test_train_on_a_jsonl_prefix_through_the_flow_and_resume_after_a_kill(prefec
     finally:
         s3_server.delete_bucket(data_bucket)
         s3_server.delete_bucket(job_bucket)
+
+
+def test_the_gate_runs_on_a_bounded_sample_and_a_team_expectation_refuses_the_version(s3_server, bucket, tmp_path):
+    from trainforge.datasets.gate import GateFailed, gate_for_submit, load_suite
+    from trainforge.datasets.quality import SAMPLE_CHUNKS, sample_chunks
+
+    client = s3_server.client()
+    for i in range(4):
+        lines = [json.dumps({"text": t, "lang": "de" if i == 3 and j % 5 == 0 else "en"})
+                 for j, t in enumerate(documents(50 + i, 40))]
+        client.put_object(Bucket=bucket, Key=f"t/part-{i}.jsonl", Body=("\n".join(lines) + "\n").encode())
+    ds = pin_prefix(f"s3://{bucket}/t", spec(f"s3://{bucket}/t"))
+    report = gate_for_submit(ds)
+    assert report["passed"] and report["documents_checked"] == 160 and report["bytes_read"] >= ds.manifest.total_bytes
+    assert EmbeddedCatalog().get_quality(ds.name, ds.version)["passed"]  # stored: a resubmit does not run it again
+
+    suite = tmp_path / "team.json"
+    suite.write_text(json.dumps({"name": "nlp-team", "expectations": [
+        {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "lang", "value_set": ["en"]}},
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "_chars", "min_value": 10}}]}))
+    with pytest.raises(GateFailed, match=r"team:documents: expect_column_values_to_be_in_set\(lang\).*'de'") as err:
+        gate_for_submit(ds, load_suite(str(suite), tmp_path))
+    assert "team.json" in str(err.value)
+    stored = [k for k in EmbeddedCatalog().store.list(f"{ds.name}/quality/")]
+    assert len(stored) == 2  # the built-in report and the team suite's, under the suite's digest
+
+    # a large prefix is sampled: evenly spread chunks, bounded in number and bytes
+    picked = sample_chunks(100_000, 4 << 20)
+    assert len(picked) == 8 and picked[0] == 0 and picked[-1] == 99_999  # 32 MiB of 4 MiB chunks
+    assert len(sample_chunks(100_000, 1 << 10)) == SAMPLE_CHUNKS
+
+
+def test_the_built_in_gate_bites_on_duplicates_and_bad_lines(s3_server, bucket):
+    from trainforge.datasets.gate import GateFailed, gate_for_submit
+
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="dup/a.jsonl", Body=b'{"text": "same words again"}\n' * 50)
+    ds = pin_prefix(f"s3://{bucket}/dup", spec(f"s3://{bucket}/dup"))
+    with pytest.raises(GateFailed, match=r"expect_column_proportion_of_unique_values_to_be_between\(_hash\)"):
+        gate_for_submit(ds)
+    client.put_object(Bucket=bucket, Key="bad/a.jsonl",
+                      Body=b"".join(b'{"text": "doc %d"}\n' % i for i in range(30)) + b"not json\n")
+    ds = pin_prefix(f"s3://{bucket}/bad", spec(f"s3://{bucket}/bad"))
+    with pytest.raises(GateFailed, match=r"expect_column_values_to_be_in_set\(_parsed\)"):
+        gate_for_submit(ds)
+
+
+def test_submit_refuses_before_allocating_and_validate_lists_the_prefix(s3_server, bucket, tmp_path):
+    import yaml
+
+    from tests.integration.test_train_job import EXAMPLES
+    from trainforge.datasets.refs import check_and_resolve
+    from trainforge.tasks.prepare import JobRejected, resolve_dataset, validate_spec
+
+    client = s3_server.client()
+    put_jsonl(client, bucket, "ok", objects=2)
+    suite = tmp_path / "team.json"
+    suite.write_text(json.dumps({"name": "t", "expectations": [
+        {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "id", "regex": "^0-"}}]}))
+    doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    doc["dataset"] = {"ref": f"s3://{bucket}/ok", "format": "jsonl", "license": "MIT", "expectations": str(suite)}
+    spec_ = validate_spec(doc, "x.yaml", tmp_path)
+    with pytest.raises(JobRejected, match=r"dataset.expectations: .*failed its quality gate.*\(id\)"):
+        resolve_dataset(spec_, tmp_path)
+    doc["dataset"].pop("expectations")
+    record = resolve_dataset(validate_spec(doc, "x.yaml", tmp_path), tmp_path)
+    assert record["tokenizer"] == tokenizer.NAME and record["sample_len"] == doc["training"]["seq_len"] + 1
+
+    assert check_and_resolve(f"s3://{bucket}/ok", tmp_path, spec(f"s3://{bucket}/ok")) == (None, None)
+    problem, _ = check_and_resolve(f"s3://{bucket}/nothing", tmp_path, spec(f"s3://{bucket}/nothing"))
+    assert problem is not None and problem.severity == "error" and "holds no objects" in problem.message
+    problem, _ = check_and_resolve(f"s3://{bucket}-missing/x", tmp_path, spec(f"s3://{bucket}-missing/x"))
+    assert problem is not None and "does not exist" in problem.message
+
+
+def test_datasets_check_and_show_an_in_place_version(s3_server, bucket):
+    from typer.testing import CliRunner
+
+    from trainforge.cli import app
+
+    put_jsonl(s3_server.client(), bucket, "cli", objects=2)
+    out = CliRunner().invoke(app, ["datasets", "check", f"s3://{bucket}/cli", "--license", "MIT", "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    assert report["passed"] and report["name"] == f"s3.{bucket}.cli"
+    shown = CliRunner().invoke(app, ["datasets", "show", f"s3.{bucket}.cli", "--json"])
+    assert shown.exit_code == 0, shown.output
+    summary = json.loads(shown.output)
+    assert summary["objects"] == 2 and summary["quality"]["passed"] and summary["pinned_by"] == "etag"
+    missing = CliRunner().invoke(app, ["datasets", "check", f"s3://{bucket}/cli"])
+    assert missing.exit_code == 2 and "--license" in missing.output

@@ -74,6 +74,16 @@ def build_demo_dataset(samples: int = 64, sample_len: int = 129) -> None:
 
     rng = np.random.default_rng(0)
     data = rng.integers(0, 256, size=(samples, sample_len), dtype=np.uint16)
-    EmbeddedCatalog().commit("demo-text", lambda d: [write_shard(d / "shard-00000.arrow", data)],
-                             sample_len=sample_len, token_dtype="uint16", vocab_size=260, tokenizer="bytes",
-                             license="PSF-2.0")
+    catalog = EmbeddedCatalog()
+    ds = catalog.commit("demo-text", lambda d: [write_shard(d / "shard-00000.arrow", data)],
+                        sample_len=sample_len, token_dtype="uint16", vocab_size=260, tokenizer="bytes",
+                        license="PSF-2.0")
+    # A job resolves only a version whose quality report passed. The real gate where great-expectations is
+    # installed; the pure test venvs (make test-pure) have none, and there the report says it is a stand-in.
+    try:
+        from trainforge.datasets.gate import run_and_store
+
+        run_and_store(ds, catalog=catalog)
+    except ImportError:
+        catalog.put_quality(ds.name, ds.version, {"passed": True, "failures": [], "stand_in": "tests/specs/cases.py: "
+                                                  "no great-expectations in this venv"})

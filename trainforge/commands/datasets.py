@@ -1,10 +1,12 @@
-"""`trainforge datasets`: build, list, show and tag dataset versions.
+"""`trainforge datasets`: build, list, show, tag and check dataset versions.
 
     trainforge datasets build SOURCE --out catalog://NAME[@BRANCH] (or file://DIR) --license SPDX [--seq-len N]
                               [--text-field F] [--workers N] [--no-pack] [--skip-bad] [--no-gate] [--json]
     trainforge datasets list [--json]
     trainforge datasets show NAME[@REF] [--json]
     trainforge datasets tag NAME[@REF] TAG [--json]
+    trainforge datasets check NAME[@REF] | s3://BUCKET/PREFIX [--expectations SUITE.json] [--format F]
+                              [--text-field F] [--license SPDX] [--json]
 
 Exit status: 0 ok, 1 bad input rows / failed quality gate / unknown dataset, 2 unreadable source or bad arguments.
 """
@@ -127,6 +129,14 @@ def _gate(ds: Any) -> dict[str, Any]:
 
 def _summary(ds: Any) -> dict[str, Any]:
     m = ds.manifest
+    if ds.in_place:  # a pinned s3:// prefix: objects read in place, tokenized by each job as it trains
+        return {"name": ds.name, "version": ds.version, "ref": ds.ref, "path": str(ds.path), "license": ds.license,
+                "num_samples": "counted while read", "num_shards": 0, "bytes": m.total_bytes,
+                "sample_len": "seq_len + 1 of each job", "token_dtype": "-", "vocab_size": "-",
+                "tokenizer": "each job's", "features": {}, "source": m.source, "pattern": m.pattern,
+                "format": m.format, "text_field": m.text_field, "objects": len(m.objects),
+                "pinned_by": "version id" if m.versioned else "etag", "chunk_bytes": m.chunk_bytes,
+                "provenance": {"source": m.source, "read": "in place"}}
     return {"name": ds.name, "version": ds.version, "ref": ds.ref, "path": str(ds.path), "license": ds.license,
             "num_samples": m.num_samples, "num_shards": len(m.shards), "bytes": sum(s.bytes for s in m.shards),
             "sample_len": m.sample_len, "token_dtype": m.token_dtype, "vocab_size": m.vocab_size,
@@ -174,6 +184,52 @@ def show(ref: str = typer.Argument(..., help="NAME[@REF]: a branch, tag or versi
     q = summary["quality"]
     console.print(f"{'quality':12} " + ("not checked" if q is None else "passed" if q["passed"] else
                                           "FAILED: " + escape("; ".join(q["failures"]))))
+
+
+@datasets_app.command("check")
+def check(ref: str = typer.Argument(..., help="NAME[@REF] in the catalog, or an s3:// prefix (pinned now)."),
+          expectations: Path | None = typer.Option(None, help="A team's great-expectations suite (JSON) to run "
+                                                   "with the built-in expectations."),
+          format: str = typer.Option("jsonl", help="s3:// prefixes: jsonl, text or parquet."),
+          text_field: str = typer.Option("text", help="s3:// prefixes: the JSON field or column with the text."),
+          license: str | None = typer.Option(None, help="s3:// prefixes: the data's SPDX license (required)."),
+          as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
+    """Run the quality gate on a version and store its report with it: a job trains only on a version whose
+    report passed. An s3:// prefix is pinned first (checked on a bounded sample of its records)."""
+    from trainforge.datasets.catalog import CatalogError, EmbeddedCatalog
+    from trainforge.datasets.gate import load_suite, run_and_store
+    from trainforge.datasets.quality import SuiteError
+
+    try:
+        team = load_suite(str(expectations), Path.cwd()) if expectations else None
+        if ref.startswith("s3://"):
+            if not license:
+                fail("an s3:// prefix needs --license (its SPDX id): the data has no manifest to take it from",
+                     EXIT_UNREADABLE)
+            from trainforge.datasets.pin_prefix import pin_prefix
+            from trainforge.spec import DatasetSpec
+
+            ds = pin_prefix(ref, DatasetSpec(ref=ref, format=format, text_field=text_field, license=license))
+        else:
+            name, at = _split(ref)
+            ds = EmbeddedCatalog().resolve(name, at)
+        report = run_and_store(ds, team)
+    except (CatalogError, SuiteError) as exc:
+        fail(str(exc), EXIT_UNREADABLE)
+    except ValueError as exc:  # a bad --format (the spec's own validation)
+        fail(str(exc).splitlines()[0], EXIT_UNREADABLE)
+    if as_json:
+        if not report["passed"]:
+            fail(f"{ds.name}@{ds.version[:12]} failed its quality gate", extra=report)
+        print_json(report)
+        return
+    checked = report.get("documents_checked", report.get("samples_checked"))
+    console.print(f"{escape(ds.name)}@{ds.version[:12]}: quality gate "
+                  + ("[green]passed[/]" if report["passed"] else "[red]FAILED[/]") + f" ({checked} checked)")
+    for f in report["failures"]:
+        err_console.print(f"  [red]✗[/] {escape(f)}")
+    if not report["passed"]:
+        fail(f"{ds.name}@{ds.version[:12]} failed its quality gate; no job may train on it")
 
 
 @datasets_app.command("tag")

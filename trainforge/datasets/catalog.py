@@ -210,12 +210,14 @@ class EmbeddedCatalog:
                                    "immutable: choose another tag name") from None
         return version
 
-    def put_quality(self, name: str, version: str, report: dict[str, Any]) -> None:
-        self.store.put_bytes(f"{name}/quality/{version}.json", json.dumps(report, indent=1, sort_keys=True, default=str).encode())
+    def put_quality(self, name: str, version: str, report: dict[str, Any], suite: str = "") -> None:
+        """Store a version's gate report; `suite`: the digest of the team suite it also ran (its own report)."""
+        self.store.put_bytes(_quality_key(name, version, suite),
+                             json.dumps(report, indent=1, sort_keys=True, default=str).encode())
 
-    def get_quality(self, name: str, version: str) -> dict[str, Any] | None:
+    def get_quality(self, name: str, version: str, suite: str = "") -> dict[str, Any] | None:
         try:
-            return json.loads(self.store.get_bytes(f"{name}/quality/{version}.json"))
+            return json.loads(self.store.get_bytes(_quality_key(name, version, suite)))
         except ObjectNotFoundError:
             return None
 
@@ -275,6 +277,10 @@ class EmbeddedCatalog:
         self._manifest_key(name, version)  # raises CatalogError for a version that is not committed
         write_source_folder(folder, self.store, f"{name}/versions/{version}")
         return load_version_dir(folder, ref)
+
+
+def _quality_key(name: str, version: str, suite: str = "") -> str:
+    return f"{name}/quality/{version}.json" if not suite else f"{name}/quality/{version}.team-{suite[:16]}.json"
 
 
 def publish_version(store: ObjectStore, prefix: str, manifest: DatasetManifest, folder: Path) -> None:

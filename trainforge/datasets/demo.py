@@ -48,11 +48,25 @@ def build_demo_dataset(
             for i in range(0, len(samples), samples_per_shard)
         ]
 
-    return catalog.commit(
+    ds = catalog.commit(
         DEMO_NAME, build, sample_len=seq_len + 1, token_dtype="uint16", vocab_size=tokenizer.VOCAB_SIZE,
         tokenizer=tokenizer.NAME, license="PSF-2.0",
         provenance={"source": "python-stdlib", "files": len(files), "python": sysconfig.get_python_version()},
+        ref=None,
     )
+    return _gated(catalog, ds, "main")
+
+
+def _gated(catalog: EmbeddedCatalog, ds: ResolvedDataset, branch: str) -> ResolvedDataset:
+    """Run the quality gate on a new version and store its report (a job trains only on a version whose report
+    passed: datasets/gate.py), then move the branch to it."""
+    from trainforge.datasets.gate import GateFailed, run_and_store
+
+    report = run_and_store(ds, catalog=catalog)
+    if not report["passed"]:
+        raise GateFailed(ds, report)
+    catalog.set_ref(ds.name, branch, ds.version)
+    return catalog.resolve(ds.name, branch)
 
 
 def ensure_demo_dataset(catalog: EmbeddedCatalog | None = None) -> ResolvedDataset:
@@ -64,9 +78,10 @@ def ensure_demo_dataset(catalog: EmbeddedCatalog | None = None) -> ResolvedDatas
 
 
 def tiny_dataset(catalog: EmbeddedCatalog, name: str, num_samples: int, sample_len: int, seed: int = 0):
-    """A random-token dataset for tests (not for training quality)."""
+    """A random-token dataset for tests (not for training quality), gated like any version a job trains on."""
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, size=(num_samples, sample_len), dtype=np.uint16)
-    return catalog.commit(name, lambda d: [write_shard(d / "shard-00000.arrow", data)], sample_len=sample_len,
-                          token_dtype="uint16", vocab_size=tokenizer.VOCAB_SIZE, tokenizer=tokenizer.NAME,
-                          license="CC0-1.0", provenance={"source": "random", "seed": seed})
+    ds = catalog.commit(name, lambda d: [write_shard(d / "shard-00000.arrow", data)], sample_len=sample_len,
+                        token_dtype="uint16", vocab_size=tokenizer.VOCAB_SIZE, tokenizer=tokenizer.NAME,
+                        license="CC0-1.0", provenance={"source": "random", "seed": seed}, ref=None)
+    return _gated(catalog, ds, "main")

@@ -130,6 +130,11 @@ class _PinnedFile(io.RawIOBase):
         return data
 
 
+def _scalars(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's scalar fields (nested lists and objects left out: expectations are on columns)."""
+    return {k: v for k, v in record.items() if v is None or isinstance(v, str | int | float | bool)}
+
+
 def _check_text(where: str, value: Any) -> str | None:
     if value is None:
         return None
@@ -264,6 +269,34 @@ class InPlaceReader:
         if fmt == "jsonl":
             return jsonl_documents(data, self.manifest.text_field, where, base)
         return text_documents(data, where, base)
+
+    def records(self, c: int) -> list[dict[str, Any]]:
+        """The records chunk `c` owns, for the quality gate: each as its scalar fields (a JSON line's top-level
+        fields, a Parquet row's columns, a text line as `text`), with `_parsed` False for a line that is not a
+        JSON object (the gate counts them instead of failing on the first)."""
+        chunk = self.chunks[c]
+        if self.manifest.format == "parquet":
+            self.documents(c)  # loads the object's layout (footer) once
+            layout = self._layouts[chunk.obj]
+            out = []
+            for g in owned_row_groups(layout.groups, chunk.start, chunk.end):
+                out += [{**row, "_parsed": True} for row in layout.file.read_row_group(g).to_pylist()]
+            return [_scalars(r) for r in out]
+        size = self.manifest.objects[chunk.obj].size
+        ahead = min(READ_AHEAD, max(256, (chunk.end - chunk.start) // 8))
+        _base, data = owned_span(lambda a, b: self.objects.read(chunk.obj, a, b), chunk.start, chunk.end, size,
+                                 read_ahead=ahead)
+        lines = [line for line in data.split(b"\n") if line.strip()]
+        if self.manifest.format == "text":
+            return [{"text": line.decode("utf-8", errors="replace"), "_parsed": True} for line in lines]
+        out = []
+        for line in lines:
+            try:
+                obj = json.loads(line)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                obj = None
+            out.append(_scalars({**obj, "_parsed": True}) if isinstance(obj, dict) else {"_parsed": False})
+        return out
 
     def _tokenize(self, c: int) -> np.ndarray:
         if self._encode is None:

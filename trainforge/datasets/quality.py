@@ -13,8 +13,10 @@ whose report failed refuses it, with the report's failures (see refs.py).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,8 @@ class GateConfig:
     """Smallest allowed mean of non-padding tokens per sample."""
     max_samples: int = 200_000
     """Samples checked (an evenly spaced subset above this)."""
+    max_empty_rate: float = 0.01
+    """Largest allowed share of empty documents (an in-place prefix's records with no text)."""
 
 
 def expected_schema(ds: ResolvedDataset) -> pa.Schema:
@@ -88,24 +92,65 @@ def _suites(ds: ResolvedDataset, cfg: GateConfig) -> dict[str, list[Any]]:
     }
 
 
-def run_gate(ds: ResolvedDataset, reader: ShardReader | None = None, cfg: GateConfig | None = None) -> dict[str, Any]:
-    """Validate a version with great-expectations; returns the JSON-able report ({"passed": bool, ...})."""
+class SuiteError(ValueError):
+    """A team's expectation suite (`dataset.expectations`) that cannot be used."""
+
+
+@dataclass(frozen=True, slots=True)
+class TeamSuite:
+    """A team's own great-expectations suite (JSON: {"name", "expectations": [{"type", "kwargs"}]}), run on the
+    per-record batch with the built-in ones: `documents` for an in-place prefix (each record's own scalar fields
+    plus `_chars`, `_object`), `samples` for tokenized shards."""
+
+    path: str
+    text: str
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def expectations(self) -> list[Any]:
+        gx = require("great_expectations", purpose="the dataset quality gate")
+        try:
+            doc = json.loads(self.text)
+            suite = gx.ExpectationSuite(name=str(doc.get("name") or "team"), expectations=doc.get("expectations", []))
+        except Exception as exc:  # GE raises its own and pydantic's errors for a bad expectation
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SuiteError(f"{self.path} is not a great-expectations suite: {first}") from None
+        if not suite.expectations:
+            raise SuiteError(f"{self.path} holds no expectations")
+        return list(suite.expectations)
+
+
+def load_team_suite(path: Path) -> TeamSuite:
+    """A suite file, refused with a readable reason (SuiteError) when it cannot be read or is not a suite."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        doc = json.loads(text)
+    except FileNotFoundError:
+        raise SuiteError(f"{path}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise SuiteError(f"{path} is not a readable JSON file ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("expectations"), list):
+        raise SuiteError(f"{path} is not an expectation suite: give {{\"name\": ..., \"expectations\": [{{\"type\": "
+                         "\"expect_...\", \"kwargs\": {...}}]}")
+    suite = TeamSuite(str(path), text)
+    suite.expectations()  # every expectation type and its arguments, checked now
+    return suite
+
+
+def _validate(name: str, frames: dict[str, Any], suites: dict[str, list[Any]]) -> list[dict[str, Any]]:
     gx = require("great_expectations", purpose="the dataset quality gate")
-
-    cfg = cfg or GateConfig()
-    if reader is None:
-        from trainforge.datasets.stream import open_reader
-
-        reader = open_reader(ds.path, ds.manifest)
-    frames = dict(zip(("shards", "samples", "metadata"), _frames(ds, reader, cfg), strict=True))
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = {"globally": False}  # type: ignore[assignment]
     source = context.data_sources.add_pandas(name="trainforge")
     checks: list[dict[str, Any]] = []
-    for batch_name, expectations in _suites(ds, cfg).items():
-        batch_def = source.add_dataframe_asset(name=batch_name).add_batch_definition_whole_dataframe("all")
-        batch = batch_def.get_batch(batch_parameters={"dataframe": frames[batch_name]})
-        suite = gx.ExpectationSuite(name=f"{ds.name}-{batch_name}")
+    for batch_name, expectations in suites.items():
+        frame_name = batch_name.removeprefix("team:")
+        asset = source.add_dataframe_asset(name=batch_name.replace(":", "-"))
+        batch = asset.add_batch_definition_whole_dataframe("all").get_batch(
+            batch_parameters={"dataframe": frames[frame_name]})
+        suite = gx.ExpectationSuite(name=f"{name}-{batch_name.replace(':', '-')}")
         for e in expectations:
             suite.add_expectation(e)
         result = batch.validate(suite).to_json_dict()
@@ -115,9 +160,112 @@ def run_gate(ds: ResolvedDataset, reader: ShardReader | None = None, cfg: GateCo
             checks.append({"batch": batch_name, "expectation": cfg_["type"], "column": cfg_["kwargs"].get("column"),
                            "success": bool(r["success"]), "observed": res.get("observed_value"),
                            "unexpected_count": res.get("unexpected_count"),
-                           "examples": res.get("partial_unexpected_list", [])[:5]})
+                           "examples": res.get("partial_unexpected_list", [])[:5],
+                           **({"error": str(r["exception_info"].get("exception_message"))}
+                              if (r.get("exception_info") or {}).get("raised_exception") else {})})
+    return checks
+
+
+def _report(ds: ResolvedDataset, checks: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    gx = require("great_expectations", purpose="the dataset quality gate")
     failed = [c for c in checks if not c["success"]]
     return {"passed": not failed, "name": ds.name, "version": ds.version, "checks": checks,
             "failures": [f"{c['batch']}: {c['expectation']}({c['column']}) observed={c['observed']} "
-                         f"unexpected={c['unexpected_count']} e.g. {c['examples']}" for c in failed],
-            "samples_checked": len(frames["samples"]), "config": asdict(cfg), "great_expectations": gx.__version__}
+                         f"unexpected={c['unexpected_count']} e.g. {c['examples']}"
+                         + (f" error: {c['error']}" if c.get("error") else "") for c in failed],
+            **extra, "great_expectations": gx.__version__}
+
+
+def run_gate(ds: ResolvedDataset, reader: ShardReader | None = None, cfg: GateConfig | None = None,
+             team: TeamSuite | None = None) -> dict[str, Any]:
+    """Validate a version with great-expectations; returns the JSON-able report ({"passed": bool, ...}). An
+    in-place version (an s3:// prefix) is checked on a bounded sample of its records (`run_in_place_gate`)."""
+    if ds.in_place:
+        return run_in_place_gate(ds, reader, cfg, team)
+    cfg = cfg or GateConfig()
+    if reader is None:
+        from trainforge.datasets.stream import open_reader
+
+        reader = open_reader(ds.path, ds.manifest)
+    frames = dict(zip(("shards", "samples", "metadata"), _frames(ds, reader, cfg), strict=True))
+    suites = _suites(ds, cfg)
+    if team is not None:
+        suites["team:samples"] = team.expectations()
+    checks = _validate(ds.name, frames, suites)
+    return _report(ds, checks, samples_checked=len(frames["samples"]), config=asdict(cfg),
+                   **({"team_suite": {"path": team.path, "sha256": team.digest}} if team else {}))
+
+
+# ------------------------------------------------------------------------------------ in-place prefixes
+# A prefix may be 100 TB: the gate reads a sample, never the whole. SAMPLE_BYTES (32 MiB) in at most
+# SAMPLE_CHUNKS (64) chunks spread evenly over the prefix (every part of it is represented, not only its first
+# objects). That is ~8,000 documents of typical web text: enough to estimate an empty or duplicate rate of a few
+# percent to about +-0.5% (binomial standard error), and a few seconds of reading at submit time.
+SAMPLE_BYTES = 32 << 20
+SAMPLE_CHUNKS = 64
+
+
+def sample_chunks(num_chunks: int, chunk_bytes: int, max_bytes: int = SAMPLE_BYTES,
+                  max_chunks: int = SAMPLE_CHUNKS) -> list[int]:
+    """Chunk indices the gate reads: evenly spaced, at most `max_chunks` and about `max_bytes` in all."""
+    k = max(1, min(num_chunks, max_chunks, max_bytes // max(1, chunk_bytes)))
+    if num_chunks == 0:
+        return []
+    return sorted({int(round(i)) for i in np.linspace(0, num_chunks - 1, k)})
+
+
+def _record_frames(ds: ResolvedDataset, reader: Any, chunks: list[int]) -> tuple[Any, Any]:
+    pd = require("pandas", purpose="the dataset quality gate")
+    m = ds.manifest
+    rows = []
+    for c in chunks:
+        key = m.objects[reader.chunks[c].obj].key
+        for rec in reader.records(c):
+            text = rec.get(m.text_field)
+            text = text if isinstance(text, str) else ""
+            rows.append({**rec, "_object": key, "_chars": len(text.strip()),
+                         "_hash": int.from_bytes(hashlib.blake2b(text.encode("utf-8", "replace"),
+                                                                 digest_size=8).digest(), "little", signed=True)})
+    documents = pd.DataFrame(rows) if rows else pd.DataFrame({"_object": [], "_chars": [], "_hash": [],
+                                                              "_parsed": []})
+    meta = pd.DataFrame({"license": [ds.license], "name": [ds.name]})
+    return documents, meta
+
+
+def run_in_place_gate(ds: ResolvedDataset, reader: Any = None, cfg: GateConfig | None = None,
+                      team: TeamSuite | None = None) -> dict[str, Any]:
+    """The gate of a pinned prefix, on a bounded sample of its records (reads pinned, as training does)."""
+    gx = require("great_expectations", purpose="the dataset quality gate")
+    E = gx.expectations
+    cfg = cfg or GateConfig()
+    own = reader is None
+    if own:
+        from trainforge.datasets.inplace import InPlaceReader, TokenizerSpec, open_data_store
+
+        reader = InPlaceReader(ds.manifest, open_data_store(ds.manifest), sample_len=2, tokenizer_spec=TokenizerSpec())
+    try:
+        chunks = sample_chunks(len(reader.chunks), ds.manifest.chunk_bytes)
+        documents, meta = _record_frames(ds, reader, chunks)
+        read = reader.objects.bytes_read
+    finally:
+        if own:
+            reader.close()
+    text = ds.manifest.text_field
+    suites: dict[str, list[Any]] = {
+        "documents": [E.ExpectTableRowCountToBeBetween(min_value=1),
+                      E.ExpectColumnValuesToBeInSet(column="_parsed", value_set=[True]),
+                      E.ExpectColumnValuesToBeBetween(column="_chars", min_value=1, mostly=1 - cfg.max_empty_rate),
+                      E.ExpectColumnProportionOfUniqueValuesToBeBetween(column="_hash",
+                                                                        min_value=1 - cfg.max_duplicate_rate)],
+        "metadata": [E.ExpectColumnValuesToNotBeNull(column="license"),
+                     E.ExpectColumnValuesToNotBeInSet(column="license", value_set=NO_LICENSE)],
+    }
+    if ds.manifest.format != "text":
+        suites["documents"].insert(1, E.ExpectColumnToExist(column=text))
+    if team is not None:
+        suites["team:documents"] = team.expectations()
+    checks = _validate(ds.name, {"documents": documents, "metadata": meta}, suites)
+    return _report(ds, checks, documents_checked=len(documents), chunks_checked=len(chunks),
+                   bytes_read=read, config=asdict(cfg),
+                   sample={"max_bytes": SAMPLE_BYTES, "max_chunks": SAMPLE_CHUNKS},
+                   **({"team_suite": {"path": team.path, "sha256": team.digest}} if team else {}))

@@ -62,10 +62,13 @@ def _resolve(ref: str, base_dir: Path | None) -> ResolvedDataset:
         name, _, version = rest.partition("@")
         catalog = EmbeddedCatalog()
         ds = catalog.resolve(name, version or "main")
+        from trainforge.datasets.gate import GateFailed, missing_report
+
         report = catalog.get_quality(ds.name, ds.version)
-        if report is not None and not report.get("passed", False):
-            failures = "; ".join(report.get("failures", [])) or "see the stored report"
-            raise CatalogError(f"dataset version {ds.version[:12]} of {name!r} failed its quality gate: {failures}")
+        if report is None:  # a version nothing has checked is not trained on (datasets/gate.py)
+            raise missing_report(ds)
+        if not report.get("passed", False):
+            raise GateFailed(ds, report)
         return ds
     if scheme == "lakefs":
         from trainforge.datasets.lakefs_catalog import LakeFSCatalog
@@ -121,7 +124,7 @@ def _resolved(ref: str, base_dir: Path, fix: str) -> tuple[Problem | None, Resol
     except DatasetWithdrawn as exc:
         return Problem("dataset.ref", exc.reason, ref, exc.fix), None
     except CatalogError as exc:
-        return Problem("dataset.ref", str(exc), ref, fix), None
+        return Problem("dataset.ref", str(exc), ref, getattr(exc, "fix", fix)), None
 
 
 def _listed(ref: str, dataset: Any) -> Problem | None:

@@ -51,6 +51,7 @@ def validate_spec(doc: dict[str, Any], source: str, base_dir: Path, cluster: Clu
 
 def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
     ds = resolve_reference(spec.dataset.ref, base_dir, spec.dataset)
+    _quality_gate(spec, base_dir, ds)
     if ds.in_place:
         return _in_place_dataset(spec, base_dir, ds)
     mismatch = tokenizer_problem(spec, ds.manifest.tokenizer, base_dir, f"dataset {ds.name}@{ds.version[:12]}")
@@ -67,6 +68,24 @@ def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
     if spec.dataset.transforms or spec.dataset.num_workers:  # online preprocessing (absent: read in the trainer)
         out.update(transforms=list(spec.dataset.transforms), num_workers=spec.dataset.num_workers)
     return out
+
+
+def _quality_gate(spec: JobSpec, base_dir: Path, ds: Any) -> None:
+    """Before anything is allocated: the version's stored report passed, or (an s3:// prefix, a team suite not
+    run on it yet) the gate runs now and passes (datasets/gate.py). A failure refuses the job, with the failures."""
+    if not (ds.in_place or spec.dataset.expectations) or not ds.ref.startswith(("s3://", "catalog://")):
+        return  # catalog refs were gated while resolving; file:// and lakeFS versions have no report store here
+    from trainforge.datasets.catalog import CatalogError
+    from trainforge.datasets.gate import gate_for_submit, load_suite
+    from trainforge.datasets.quality import SuiteError
+
+    field = "dataset.expectations" if spec.dataset.expectations else "dataset.ref"
+    try:
+        gate_for_submit(ds, load_suite(spec.dataset.expectations, base_dir))
+    except (CatalogError, SuiteError) as exc:
+        raise JobRejected(str(SpecError([Problem(field, str(exc), spec.dataset.expectations or spec.dataset.ref,
+                                                 "fix the data (or the suite) and resubmit; the stored report lists "
+                                                 "every failed expectation")], spec.name))) from None
 
 
 def _in_place_dataset(spec: JobSpec, base_dir: Path, ds: Any) -> dict[str, Any]:

@@ -14,12 +14,14 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainforge.contract.config import SegmentConfig
 from trainforge.contract.events import CheckpointCorrupt, Metrics, SegmentEnd, SegmentStart
+from trainforge.datasets.catalog import load_version_dir
 from trainforge.events import AsyncEventWriter, event_sink, worker_sender
 from trainforge.trainer.distributed import DistContext
 from trainforge.trainer.engine import StepHook, build_engine
@@ -112,12 +114,6 @@ class DataFeed:
         self.last_wait_s = 0.0  # time the last step() spent getting data (data-wait)
         self.num_workers = dset.num_workers
         self.total_steps = cfg.total_steps
-        # Local shards, streamed shards, or an s3:// prefix read in place; a version other than the pinned one is
-        # refused. The order is opened here either way (the preprocessing workers open their own readers too).
-        self.data = open_training_data(dset.path, dset.ref, eval_fraction=dset.eval_fraction, seed=cfg.training.seed,
-                                       seq_len=self.seq_len, skip=skip, tokenizer_name=dset.tokenizer,
-                                       expect_version=dset.require_pinned())
-        self.order = self.data.order
         self.source: StepSource | None = None
         self._loader: Any = None
         self._next_step: int | None = None
@@ -125,7 +121,17 @@ class DataFeed:
             self.source = StepSource(dset.path, dset.ref, dset.eval_fraction, cfg.training.seed,
                                      self.global_batch, dp_rank, dp_degree, transforms=dset.transforms,
                                      skip=tuple(sorted(skip)), seq_len=self.seq_len, tokenizer=dset.tokenizer)
-        self.reader = self.data.reader
+        if self.num_workers == 0:
+            # Local shards, streamed shards, or an s3:// prefix read in place; a version other than the pinned one
+            # is refused. With preprocessing workers, they open their own readers and this process opens none.
+            self.data = open_training_data(dset.path, dset.ref, eval_fraction=dset.eval_fraction,
+                                           seed=cfg.training.seed, seq_len=self.seq_len, skip=skip,
+                                           tokenizer_name=dset.tokenizer, expect_version=dset.require_pinned())
+            self.order, self.reader = self.data.order, self.data.reader
+        else:
+            version = load_version_dir(Path(dset.path), dset.ref).version
+            if version != dset.require_pinned():
+                raise RuntimeError(f"dataset at {dset.path} is version {version}, expected {dset.version}")
 
     def _rows(self, step: int) -> Any:
         if self.num_workers:
