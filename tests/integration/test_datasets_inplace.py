@@ -20,6 +20,8 @@ from trainforge.datasets.pin_prefix import pin_prefix
 from trainforge.datasets.training_data import open_training_data
 from trainforge.spec import DatasetSpec
 
+pytestmark = pytest.mark.slow  # a real S3 server (SeaweedFS): `make test`, not test-fast
+
 WORDS = ["the", "of", "and", "to", "in", "model", "data", "train", "token", "chunk", "object", "bucket", "prefix", "gradient", "step", "loss"]
 
 

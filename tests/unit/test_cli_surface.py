@@ -168,6 +168,9 @@ def test_enums_match_the_lists_their_modules_own():
     from trainforge.infra.simulator.engine import POLICIES
 
     assert tuple(p.value for p in choices.Policy) == POLICIES
+    from trainforge.datasets.prefix_manifest import FORMATS
+
+    assert tuple(f.value for f in choices.InPlaceFormat) == FORMATS
 
 
 @pytest.mark.parametrize(("path", "param"), [(p, prm) for p, _, prm in _choice_params()],
@@ -198,6 +201,7 @@ BAD_CHOICES = {
     ("model alias", "alias"): ["model", "alias", "m", "1", "king"],
     ("model stage", "stage"): ["model", "stage", "m", "1", "Prod"],
     ("completion", "shell"): ["completion", "tcsh"],
+    ("datasets check", "format"): ["datasets", "check", "s3://b/p", "--license", "MIT", "--format", "csv"],
 }
 
 
@@ -330,6 +334,6 @@ def _bash_complete(words: list[str], env: dict[str, str]) -> list[str]:
 def test_bash_completes_commands_subcommands_and_choices(trainforge_on_path):
     assert "submit" in _bash_complete(["trainforge", "su"], trainforge_on_path)
     assert set(_bash_complete(["trainforge", "datasets", ""], trainforge_on_path)) == {"build", "list", "show",
-                                                                                      "tag"}
+                                                                                      "tag", "check"}
     assert set(_bash_complete(["trainforge", "submit", "--backend", ""], trainforge_on_path)) == {"local",
                                                                                                  "kubernetes"}

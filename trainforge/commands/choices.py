@@ -78,3 +78,12 @@ class Shell(StrEnum):
     bash = "bash"
     zsh = "zsh"
     fish = "fish"
+
+
+class InPlaceFormat(StrEnum):
+    """How an s3:// prefix's objects are read in place (datasets/prefix_manifest.py FORMATS; the test of the CLI
+    surface checks the two agree)."""
+
+    jsonl = "jsonl"
+    text = "text"
+    parquet = "parquet"

@@ -20,6 +20,7 @@ import typer
 from rich.markup import escape
 
 from trainforge.cli import app, new_typer
+from trainforge.commands.choices import InPlaceFormat
 from trainforge.commands.common import EXIT_INVALID, EXIT_UNREADABLE, console, err_console, fail, print_json
 
 datasets_app = new_typer("Build, list, show and tag versioned datasets.")
@@ -190,7 +191,7 @@ def show(ref: str = typer.Argument(..., help="NAME[@REF]: a branch, tag or versi
 def check(ref: str = typer.Argument(..., help="NAME[@REF] in the catalog, or an s3:// prefix (pinned now)."),
           expectations: Path | None = typer.Option(None, help="A team's great-expectations suite (JSON) to run "
                                                    "with the built-in expectations."),
-          format: str = typer.Option("jsonl", help="s3:// prefixes: jsonl, text or parquet."),
+          format: InPlaceFormat = typer.Option(InPlaceFormat.jsonl, help="s3:// prefixes: how the objects are read."),
           text_field: str = typer.Option("text", help="s3:// prefixes: the JSON field or column with the text."),
           license: str | None = typer.Option(None, help="s3:// prefixes: the data's SPDX license (required)."),
           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
@@ -209,7 +210,7 @@ def check(ref: str = typer.Argument(..., help="NAME[@REF] in the catalog, or an 
             from trainforge.datasets.pin_prefix import pin_prefix
             from trainforge.spec import DatasetSpec
 
-            ds = pin_prefix(ref, DatasetSpec(ref=ref, format=format, text_field=text_field, license=license))
+            ds = pin_prefix(ref, DatasetSpec(ref=ref, format=format.value, text_field=text_field, license=license))
         else:
             name, at = _split(ref)
             ds = EmbeddedCatalog().resolve(name, at)

@@ -149,12 +149,16 @@ def test_branches_move_and_tags_are_immutable(tmp_path):
         catalog.tag("d", "v1", "main")
     assert catalog.refs("d") == {"branches": {"main": b.version}, "tags": {"v1": a.version}}
     assert sorted(catalog.versions("d")) == sorted([a.version, b.version])
-    # nothing has checked v1 yet: refused, naming the command that checks it; once it passed, it resolves
+    # nothing has checked v1 yet: refused, naming the command that checks it; once checked, its verdict decides
     with pytest.raises(CatalogError, match=rf"no quality report.*`trainforge datasets check d@{a.version[:12]}`"):
         resolve_reference("catalog://d@v1")
     from trainforge.datasets.gate import run_and_store
 
-    assert run_and_store(catalog.resolve("d", "v1"), catalog=catalog)["passed"]
+    report = run_and_store(catalog.resolve("d", "v1"), catalog=catalog)
+    assert not report["passed"]  # DOCS repeat themselves: about 38% of the samples are distinct
+    with pytest.raises(CatalogError, match=r"failed its quality gate: .*\(sample_hash\)"):
+        resolve_reference("catalog://d@v1")
+    catalog.put_quality("d", a.version, {**report, "passed": True, "failures": []})  # as if a fixed gate passed it
     assert resolve_reference("catalog://d@v1").version == a.version
 
 
