@@ -86,6 +86,11 @@ def test_resolve_reference_through_s3_catalog_and_quality_gate(s3_env, s3_server
         monkeypatch.setenv("TRAINFORGE_DATASETS_URL", f"s3://{bucket}/datasets")
         catalog = EmbeddedCatalog()
         ds = _commit(catalog, "gated", data[:300], per_shard=100)
+        with pytest.raises(CatalogError, match="no quality report.*trainforge datasets check gated@"):
+            resolve_reference("catalog://gated@main")
+        from trainforge.datasets.gate import run_and_store
+
+        assert run_and_store(ds, catalog=catalog)["passed"]  # the gate reads the shards from S3
         assert resolve_reference("catalog://gated@main").version == ds.version
         catalog.put_quality("gated", ds.version, {"passed": False, "failures": ["samples: token out of range"]})
         with pytest.raises(CatalogError, match="failed its quality gate: samples: token out of range"):

@@ -16,11 +16,13 @@ from trainforge.datasets.catalog import (
 from trainforge.spec import Problem
 
 
-def resolve_reference(ref: str, base_dir: Path | None = None, dataset: Any = None) -> ResolvedDataset:
+def resolve_reference(ref: str, base_dir: Path | None = None, dataset: Any = None, *,
+                      gated: bool = True) -> ResolvedDataset:
     """Resolve a reference to a committed version. Raises CatalogError with a readable reason, DatasetWithdrawn
     (a CatalogError) if that version was withdrawn, whichever way it was named (branch, tag, version, file).
     An `s3://` prefix is pinned as it is now (its objects listed into a catalog version, read in place later):
-    `dataset` (the spec's dataset section) says how to read it."""
+    `dataset` (the spec's dataset section) says how to read it. `gated=False` skips the catalog's quality-report
+    check: for a caller that gates the version itself (the dataset-release flow's import)."""
     if ref.startswith("s3://"):
         if dataset is None:
             raise CatalogError("an s3:// prefix is pinned from a job spec's dataset section (format, license)")
@@ -29,7 +31,7 @@ def resolve_reference(ref: str, base_dir: Path | None = None, dataset: Any = Non
         ds = pin_prefix(ref, dataset)
         refuse_withdrawn(ds, ref)
         return ds
-    ds = _resolve(ref, base_dir)
+    ds = _resolve(ref, base_dir, gated)
     refuse_withdrawn(ds, ref)
     return ds
 
@@ -56,12 +58,14 @@ def refuse_withdrawn(ds: ResolvedDataset, ref: str) -> None:
         raise DatasetWithdrawn(ref, ds.name, ds.version, found.who, found.why, found.when())
 
 
-def _resolve(ref: str, base_dir: Path | None) -> ResolvedDataset:
+def _resolve(ref: str, base_dir: Path | None, gated: bool = True) -> ResolvedDataset:
     scheme, _, rest = ref.partition("://")
     if scheme == "catalog":
         name, _, version = rest.partition("@")
         catalog = EmbeddedCatalog()
         ds = catalog.resolve(name, version or "main")
+        if not gated:
+            return ds
         from trainforge.datasets.gate import GateFailed, missing_report
 
         report = catalog.get_quality(ds.name, ds.version)

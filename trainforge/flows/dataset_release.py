@@ -69,7 +69,7 @@ def import_version(name: str, import_ref: str) -> str:
     from trainforge.datasets.refs import resolve_reference
     from trainforge.datasets.shards import ShardInfo
 
-    src = resolve_reference(import_ref)
+    src = resolve_reference(import_ref, gated=False)  # the copy is gated next (run-quality-gate)
     m = src.manifest
 
     def copy(folder: Path) -> list[ShardInfo]:
