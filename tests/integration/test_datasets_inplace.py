@@ -293,6 +293,14 @@ def test_train_on_a_jsonl_prefix_through_the_flow_and_resume_after_a_kill(prefec
         assert {s for s, _ in seen_starts} == {0, resumed_from}
         data.close()
 
+        # Each checkpoint records where its position's group of chunks starts: a resume counts from there.
+        keys = [o["Key"] for o in client.list_objects_v2(Bucket=job_bucket)["Contents"]
+                if o["Key"].endswith("step-0000000008/manifest.json")]
+        sampler = json.loads(client.get_object(Bucket=job_bucket, Key=keys[0])["Body"].read())["sampler"]
+        anchor = sampler["anchor"]
+        assert sampler["position"] == 8 * 8 and anchor["position"] <= 64 and anchor["epoch"] == 0
+        assert order.anchor(64).to_dict() == anchor
+
         # Lineage: the prefix, the manifest digest and every object's key and ETag; the legal questions by prefix
         # and by one object key both find the job.
         from typer.testing import CliRunner

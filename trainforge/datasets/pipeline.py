@@ -51,14 +51,18 @@ class StepSource:
     """Tokens per training sequence (an in-place version packs samples of seq_len + 1)."""
     tokenizer: str = ""
     """An in-place version's tokenizer (ResolvedDataset.tokenizer)."""
+    anchor: dict[str, int] | None = None
+    """An in-place version's resume anchor (chunk_order.Anchor as a dict), from the checkpoint resumed."""
     _state: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _open(self) -> dict[str, Any]:
         if not self._state:
+            from trainforge.datasets.chunk_order import Anchor
             from trainforge.datasets.training_data import open_training_data
 
             data = open_training_data(self.path, self.ref, eval_fraction=self.eval_fraction, seed=self.seed,
-                                      seq_len=self.seq_len, skip=self.skip, tokenizer_name=self.tokenizer)
+                                      seq_len=self.seq_len, skip=self.skip, tokenizer_name=self.tokenizer,
+                                      anchor=Anchor.from_dict(self.anchor) if self.anchor else None)
             self._state.update(reader=data.reader, order=data.order,
                                fns=[load_transform(t) for t in self.transforms])
         return self._state

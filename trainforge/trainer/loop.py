@@ -101,7 +101,7 @@ class DataFeed:
     the batches are the same bytes in the same order either way. `last_wait_s` is the time the step waited.
     """
 
-    def __init__(self, cfg: SegmentConfig, dp_rank: int, dp_degree: int):
+    def __init__(self, cfg: SegmentConfig, dp_rank: int, dp_degree: int, anchor: dict[str, int] | None = None):
         from trainforge.datasets.pipeline import StepSource
         from trainforge.datasets.training_data import open_training_data
 
@@ -120,13 +120,20 @@ class DataFeed:
         if self.num_workers or dset.transforms:
             self.source = StepSource(dset.path, dset.ref, dset.eval_fraction, cfg.training.seed,
                                      self.global_batch, dp_rank, dp_degree, transforms=dset.transforms,
-                                     skip=tuple(sorted(skip)), seq_len=self.seq_len, tokenizer=dset.tokenizer)
-        if self.num_workers == 0:
+                                     skip=tuple(sorted(skip)), seq_len=self.seq_len, tokenizer=dset.tokenizer,
+                                     anchor=anchor)
+        self.order: Any = None
+        if self.num_workers == 0 or dset.in_place:
             # Local shards, streamed shards, or an s3:// prefix read in place; a version other than the pinned one
-            # is refused. With preprocessing workers, they open their own readers and this process opens none.
+            # is refused. With preprocessing workers, they open their own readers and this process opens none,
+            # except for an in-place prefix: its order (lazy: counts, no reads the workers have not made) gives
+            # the anchor each checkpoint records.
+            from trainforge.datasets.chunk_order import Anchor
+
             self.data = open_training_data(dset.path, dset.ref, eval_fraction=dset.eval_fraction,
                                            seed=cfg.training.seed, seq_len=self.seq_len, skip=skip,
-                                           tokenizer_name=dset.tokenizer, expect_version=dset.require_pinned())
+                                           tokenizer_name=dset.tokenizer, expect_version=dset.require_pinned(),
+                                           anchor=Anchor.from_dict(anchor) if anchor else None)
             self.order, self.reader = self.data.order, self.data.reader
         else:
             version = load_version_dir(Path(dset.path), dset.ref).version
@@ -151,6 +158,13 @@ class DataFeed:
         idx = self.order.rank_slice(step, self.global_batch, self.dp_rank, self.dp_degree)
         self.reader.prefetch(self.order.rank_slice(step + 1, self.global_batch, self.dp_rank, self.dp_degree))
         return self.reader.get(idx)
+
+    def anchor(self, step: int) -> dict[str, int] | None:
+        """Where the data resumes after `step` steps, for the checkpoint (in-place datasets; None for shards,
+        whose position alone resumes them)."""
+        if self.order is None or not hasattr(self.order, "anchor"):
+            return None
+        return self.order.anchor(step * self.global_batch).to_dict()
 
     def step(self, step: int) -> StepBatches:
         t0 = time.perf_counter()
@@ -202,7 +216,8 @@ def train(cfg: SegmentConfig, ctx: DistContext, hooks: Sequence[StepHook] | None
     start = 0 if ref is None else engine.restore(ref)
     events.publish(SegmentStart(step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None))
     monitor.attach(ctx, start)
-    feed = DataFeed(cfg, dp_rank=engine.dp_rank, dp_degree=engine.dp_degree)
+    anchor = (ref.manifest.get("sampler") or {}).get("anchor") if ref is not None else None
+    feed = DataFeed(cfg, dp_rank=engine.dp_rank, dp_degree=engine.dp_degree, anchor=anchor)
     live = AsyncEventWriter(events)  # per-step metrics: written off the step's critical path
     meter = StepMeter(cfg, ctx, engine, emit=live.publish, start_step=start)  # step-time split, memory, MFU, ranks
     end, opt, sched = segment_end(cfg, start), tr.optimizer, tr.lr_schedule
@@ -230,7 +245,7 @@ def train(cfg: SegmentConfig, ctx: DistContext, hooks: Sequence[StepHook] | None
             commit_before_rollback(engine, monitor)
             raise
         if checkpoint_due(cfg, step + 1, end) or preempted:
-            engine.save(step + 1, manifest_fields(cfg, ctx.world_size, step + 1, last_loss))
+            engine.save(step + 1, manifest_fields(cfg, ctx.world_size, step + 1, last_loss, feed.anchor(step + 1)))
             report_staged(engine.ckpt, events.publish)  # a synchronous save is complete here
         if preempted:  # termination notice: the emergency checkpoint commits in close(), then the segment ends
             end = step + 1

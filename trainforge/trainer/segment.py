@@ -31,8 +31,10 @@ def end_reason(cfg: SegmentConfig, end: int, preempted: bool = False) -> str:
 
 
 def manifest_fields(cfg: SegmentConfig, world_size: int, step: int, loss: float | None,
-                    **extra: Any) -> dict[str, Any]:
-    """The platform's fields of a checkpoint manifest after `step` steps (the sampler position resumes the data)."""
+                    anchor: dict[str, int] | None = None, **extra: Any) -> dict[str, Any]:
+    """The platform's fields of a checkpoint manifest after `step` steps (the sampler position resumes the data;
+    `anchor`, for a dataset read in place, says where the group holding that position starts, so a resume counts
+    samples from there: datasets/chunk_order.py)."""
     return {
         "job_id": cfg.job_id,
         "team": cfg.team,
@@ -43,7 +45,8 @@ def manifest_fields(cfg: SegmentConfig, world_size: int, step: int, loss: float 
         "layout": asdict(cfg.layout),
         **extra,
         "sampler": {"position": step * cfg.training.global_batch_size, "seed": cfg.training.seed,
-                    "dataset_version": cfg.dataset.version, "skip": list(cfg.skip_samples)},
+                    "dataset_version": cfg.dataset.version, "skip": list(cfg.skip_samples),
+                    **({"anchor": anchor} if anchor else {})},
         "rng": {"files": [f"rng-rank{r:05d}.safetensors" for r in range(world_size)]},
         "metrics": {} if loss is None else {"train_loss": loss},
         "dataset": {"ref": cfg.dataset.ref, "version": cfg.dataset.version, "license": cfg.dataset.license},
