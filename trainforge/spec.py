@@ -281,6 +281,12 @@ class DatasetSpec(_Model):
                                "records it with every job trained on the prefix")
         if not self.text_field.strip():
             raise FieldProblem("is empty", "text_field", "name the JSON field or Parquet column that holds the text")
+        bucket, _, path = self.ref.removeprefix("s3://").partition("/")
+        first = next((p for p in path.split("/") if p), "")
+        if not first or set(first) & set("*?["):
+            raise FieldProblem(f"s3://{bucket} names a whole bucket: a job's identity is granted read access to one "
+                               "prefix, never a bucket", "ref", f"move the data under a prefix (s3://{bucket}/"
+                               "corpus/...) and name it", self.ref)
         return self
 
     @field_validator("tokenizer")

@@ -429,3 +429,27 @@ def test_datasets_check_and_show_an_in_place_version(s3_server, bucket):
     assert summary["objects"] == 2 and summary["quality"]["passed"] and summary["pinned_by"] == "etag"
     missing = CliRunner().invoke(app, ["datasets", "check", f"s3://{bucket}/cli"])
     assert missing.exit_code == 2 and "--license" in missing.output
+
+
+def test_a_shared_tier_serves_tokenized_chunks_to_another_node(s3_server, bucket, tmp_path):
+    from trainforge.datasets.inplace import InPlaceReader, TokenizerSpec, open_data_store
+    from trainforge.datasets.stream import CacheConfig
+
+    put_jsonl(s3_server.client(), bucket, "sh", objects=2)
+    ds = pin_prefix(f"s3://{bucket}/sh", spec(f"s3://{bucket}/sh"))
+
+    def node(name: str) -> InPlaceReader:
+        cache = CacheConfig(local_dir=tmp_path / name / "shards", local_max_bytes=None, shared_dir=tmp_path / "nfs")
+        return InPlaceReader(ds.manifest, open_data_store(ds.manifest), sample_len=32,
+                             tokenizer_spec=TokenizerSpec(), cache=cache)
+
+    a, b = node("a"), node("b")
+    try:
+        first = [a.chunk_windows(c) for c in range(a.num_chunks)]
+        assert a.objects.bytes_read >= ds.manifest.total_bytes and a.stats.store_fetches == a.num_chunks
+        second = [b.chunk_windows(c) for c in range(b.num_chunks)]
+        assert b.objects.bytes_read == 0 and b.stats.shared_hits == b.num_chunks  # no read of the bucket
+        assert all(np.array_equal(x, y) for x, y in zip(first, second, strict=True))
+    finally:
+        a.close()
+        b.close()

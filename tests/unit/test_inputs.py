@@ -176,3 +176,39 @@ def test_a_store_a_node_cannot_read_is_the_nodes_fault_not_the_jobs(tmp_path: Pa
     with pytest.raises(InputsFetchError, match="PermissionDeniedError") as refusal:
         localize(published.for_node(str(tmp_path / "node")))
     assert not refusal.value.the_jobs
+
+
+def test_an_in_place_version_ships_its_manifest_and_tokenizer_and_its_grant_reads_the_prefix(tmp_path: Path) -> None:
+    """An s3:// prefix read in place: the nodes get its manifest (and the job's tokenizer) from the job's prefix,
+    the objects stay in their bucket, and the job's identity is granted that bucket prefix to read."""
+    from trainforge.datasets.prefix_manifest import PrefixManifest, SourceObject
+    from trainforge.datasets.training_data import save_in_place_tokenizer
+    from trainforge.infra.storage.iam import grant_from_uris
+    from trainforge.tasks.job_credentials import sources
+
+    flow_disk = tmp_path / "flow"
+    catalog = EmbeddedCatalog(flow_disk / "catalog")
+    manifest = PrefixManifest("s3.corpus.web", "s3://corpus/web", "", "jsonl", "text", "MIT", 1 << 20, False,
+                              (SourceObject("web/a.jsonl", 10, '"e1"'),))
+    ds = catalog.commit_prefix(manifest)
+    tok = save_in_place_tokenizer(ds.path, '{"model": {"type": "BPE"}, "added_tokens": []}')
+    config = segment_config(storage_url=(tmp_path / "store").as_uri(), code_dir=str(code_folder(flow_disk)),
+                            run_dir=str(flow_disk / "run"),
+                            dataset={"ref": "s3://corpus/web", "name": ds.name, "version": ds.version,
+                                     "path": str(ds.path), "tokenizer": tok})
+    assert "s3://corpus/web" in sources(config)
+    grant = grant_from_uris("s3://jobs/platform", "nlp", "j1", sources(config))
+    assert grant is not None and "corpus/web/*" in grant.read_patterns()
+
+    published = publish_inputs(config)
+    assert published.inputs is not None and published.inputs.dataset_store == config.storage_url
+    assert "s3://corpus/web" in sources(published)  # still granted once the nodes read from the job's prefix
+    shutil.rmtree(flow_disk)
+    local = localize(published.for_node(str(tmp_path / "node" / "job")))
+    folder = Path(local.dataset.path)
+    got = load_version_dir(folder, "x")
+    assert got.in_place and got.version == ds.version and got.manifest == manifest
+    assert (folder / "tokenizers" / f"{tok.rsplit(':', 1)[1]}.json").is_file()
+    import json
+
+    assert json.loads((folder / "source.json").read_text()) == {"store_url": "s3://corpus", "prefix": "web"}

@@ -217,8 +217,10 @@ def check(ref: str = typer.Argument(..., help="NAME[@REF] in the catalog, or an 
         report = run_and_store(ds, team)
     except (CatalogError, SuiteError) as exc:
         fail(str(exc), EXIT_UNREADABLE)
-    except ValueError as exc:  # a bad --format (the spec's own validation)
-        fail(str(exc).splitlines()[0], EXIT_UNREADABLE)
+    except ValueError as exc:  # the spec's own validation of the reference (a whole bucket, ...)
+        errors = getattr(exc, "errors", None)
+        fail("; ".join(str(e["msg"]).removeprefix("Value error, ") for e in errors()) if callable(errors)
+             else str(exc), EXIT_UNREADABLE)
     if as_json:
         if not report["passed"]:
             fail(f"{ds.name}@{ds.version[:12]} failed its quality gate", extra=report)

@@ -309,6 +309,9 @@ def write_source_folder(folder: Path, store: ObjectStore | _Prefixed, prefix: st
             pinned = PrefixManifest.from_dict(doc)
             _atomic_write(folder / SOURCE_FILE, json.dumps({"store_url": f"s3://{pinned.bucket}",
                                                             "prefix": pinned.prefix}).encode())
+            for key in store.list(f"{prefix}/tokenizers/"):  # the jobs' tokenizers kept beside it, by digest
+                (folder / "tokenizers").mkdir(exist_ok=True)
+                _atomic_write(folder / "tokenizers" / key.rsplit("/", 1)[1], store.get_bytes(key))
             _atomic_write(folder / MANIFEST_FILE, data)
             return folder
         _atomic_write(folder / SOURCE_FILE, json.dumps({"store_url": url or store.url, "prefix": prefix}).encode())

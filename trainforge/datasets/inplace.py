@@ -226,6 +226,7 @@ class InPlaceReader:
         tok_key = tokenizer_spec.name.replace(":", "-")
         key = f"inplace/{manifest.version_id}/{tok_key}/L{sample_len}"
         self.tier = CacheTier(Path(cache.local_dir), cache.local_max_bytes)
+        self.shared = CacheTier(Path(cache.shared_dir)) if cache.shared_dir else None
         self.key = key
         self.counts_dir = Path(cache.local_dir).parent / "inplace-counts" / key  # tiny, never evicted
         self.counts_dir.mkdir(parents=True, exist_ok=True)
@@ -317,15 +318,37 @@ class InPlaceReader:
                 return windows
             except (FileNotFoundError, ValueError):  # evicted or half-visible: read it again
                 pass
+        if self.shared is not None and (sp := self.shared.lookup(name)) is not None:
+            try:  # another node of the pool tokenized it: copy it to this node's tier
+                windows = np.load(sp)
+                self._publish(self.tier, name, windows)
+                self._write_count(c, len(windows))
+                self.stats.add(shared_hits=1, bytes_from_shared=windows.nbytes)
+                return windows
+            except (FileNotFoundError, ValueError, OSError):
+                pass
         before = self.objects.bytes_read
         windows = self._tokenize(c)
-        fd, tmp = self.tier.temp_file(name)
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, windows)
-        self.tier.publish(tmp, name, windows.nbytes)
+        self._publish(self.tier, name, windows)
+        if self.shared is not None:
+            try:
+                self._publish(self.shared, name, windows)
+            except OSError as exc:  # the shared tier is an optimisation: never fail a read because of it
+                logger.warning("could not publish %s to the shared cache %s: %s", name, self.shared.root, exc)
         self._write_count(c, len(windows))
         self.stats.add(store_fetches=1, bytes_from_store=self.objects.bytes_read - before)
         return windows
+
+    @staticmethod
+    def _publish(tier: CacheTier, name: str, windows: np.ndarray) -> None:
+        fd, tmp = tier.temp_file(name)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, windows)
+            tier.publish(tmp, name, windows.nbytes)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def _write_count(self, c: int, n: int) -> None:
         path = self.counts_dir / str(c)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from trainforge.contract.config import SegmentConfig, ShippedInputs
 from trainforge.datasets.catalog import SOURCE_FILE, load_version_dir, publish_version
+from trainforge.datasets.manifest import MANIFEST_FILE
+from trainforge.datasets.training_data import TOKENIZERS_DIR
 from trainforge.infra.storage import ObjectExistsError, ObjectStore, open_store
 from trainforge.registry.manifest import sha256_bytes, sha256_file
 from trainforge.tasks.prepare import JobRejected
@@ -104,7 +106,14 @@ def publish_inputs(config: SegmentConfig, store: ObjectStore | None = None) -> S
 
     folder = Path(config.dataset.path)
     source = folder / SOURCE_FILE
-    if source.is_file():  # a remote catalog or lakeFS: the nodes stream from where it is
+    if config.dataset.in_place:  # an s3:// prefix: its manifest (and tokenizer) ship; the objects stay where they are
+        version = load_version_dir(folder, config.dataset.ref)
+        dataset_prefix = f"{config.storage_prefix}/inputs/datasets/{version.name}/versions/{version.version}"
+        for path in sorted(folder.glob(f"{TOKENIZERS_DIR}/*.json")):
+            _put_once(store, f"{dataset_prefix}/{TOKENIZERS_DIR}/{path.name}", path)
+        _put_once(store, f"{dataset_prefix}/{MANIFEST_FILE}", folder / MANIFEST_FILE)  # last: the commit point
+        dataset_store = config.storage_url
+    elif source.is_file():  # a remote catalog or lakeFS: the nodes stream from where it is
         src = json.loads(source.read_text())
         dataset_store, dataset_prefix = src["store_url"], src["prefix"]
     else:  # on this host's disk: a copy for the job, keyed by the version (content-addressed)

@@ -27,9 +27,18 @@ _ISSUED: dict[str, tuple[CredentialIssuer, JobCredentials]] = {}
 
 def sources(config: SegmentConfig) -> list[str | None]:
     """What the job reads besides its own prefix: its pinned dataset version where its shards stream from (the
-    tokenizer ships inside it). The code and the init_from weights are files on the flow's host, or, for a gang on
-    other machines, under the job's own prefix (tasks/inputs.py), as is a local dataset version it ships."""
-    return [dataset_source(config)]
+    tokenizer ships inside it), or the s3:// prefix it reads in place. The code and the init_from weights are files
+    on the flow's host, or, for a gang on other machines, under the job's own prefix (tasks/inputs.py), as is a
+    local dataset version it ships (and an in-place version's manifest)."""
+    return [dataset_source(config), in_place_source(config)]
+
+
+def in_place_source(config: SegmentConfig) -> str | None:
+    """`s3://bucket/prefix` of a dataset read in place (its manifest, in the flow's version folder, names it)."""
+    if not config.dataset.in_place:
+        return None
+    manifest = json.loads((Path(config.dataset.path) / "manifest.json").read_text())
+    return str(manifest["source"])
 
 
 def dataset_source(config: SegmentConfig) -> str | None:
