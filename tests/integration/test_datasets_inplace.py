@@ -453,3 +453,96 @@ def test_a_shared_tier_serves_tokenized_chunks_to_another_node(s3_server, bucket
     finally:
         a.close()
         b.close()
+
+
+def _flow_env(s3_server, monkeypatch, tmp_path) -> str:
+    job_bucket = s3_server.make_bucket()
+    monkeypatch.setenv("TRAINFORGE_STORAGE_URL", f"s3://{job_bucket}/platform")
+    monkeypatch.setenv("TRAINFORGE_JOB_CREDENTIALS", f"seaweedfs:{s3_server.config_path}")
+    monkeypatch.setenv("TRAINFORGE_DATA_CACHE", str(tmp_path / "cache" / "shards"))
+    monkeypatch.delenv("TRAINFORGE_FAULT", raising=False)
+    return job_bucket
+
+
+@pytest.mark.timeout(600)
+def test_train_on_a_parquet_prefix_through_the_flow(prefect_api, s3_server, s3_env, tmp_path, monkeypatch):
+    from tests.integration.test_train_job import EXAMPLES, small_spec
+    from trainforge.flows.train_job import train_job
+    from trainforge.registry.jobs import JobStore
+
+    data_bucket, job_bucket = s3_server.make_bucket(), _flow_env(s3_server, monkeypatch, tmp_path)
+    put_parquet(s3_server.client(), data_bucket, "pq/v1", objects=4, docs=80)
+    doc = small_spec(max_steps=8)
+    doc["dataset"] = {"ref": f"s3://{data_bucket}/pq/v1/*.parquet", "format": "parquet", "text_field": "body",
+                      "license": "CC0-1.0", "chunk_mb": 4 / 1024, "eval_fraction": 0.2}
+    job_id = "inplace-pq-" + str(abs(hash(str(tmp_path))) % 10**6)
+    try:
+        result = train_job(doc, "pq.yaml", str(EXAMPLES), job_id, False)
+        assert result["state"] == "completed", result
+        record = JobStore().get(job_id)
+        ds = record.data["dataset"]
+        assert sorted(p.name for p in Path(ds["path"]).iterdir()) == ["manifest.json", "source.json"]
+        assert all("eval_loss" in c for c in record.data["checkpoints"].values())  # held-out chunks, read in place
+    finally:
+        s3_server.delete_bucket(data_bucket)
+        s3_server.delete_bucket(job_bucket)
+
+
+@pytest.mark.timeout(600)
+def test_an_object_changed_after_the_pin_fails_the_job_naming_it(prefect_api, s3_server, s3_env, tmp_path,
+                                                                 monkeypatch):
+    """Pinned at submit, overwritten before the first step (an unversioned bucket): the job fails with the named
+    error and does not train on the changed data (no retry reads it either: the error is the data's, not the
+    machine's)."""
+    from tests.integration.test_train_job import EXAMPLES, small_spec
+    from trainforge.flows.train_job import train_job
+    from trainforge.registry.jobs import JobStore
+    from trainforge.tasks import prepare
+
+    data_bucket, job_bucket = s3_server.make_bucket(), _flow_env(s3_server, monkeypatch, tmp_path)
+    client = s3_server.client()
+    put_jsonl(client, data_bucket, "moving", objects=3, docs=30)
+    pinned = prepare._in_place_dataset
+
+    def pin_then_overwrite(*args, **kwargs):
+        out = pinned(*args, **kwargs)
+        for i in range(3):  # someone rewrites the data after the job pinned it
+            client.put_object(Bucket=data_bucket, Key=f"moving/part-{i:03d}.jsonl", Body=b'{"text": "new"}\n' * 200)
+        return out
+
+    monkeypatch.setattr(prepare, "_in_place_dataset", pin_then_overwrite)
+    doc = small_spec(max_steps=8)
+    doc["dataset"] = {"ref": f"s3://{data_bucket}/moving", "format": "jsonl", "license": "MIT",
+                      "chunk_mb": 8 / 1024, "eval_fraction": 0.1}
+    job_id = "inplace-moved-" + str(abs(hash(str(tmp_path))) % 10**6)
+    try:
+        with pytest.raises(Exception, match=r"moving/part-00\d\.jsonl is no longer the pinned ETag"):
+            train_job(doc, "moved.yaml", str(EXAMPLES), job_id, False)
+        record = JobStore().get(job_id)
+        assert record.data["state"] == "failed"
+        assert [s["state"] for s in record.data["segments"]] == ["failed"]  # not retried: the data changed
+        assert not record.data.get("checkpoints")
+    finally:
+        s3_server.delete_bucket(data_bucket)
+        s3_server.delete_bucket(job_bucket)
+
+
+def test_preprocessing_workers_give_the_in_process_batches(s3_server, bucket):
+    """`dataset.num_workers`: DataLoader worker processes read and tokenize the chunks; the batches are the same
+    bytes, in the same order, as reading in the training process."""
+    from trainforge.datasets.pipeline import StepLoader, StepSource
+
+    put_jsonl(s3_server.client(), bucket, "w", objects=4)
+    ds = pin_prefix(f"s3://{bucket}/w", spec(f"s3://{bucket}/w"))
+    def source() -> StepSource:
+        return StepSource(str(ds.path), ds.ref, 0.1, 5, 8, 1, 2, seq_len=31, tokenizer=tokenizer.NAME)
+
+    inline = [(s, rows.copy()) for s, rows in StepLoader(source(), 0, 6, num_workers=0)]
+    piped = list(StepLoader(source(), 0, 6, num_workers=2, mp_context="fork"))
+    assert [s for s, _ in piped] == list(range(6))
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(inline, piped, strict=True))
+    data = open_training_data(ds.path, ds.ref, eval_fraction=0.1, seed=5, seq_len=31)
+    try:
+        assert np.array_equal(inline[3][1], data.reader.get(data.order.rank_slice(3, 8, 1, 2)))
+    finally:
+        data.close()

@@ -237,8 +237,10 @@ class InPlaceReader:
         self._windows: dict[int, np.ndarray] = {}
         self._counts: dict[int, int] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="inplace-chunk")
+        self._threads = max(1, threads)
+        self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="inplace-chunk")
         self._inflight: dict[int, Future[np.ndarray]] = {}
+        self._pid = os.getpid()
 
     @property
     def num_chunks(self) -> int:
@@ -361,6 +363,7 @@ class InPlaceReader:
 
     def chunk_windows(self, c: int) -> np.ndarray:
         """The chunk's samples, (windows, sample_len), read and tokenized if not cached (waits for a prefetch)."""
+        self._forked()
         with self._lock:
             hit = self._windows.get(c)
             fut = self._inflight.get(c)
@@ -415,7 +418,16 @@ class InPlaceReader:
             unknown = [c for c in chunks if c not in self._counts]
         self._submit([c for c in unknown if not (self.counts_dir / str(c)).exists()])
 
+    def _forked(self) -> None:
+        """A forked child (a DataLoader worker) inherits the pool but not its threads: start its own."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="inplace-chunk")
+            self._inflight = {}
+
     def _submit(self, chunks: Sequence[int]) -> None:
+        self._forked()
         with self._lock:
             for c in chunks:
                 if c not in self._windows and c not in self._inflight:

@@ -26,7 +26,9 @@ from trainforge.trainer import output_mask
 from trainforge.trainer.health import HealthPolicy, current_monitor, start_monitor
 from trainforge.trainer.inbox import NoticeWatch, rank_inbox
 
-USER_ERRORS = ("UserCodeError", "OutOfMemoryError", "MemoryError", "FloatingPointError", "InjectedFault")
+USER_ERRORS = ("UserCodeError", "OutOfMemoryError", "MemoryError", "FloatingPointError", "InjectedFault",
+               # data read in place that changed since it was pinned, or cannot be parsed: a retry reads the same
+               "DatasetChangedError", "DataFormatError")
 INFRA_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError", "ConnectionError", "TimeoutError")
 
 
