@@ -454,7 +454,7 @@ def default_dataset_checker() -> DatasetChecker:
         from trainforge.datasets.tokenizer_match import tokenizer_problem
 
         found, ds = check_and_resolve(spec.dataset.ref, base_dir, spec.dataset)
-        if ds is None:
+        if ds is None or ds.in_place:  # an in-place version is tokenized by each job with the spec's tokenizer
             return found
         return tokenizer_problem(spec, ds.manifest.tokenizer, base_dir, f"dataset {ds.name}@{ds.version[:12]}")
 

@@ -383,6 +383,13 @@ def test_the_built_in_gate_bites_on_duplicates_and_bad_lines(s3_server, bucket):
     ds = pin_prefix(f"s3://{bucket}/bad", spec(f"s3://{bucket}/bad"))
     with pytest.raises(GateFailed, match=r"expect_column_values_to_be_in_set\(_parsed\)"):
         gate_for_submit(ds)
+    # what training would refuse, the gate refuses: a line without the text field, a text that is not a string
+    for name, line in (("nofield", b'{"body": "x"}\n'), ("number", b'{"text": 7}\n')):
+        client.put_object(Bucket=bucket, Key=f"{name}/a.jsonl",
+                          Body=b"".join(b'{"text": "doc %d"}\n' % i for i in range(30)) + line)
+        ds = pin_prefix(f"s3://{bucket}/{name}", spec(f"s3://{bucket}/{name}"))
+        with pytest.raises(GateFailed, match=r"\(_parsed\)"):
+            gate_for_submit(ds)
 
 
 def test_submit_refuses_before_allocating_and_validate_lists_the_prefix(s3_server, bucket, tmp_path):
@@ -405,6 +412,14 @@ def test_submit_refuses_before_allocating_and_validate_lists_the_prefix(s3_serve
     doc["dataset"].pop("expectations")
     record = resolve_dataset(validate_spec(doc, "x.yaml", tmp_path), tmp_path)
     assert record["tokenizer"] == tokenizer.NAME and record["sample_len"] == doc["training"]["seq_len"] + 1
+
+    # data the reader cannot read refuses the job at submit, with the reason (not a traceback, not a retry)
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"body": list(range(20))}), buf)
+    client.put_object(Bucket=bucket, Key="ints/a.parquet", Body=buf.getvalue())
+    doc["dataset"] = {"ref": f"s3://{bucket}/ints", "format": "parquet", "text_field": "body", "license": "MIT"}
+    with pytest.raises(JobRejected, match="column 'body' is int64, not a string column"):
+        resolve_dataset(validate_spec(doc, "x.yaml", tmp_path), tmp_path)
 
     assert check_and_resolve(f"s3://{bucket}/ok", tmp_path, spec(f"s3://{bucket}/ok")) == (None, None)
     problem, _ = check_and_resolve(f"s3://{bucket}/nothing", tmp_path, spec(f"s3://{bucket}/nothing"))

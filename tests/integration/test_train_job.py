@@ -123,7 +123,10 @@ def resumed_run(prefect_api, tmp_path_factory) -> TrainedJob:
         junk = store_root / "teams/demo/jobs" / RESUMED_JOB_ID / "checkpoints/step-0000000020"
         junk.mkdir(parents=True)
         (junk / "__0_0.distcp").write_bytes(b"half-written garbage")
-        mp.setenv("TRAINFORGE_FAULT", "kill:rank=1:step=21")
+        # durable=1: the kill comes once the checkpoint of step 16 is committed, however slowly a loaded host
+        # uploads it (without it, a save still in flight at step 21 dies with rank 1 and the resume rightly falls
+        # back to step 8: trainer/faults.py)
+        mp.setenv("TRAINFORGE_FAULT", "kill:rank=1:step=21:durable=1")
         return TrainedJob(home, run_flow(small_spec(), job_id=RESUMED_JOB_ID), dataset)
 
 

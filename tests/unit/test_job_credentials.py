@@ -51,7 +51,7 @@ def test_sts_session_policy_is_the_same_allow_list():
     json.dumps(policy)
     by_sid = {s["Sid"]: s for s in policy["Statement"]}
     assert by_sid["JobRead"]["Resource"] == [f"arn:aws:s3:::ckpts/{JOB}/*", "arn:aws:s3:::data/datasets/web/v3/*"]
-    assert by_sid["JobRead"]["Action"] == ["s3:GetObject"]
+    assert by_sid["JobRead"]["Action"] == ["s3:GetObject", "s3:GetObjectVersion"]
     assert set(by_sid["JobWrite"]["Action"]) == {"s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"}
     assert by_sid["JobWrite"]["Resource"] == [f"arn:aws:s3:::{p}" for p in grant.write_patterns()]
     listings = {s["Resource"][0]: s["Condition"]["StringLike"]["s3:prefix"] for s in policy["Statement"]
@@ -126,7 +126,8 @@ def _config(storage_url: str, resolved: Path):
     resolved.mkdir(exist_ok=True)
     (resolved / "source.json").write_text(json.dumps({"store_url": "s3://data", "prefix": "web/v3"}))
     return SegmentConfig.model_construct(job_id="run-7", team="nlp", storage_url=storage_url,
-                                         dataset=type("D", (), {"path": str(resolved)})(), code_dir="/code",
+                                         dataset=type("D", (), {"path": str(resolved), "in_place": False})(),
+                                         code_dir="/code",
                                          init_weights=None, inputs=None)
 
 

@@ -18,6 +18,8 @@ import json
 import logging
 import os
 import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,6 +36,17 @@ from trainforge.datasets.stream import CacheConfig, CacheStats, CacheTier
 from trainforge.infra.storage import ObjectChangedError
 
 logger = logging.getLogger(__name__)
+KEEP_CHUNKS = 16
+"""Tokenized chunks a reader keeps at hand (memory-mapped from the cache tier, mostly)."""
+_READERS: weakref.WeakSet[InPlaceReader] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for reader in list(_READERS):
+        reader._after_fork()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 class DatasetChangedError(RuntimeError):
@@ -203,11 +216,16 @@ class ParquetLayout:
             starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in cols]
             self.groups.append((min(starts), sum(c.total_compressed_size for c in cols)))
         self.column = column
+        self.lock = threading.Lock()  # one file position: the pool's threads read row groups one at a time
+
+    def read(self, group: int, columns: list[str] | None = None) -> Any:
+        with self.lock:
+            return self.file.read_row_group(group, columns=columns)
 
     def documents(self, chunk: Chunk, where: str) -> list[str]:
         docs = []
         for g in owned_row_groups(self.groups, chunk.start, chunk.end):
-            values = self.file.read_row_group(g, columns=[self.column]).column(0).to_pylist()
+            values = self.read(g, [self.column]).column(0).to_pylist()
             for r, value in enumerate(values):
                 if (text := _check_text(f"{where} row group {g} row {r}", value)) is not None:
                     docs.append(text)
@@ -234,13 +252,13 @@ class InPlaceReader:
         self._encode: Callable[[str], np.ndarray] | None = None
         self._dtype = tokenizer_spec.dtype
         self._layouts: dict[int, ParquetLayout] = {}
-        self._windows: dict[int, np.ndarray] = {}
+        self._windows: OrderedDict[int, np.ndarray] = OrderedDict()
         self._counts: dict[int, int] = {}
         self._lock = threading.Lock()
         self._threads = max(1, threads)
         self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="inplace-chunk")
         self._inflight: dict[int, Future[np.ndarray]] = {}
-        self._pid = os.getpid()
+        _READERS.add(self)
 
     @property
     def num_chunks(self) -> int:
@@ -273,32 +291,43 @@ class InPlaceReader:
             return jsonl_documents(data, self.manifest.text_field, where, base)
         return text_documents(data, where, base)
 
-    def records(self, c: int) -> list[dict[str, Any]]:
+    def records(self, c: int, max_bytes: int | None = None) -> list[dict[str, Any]]:
         """The records chunk `c` owns, for the quality gate: each as its scalar fields (a JSON line's top-level
-        fields, a Parquet row's columns, a text line as `text`), with `_parsed` False for a line that is not a
-        JSON object (the gate counts them instead of failing on the first)."""
+        fields, a Parquet row's columns, a text line as `text`), with `_parsed` False wherever training would
+        refuse the record (not a JSON object, no text field, text that is not a string, not UTF-8): the gate
+        counts them instead of failing on the first. `max_bytes`: read only the lines that start in the chunk's
+        first `max_bytes` (the gate's bound on a sample)."""
         chunk = self.chunks[c]
+        field = self.manifest.text_field
         if self.manifest.format == "parquet":
-            self.documents(c)  # loads the object's layout (footer) once
+            self.documents(c)  # loads the object's layout (footer) once, and checks the text column's type
             layout = self._layouts[chunk.obj]
             out = []
             for g in owned_row_groups(layout.groups, chunk.start, chunk.end):
-                out += [{**row, "_parsed": True} for row in layout.file.read_row_group(g).to_pylist()]
+                out += [{**row, "_parsed": True} for row in layout.read(g).to_pylist()]
             return [_scalars(r) for r in out]
         size = self.manifest.objects[chunk.obj].size
-        ahead = min(READ_AHEAD, max(256, (chunk.end - chunk.start) // 8))
-        _base, data = owned_span(lambda a, b: self.objects.read(chunk.obj, a, b), chunk.start, chunk.end, size,
+        end = chunk.end if max_bytes is None else min(chunk.end, chunk.start + max_bytes)
+        ahead = min(READ_AHEAD, max(256, (end - chunk.start) // 8))
+        _base, data = owned_span(lambda a, b: self.objects.read(chunk.obj, a, b), chunk.start, end, size,
                                  read_ahead=ahead)
         lines = [line for line in data.split(b"\n") if line.strip()]
-        if self.manifest.format == "text":
-            return [{"text": line.decode("utf-8", errors="replace"), "_parsed": True} for line in lines]
-        out = []
+        out: list[dict[str, Any]] = []
         for line in lines:
             try:
-                obj = json.loads(line)
-            except (UnicodeDecodeError, json.JSONDecodeError):
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                out.append({"_parsed": False})
+                continue
+            if self.manifest.format == "text":
+                out.append({"text": text, "_parsed": True})
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError:
                 obj = None
-            out.append(_scalars({**obj, "_parsed": True}) if isinstance(obj, dict) else {"_parsed": False})
+            ok = isinstance(obj, dict) and field in obj and (obj[field] is None or isinstance(obj[field], str))
+            out.append(_scalars({**obj, "_parsed": True}) if ok else {"_parsed": False})  # type: ignore[dict-item]
         return out
 
     def _tokenize(self, c: int) -> np.ndarray:
@@ -331,7 +360,7 @@ class InPlaceReader:
                 pass
         before = self.objects.bytes_read
         windows = self._tokenize(c)
-        self._publish(self.tier, name, windows)
+        path = self._publish(self.tier, name, windows)
         if self.shared is not None:
             try:
                 self._publish(self.shared, name, windows)
@@ -339,15 +368,18 @@ class InPlaceReader:
                 logger.warning("could not publish %s to the shared cache %s: %s", name, self.shared.root, exc)
         self._write_count(c, len(windows))
         self.stats.add(store_fetches=1, bytes_from_store=self.objects.bytes_read - before)
-        return windows
+        try:  # kept as a map of the published file: page cache, not this process's memory
+            return np.load(path, mmap_mode="r")
+        except (FileNotFoundError, ValueError):  # evicted already (a tier smaller than a few chunks)
+            return windows
 
     @staticmethod
-    def _publish(tier: CacheTier, name: str, windows: np.ndarray) -> None:
+    def _publish(tier: CacheTier, name: str, windows: np.ndarray) -> Path:
         fd, tmp = tier.temp_file(name)
         try:
             with os.fdopen(fd, "wb") as f:
                 np.save(f, windows)
-            tier.publish(tmp, name, windows.nbytes)
+            return tier.publish(tmp, name, windows.nbytes)[0]
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -363,27 +395,43 @@ class InPlaceReader:
 
     def chunk_windows(self, c: int) -> np.ndarray:
         """The chunk's samples, (windows, sample_len), read and tokenized if not cached (waits for a prefetch)."""
-        self._forked()
         with self._lock:
             hit = self._windows.get(c)
+            if hit is not None:
+                self._windows.move_to_end(c)
+                return hit
+        fut = self._future(c)
+        windows = fut.result()
+        self._keep(c, windows)
+        return windows
+
+    def _future(self, c: int) -> Future[np.ndarray]:
+        """The load of chunk `c` in flight, or a new one. Its result goes to the bounded `_windows` when done and
+        it leaves `_inflight` then, awaited or not (a chunk read only to be counted is not kept in flight)."""
+        with self._lock:
             fut = self._inflight.get(c)
-            if hit is None and fut is None:
+            fresh = fut is None
+            if fresh:
                 fut = self._pool.submit(self._load, c)
                 self._inflight[c] = fut
-        if hit is not None:
-            return hit
         assert fut is not None
-        try:
-            windows = fut.result()
-        finally:
-            with self._lock:
-                if self._inflight.get(c) is fut:
-                    del self._inflight[c]
+        if fresh:  # outside the lock: a load that already finished runs the callback here, and it takes the lock
+            fut.add_done_callback(lambda f, c=c: self._done(c, f))
+        return fut
+
+    def _done(self, c: int, fut: Future[np.ndarray]) -> None:
+        with self._lock:
+            if self._inflight.get(c) is fut:
+                del self._inflight[c]
+        if not fut.cancelled() and fut.exception() is None:
+            self._keep(c, fut.result())
+
+    def _keep(self, c: int, windows: np.ndarray) -> None:
         with self._lock:
             self._windows[c] = windows
-            while len(self._windows) > 32:  # mapped files: a bound on what this process keeps open
-                self._windows.pop(next(iter(self._windows)))
-        return windows
+            self._windows.move_to_end(c)
+            while len(self._windows) > KEEP_CHUNKS:  # mapped files, mostly: a bound on what stays open
+                self._windows.popitem(last=False)
 
     def windows(self, c: int) -> int:
         """How many samples chunk `c` packs into (its count file, else read and tokenize it)."""
@@ -418,20 +466,21 @@ class InPlaceReader:
             unknown = [c for c in chunks if c not in self._counts]
         self._submit([c for c in unknown if not (self.counts_dir / str(c)).exists()])
 
-    def _forked(self) -> None:
-        """A forked child (a DataLoader worker) inherits the pool but not its threads: start its own."""
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._lock = threading.Lock()
-            self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="inplace-chunk")
-            self._inflight = {}
+    def _after_fork(self) -> None:
+        """In a forked child (a DataLoader worker): the parent's threads, held locks and HTTP connections did not
+        come along. New locks, pool and S3 client; nothing in flight."""
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="inplace-chunk")
+        self._inflight = {}
+        self._layouts = {}
+        self.objects = PinnedObjects(self.manifest, open_data_store(self.manifest))
 
     def _submit(self, chunks: Sequence[int]) -> None:
-        self._forked()
-        with self._lock:
-            for c in chunks:
-                if c not in self._windows and c not in self._inflight:
-                    self._inflight[c] = self._pool.submit(self._load, c)
+        for c in chunks:
+            with self._lock:
+                known = c in self._windows
+            if not known:
+                self._future(c)
 
     def verify(self) -> list[str]:
         return []  # every read is pinned (version id or If-Match): a changed object fails the read itself
@@ -439,6 +488,7 @@ class InPlaceReader:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._windows.clear()
+        _READERS.discard(self)
 
 
 def open_data_store(manifest: PrefixManifest) -> Any:

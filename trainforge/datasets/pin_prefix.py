@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from trainforge.datasets.catalog import CatalogError, EmbeddedCatalog, ResolvedDataset
@@ -27,6 +28,27 @@ def _store(bucket: str) -> Any:
     return S3ObjectStore.from_url(f"s3://{bucket}")
 
 
+PLATFORM_STORES = ("TRAINFORGE_STORAGE_URL", "TRAINFORGE_DATASETS_URL")
+
+
+def refuse_platform_prefix(bucket: str, prefix: str) -> None:
+    """The platform's own stores (every team's checkpoints, channels and inputs; the dataset catalog) are never a
+    dataset: the job's identity would be granted read on what it names, and the pin and the gate read it with the
+    platform's credentials."""
+    for var in PLATFORM_STORES:
+        url = os.environ.get(var, "")
+        if not url.startswith("s3://"):
+            continue
+        own_bucket, _, root = url.removeprefix("s3://").partition("/")
+        root = root.strip("/")
+        inside = not root or prefix == root or prefix.startswith(root + "/") or root.startswith(prefix + "/") \
+            or not prefix
+        if own_bucket == bucket and inside:
+            raise CatalogError(f"s3://{bucket}/{prefix} overlaps the platform's own store ({var}={url}), where "
+                               "every team's checkpoints and job data live: it cannot be a dataset. Put the data in "
+                               "a bucket or prefix of its own")
+
+
 def list_prefix(ref: str, *, format: str, text_field: str, license: str, chunk_mb: float = 4.0,
                 store: Any = None) -> PrefixManifest:
     """The manifest of what `ref` (`s3://bucket/prefix[/glob]`) names now. Raises CatalogError, saying what to
@@ -35,6 +57,7 @@ def list_prefix(ref: str, *, format: str, text_field: str, license: str, chunk_m
         raise CatalogError(f"an s3:// prefix is read in place: dataset.format must be one of {', '.join(FORMATS)}, "
                            f"not {format!r}")
     bucket, prefix, pattern = split_ref(ref)
+    refuse_platform_prefix(bucket, prefix)
     store = store if store is not None else _store(bucket)
     try:
         try:

@@ -220,7 +220,7 @@ def _record_frames(ds: ResolvedDataset, reader: Any, chunks: list[int]) -> tuple
     rows = []
     for c in chunks:
         key = m.objects[reader.chunks[c].obj].key
-        for rec in reader.records(c):
+        for rec in reader.records(c, max_bytes=max(1, SAMPLE_BYTES // max(1, len(chunks)))):
             text = rec.get(m.text_field)
             text = text if isinstance(text, str) else ""
             rows.append({**rec, "_object": key, "_chars": len(text.strip()),

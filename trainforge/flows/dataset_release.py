@@ -70,6 +70,10 @@ def import_version(name: str, import_ref: str) -> str:
     from trainforge.datasets.shards import ShardInfo
 
     src = resolve_reference(import_ref, gated=False)  # the copy is gated next (run-quality-gate)
+    if src.in_place:
+        raise ValueError(f"{import_ref} is an s3:// prefix read in place: it has no shards to import. Train on it "
+                         "directly (dataset.ref: the prefix), or build shards from it with `trainforge datasets "
+                         "build`")
     m = src.manifest
 
     def copy(folder: Path) -> list[ShardInfo]:

@@ -149,7 +149,9 @@ def train_job(spec: JobSpecParameter, source: str = "<spec>", base_dir: str = ".
     # (A local working tree runs in place, resumed or not: the edit-and-run loop.)
     code = steps.fetch_code(jobspec, base_dir,
                             _recorded_commit(job_id) if resume and is_remote_repo(jobspec.code.repo) else None)
-    dataset = steps.resolve_dataset(jobspec, base_dir)
+    # A resume trains on the version the job pinned, not on what its reference names now (a moved branch, a prefix
+    # with objects added since): the sample order, its anchors and skip list belong to that version.
+    dataset = steps.resolve_dataset(jobspec, base_dir, _recorded_dataset(job_id) if resume else None)
     for warning in dataset.get("warnings", []):
         log.warning(warning)
     plan = steps.plan(jobspec, dataset, layout=checked.layout)
@@ -272,6 +274,21 @@ def _recorded_commit(job_id: str | None) -> str | None:
     except LookupError:
         return None
     return commit if code_source.FULL_SHA.fullmatch(commit) else None
+
+
+def _recorded_dataset(job_id: str | None) -> str | None:
+    """The exact version a job being resumed trained on, as a reference: `catalog://NAME@VERSION` for catalog
+    versions and pinned s3:// prefixes, the recorded pinned reference (a lakeFS commit) otherwise."""
+    if not job_id:
+        return None
+    try:
+        ds = JobStore().get(job_id).data.get("dataset") or {}
+    except LookupError:
+        return None
+    ref, name, version = str(ds.get("ref", "")), ds.get("name"), ds.get("version")
+    if ref.startswith(("catalog://", "s3://")) and name and version:
+        return f"catalog://{name}@{version}"
+    return ds.get("pinned_ref") if ref.startswith("lakefs://") else None
 
 
 def _open_record(spec: JobSpec, job_id: str | None, resume: bool, doc: dict[str, Any], source: str) -> JobRecord:

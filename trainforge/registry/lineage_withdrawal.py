@@ -59,8 +59,10 @@ def _ensure_recorded(store: LineageStore, name: str, version: str) -> None:
         raise LookupError(f"{version!r} is a branch or tag of {name!r} (it points at {full[:12]}); withdraw the "
                           f"version itself: {name}@{full[:12]}")
     ds = catalog.resolve(name, full)
+    from trainforge.registry.lineage import dataset_provenance
+
     store.record_dataset(name, full, license=ds.license, ref=f"catalog://{name}@{full}", path=str(ds.path),
-                         provenance=ds.manifest.provenance)
+                         provenance=dataset_provenance(ds.manifest.to_dict()))
 
 
 def tag_tracking(store: LineageStore, nodes: list[Node], tracker: Any) -> dict[str, list[str]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -30,15 +31,19 @@ def sources(config: SegmentConfig) -> list[str | None]:
     tokenizer ships inside it), or the s3:// prefix it reads in place. The code and the init_from weights are files
     on the flow's host, or, for a gang on other machines, under the job's own prefix (tasks/inputs.py), as is a
     local dataset version it ships (and an in-place version's manifest)."""
-    return [dataset_source(config), in_place_source(config)]
+    return [dataset_source(config), *([in_place_source(config)] if config.dataset.in_place else [])]
 
 
 def in_place_source(config: SegmentConfig) -> str | None:
-    """`s3://bucket/prefix` of a dataset read in place (its manifest, in the flow's version folder, names it)."""
+    """What a dataset read in place may read (its manifest, in the flow's version folder, names it): its prefix,
+    narrowed by a glob to the glob's literal start (`s3://b/shared/team-a-*.jsonl` reads `b/shared/team-a-*`, not
+    the other teams' files beside it)."""
     if not config.dataset.in_place:
         return None
     manifest = json.loads((Path(config.dataset.path) / "manifest.json").read_text())
-    return str(manifest["source"])
+    source, pattern = str(manifest["source"]).rstrip("/"), str(manifest.get("pattern", ""))
+    literal = re.split(r"[*?\[]", pattern, maxsplit=1)[0] if pattern else ""
+    return f"{source}/{literal}*" if pattern else source
 
 
 def dataset_source(config: SegmentConfig) -> str | None:

@@ -49,8 +49,9 @@ def validate_spec(doc: dict[str, Any], source: str, base_dir: Path, cluster: Clu
     return spec
 
 
-def resolve_dataset(spec: JobSpec, base_dir: Path) -> dict[str, Any]:
-    ds = resolve_reference(spec.dataset.ref, base_dir, spec.dataset)
+def resolve_dataset(spec: JobSpec, base_dir: Path, pinned: str | None = None) -> dict[str, Any]:
+    """The version the job trains on: what `dataset.ref` names now, or `pinned` (a resumed job's own version)."""
+    ds = resolve_reference(pinned or spec.dataset.ref, base_dir, spec.dataset)
     _quality_gate(spec, base_dir, ds)
     if ds.in_place:
         return _in_place_dataset(spec, base_dir, ds)
@@ -77,12 +78,15 @@ def _quality_gate(spec: JobSpec, base_dir: Path, ds: Any) -> None:
         return  # catalog refs were gated while resolving; file:// and lakeFS versions have no report store here
     from trainforge.datasets.catalog import CatalogError
     from trainforge.datasets.gate import gate_for_submit, load_suite
+    from trainforge.datasets.inplace import DataFormatError, DatasetChangedError
     from trainforge.datasets.quality import SuiteError
+    from trainforge.infra.storage import PermissionDeniedError, StorageError
 
     field = "dataset.expectations" if spec.dataset.expectations else "dataset.ref"
     try:
         gate_for_submit(ds, load_suite(spec.dataset.expectations, base_dir))
-    except (CatalogError, SuiteError) as exc:
+    except (CatalogError, SuiteError, DataFormatError, DatasetChangedError, PermissionDeniedError,
+            StorageError) as exc:
         raise JobRejected(str(SpecError([Problem(field, str(exc), spec.dataset.expectations or spec.dataset.ref,
                                                  "fix the data (or the suite) and resubmit; the stored report lists "
                                                  "every failed expectation")], spec.name))) from None

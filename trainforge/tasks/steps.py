@@ -42,8 +42,8 @@ def fetch_code(spec: JobSpec, base_dir: str, pinned: str | None = None) -> code_
 
 
 @task(name="resolve-dataset", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
-def resolve_dataset(spec: JobSpec, base_dir: str) -> dict[str, Any]:
-    return prepare.resolve_dataset(spec, Path(base_dir))
+def resolve_dataset(spec: JobSpec, base_dir: str, pinned: str | None = None) -> dict[str, Any]:
+    return prepare.resolve_dataset(spec, Path(base_dir), pinned)
 
 
 @task(name="resolve-init-weights", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)

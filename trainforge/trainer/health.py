@@ -491,6 +491,11 @@ class HealthMonitor:
     def close(self, phase: str = "done") -> None:
         self._state["phase"] = phase
         self._stop.set()
+        # A beat the heartbeat thread was sending (built before the phase changed) must not arrive after the last
+        # one and leave the rank `script` / `training` in the supervisor's eyes: let that send finish first.
+        beat = self._thread
+        if beat.is_alive() and beat is not threading.current_thread():
+            beat.join(timeout=max(1.0, 2 * self.policy.heartbeat_interval_s))
         with contextlib.suppress(OSError):
             self._write()
         if self._client is not None:

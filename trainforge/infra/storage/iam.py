@@ -53,7 +53,10 @@ class JobGrant:
         return [f"{self.bucket}/{self.prefix}/{w}/*" for w in WRITABLE]
 
     def read_patterns(self) -> list[str]:
-        return [f"{self.bucket}/{self.prefix}/*", *(f"{r.strip('/')}/*" for r in self.reads)]
+        """`bucket/key*` patterns it may read: its own prefix, and each source's (a source that is a pattern
+        already, ending in `*`, as it is: a glob's literal start)."""
+        return [f"{self.bucket}/{self.prefix}/*",
+                *(r if r.endswith("*") else f"{r.strip('/')}/*" for r in self.reads)]
 
 
 def grant_from_uris(storage_url: str, team: str, job: str, sources: list[str | None]) -> JobGrant | None:
@@ -89,7 +92,9 @@ def sts_session_policy(grant: JobGrant) -> dict[str, Any]:
     return {
         "Version": "2012-10-17",
         "Statement": [
-            {"Sid": "JobRead", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [_arn(p) for p in reads]},
+            # GetObjectVersion: a dataset read in place from a versioned bucket reads by the pinned version id
+            {"Sid": "JobRead", "Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
+             "Resource": [_arn(p) for p in reads]},
             *({"Sid": f"JobListing{i}", "Effect": "Allow", "Action": ["s3:ListBucket"],
                "Resource": [_arn(bucket)], "Condition": {"StringLike": {"s3:prefix": prefixes}}}
               for i, (bucket, prefixes) in enumerate(sorted(listing.items()))),
