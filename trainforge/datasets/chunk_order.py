@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainforge.datasets.sampler import split_indices
+from trainforge.datasets.sampler import rank_slice, split_indices
 
 WINDOW_BITS = 24
 """A chunk packs into at most 2**24 samples (a 16 MiB chunk of one-token samples): ids fit int64 for 2**39 chunks."""
@@ -160,11 +160,7 @@ class ChunkOrder:
         return out
 
     def rank_slice(self, step: int, global_batch: int, dp_rank: int, dp_degree: int) -> list[int]:
-        if global_batch % dp_degree:
-            raise ValueError(f"global batch {global_batch} not divisible by dp degree {dp_degree}")
-        per_rank = global_batch // dp_degree
-        batch = self.global_indices(step * global_batch, global_batch)
-        return batch[dp_rank * per_rank : (dp_rank + 1) * per_rank]
+        return rank_slice(self.global_indices, step, global_batch, dp_rank, dp_degree)
 
     def anchor(self, position: int) -> Anchor:
         """Where the group holding `position` starts: what a checkpoint at `position` records to resume from."""

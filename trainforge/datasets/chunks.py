@@ -47,10 +47,6 @@ Read = Callable[[int, int], bytes]
 """read(start, end) -> the object's bytes [start, min(end, size))."""
 
 
-def owned_lines(read: Read, start: int, end: int, size: int, *, read_ahead: int = READ_AHEAD) -> bytes:
-    return owned_span(read, start, end, size, read_ahead=read_ahead)[1]
-
-
 def owned_span(read: Read, start: int, end: int, size: int, *,
                read_ahead: int = READ_AHEAD) -> tuple[int, bytes]:
     """(offset in the object, bytes) of the lines of the lines that start in [start, end) of an object of `size` bytes (the last one with its

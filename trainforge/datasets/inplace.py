@@ -73,16 +73,12 @@ class TokenizerSpec:
     name: str = tokenizer.NAME
     json_text: str | None = None
 
-    def load(self) -> Callable[[str], np.ndarray]:
+    def load(self) -> tuple[Callable[[str], np.ndarray], type]:
+        """(encode, token dtype), the tokenizer.json parsed once."""
         if self.json_text is None:
-            return tokenizer.encode
-        return tokenizer.JsonTokenizer(self.json_text).encode
-
-    @property
-    def dtype(self) -> type:
-        if self.json_text is None:
-            return np.uint16
-        return tokenizer.JsonTokenizer(self.json_text).dtype
+            return tokenizer.encode, np.uint16
+        tok = tokenizer.JsonTokenizer(self.json_text)
+        return tok.encode, tok.dtype
 
 
 class PinnedObjects:
@@ -237,7 +233,7 @@ class InPlaceReader:
 
     def __init__(self, manifest: PrefixManifest, store: Any, *, sample_len: int, tokenizer_spec: TokenizerSpec,
                  cache: CacheConfig | None = None, threads: int = 2):
-        self.manifest, self.sample_len, self.tok = manifest, sample_len, tokenizer_spec
+        self.manifest, self.sample_len = manifest, sample_len
         self.chunks = manifest.chunks()
         self.objects = PinnedObjects(manifest, store)
         cache = cache or CacheConfig.from_env()
@@ -249,8 +245,7 @@ class InPlaceReader:
         self.counts_dir = Path(cache.local_dir).parent / "inplace-counts" / key  # tiny, never evicted
         self.counts_dir.mkdir(parents=True, exist_ok=True)
         self.stats = CacheStats()
-        self._encode: Callable[[str], np.ndarray] | None = None
-        self._dtype = tokenizer_spec.dtype
+        self._encode, self._dtype = tokenizer_spec.load()
         self._layouts: dict[int, ParquetLayout] = {}
         self._windows: OrderedDict[int, np.ndarray] = OrderedDict()
         self._counts: dict[int, int] = {}
@@ -281,15 +276,18 @@ class InPlaceReader:
                 with self._lock:
                     self._layouts[chunk.obj] = layout
             return layout.documents(chunk, where)
-        size = self.manifest.objects[chunk.obj].size
-        # Read past the end by an eighth of the chunk (at most READ_AHEAD) to finish its last line in one request.
-        ahead = min(READ_AHEAD, max(256, (chunk.end - chunk.start) // 8))
-        base, data = owned_span(lambda a, b: self.objects.read(chunk.obj, a, b), chunk.start, chunk.end, size,
-                                read_ahead=ahead)
+        base, data = self._owned(chunk, chunk.end)
         where = f"s3://{self.manifest.bucket}/{self.manifest.objects[chunk.obj].key}"
         if fmt == "jsonl":
             return jsonl_documents(data, self.manifest.text_field, where, base)
         return text_documents(data, where, base)
+
+    def _owned(self, chunk: Chunk, end: int) -> tuple[int, bytes]:
+        """(offset, bytes) of the lines starting in [chunk.start, end), read pinned. Past the end by an eighth of
+        the range (at most READ_AHEAD): the last line is usually finished by the same request."""
+        ahead = min(READ_AHEAD, max(256, (end - chunk.start) // 8))
+        return owned_span(lambda a, b: self.objects.read(chunk.obj, a, b), chunk.start, end,
+                          self.manifest.objects[chunk.obj].size, read_ahead=ahead)
 
     def records(self, c: int, max_bytes: int | None = None) -> list[dict[str, Any]]:
         """The records chunk `c` owns, for the quality gate: each as its scalar fields (a JSON line's top-level
@@ -306,11 +304,7 @@ class InPlaceReader:
             for g in owned_row_groups(layout.groups, chunk.start, chunk.end):
                 out += [{**row, "_parsed": True} for row in layout.read(g).to_pylist()]
             return [_scalars(r) for r in out]
-        size = self.manifest.objects[chunk.obj].size
-        end = chunk.end if max_bytes is None else min(chunk.end, chunk.start + max_bytes)
-        ahead = min(READ_AHEAD, max(256, (end - chunk.start) // 8))
-        _base, data = owned_span(lambda a, b: self.objects.read(chunk.obj, a, b), chunk.start, end, size,
-                                 read_ahead=ahead)
+        _base, data = self._owned(chunk, chunk.end if max_bytes is None else min(chunk.end, chunk.start + max_bytes))
         lines = [line for line in data.split(b"\n") if line.strip()]
         out: list[dict[str, Any]] = []
         for line in lines:
@@ -331,8 +325,6 @@ class InPlaceReader:
         return out
 
     def _tokenize(self, c: int) -> np.ndarray:
-        if self._encode is None:
-            self._encode = self.tok.load()
         docs = [self._encode(d) for d in self.documents(c)]
         stream = np.concatenate(docs).astype(self._dtype, copy=False) if docs else np.zeros(0, self._dtype)
         n = len(stream) // self.sample_len

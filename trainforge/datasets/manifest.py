@@ -16,6 +16,16 @@ _OPTIONAL_KEYS = ("features",)
 FEATURE_DTYPES = ("bfloat16", "float16")
 
 
+def canonical_json(d: dict[str, Any]) -> str:
+    """The one JSON form a manifest is hashed in (sorted keys, no spaces)."""
+    return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+
+def content_id(d: dict[str, Any]) -> str:
+    """A version id: the sha256 of a manifest's canonical JSON."""
+    return hashlib.sha256(canonical_json(d).encode()).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
     file: str
@@ -53,11 +63,11 @@ class DatasetManifest:
         return d
 
     def canonical_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return canonical_json(self.to_dict())
 
     @property
     def version_id(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        return content_id(self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DatasetManifest:

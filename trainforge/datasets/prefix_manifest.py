@@ -9,13 +9,12 @@ object fails the read instead of training on other data (`datasets.inplace`).
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import json
 import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from trainforge.datasets.chunks import Chunk, plan_chunks
+from trainforge.datasets.manifest import content_id
 
 KIND = "s3-prefix"
 Format = Literal["jsonl", "text", "parquet"]
@@ -75,12 +74,9 @@ class PrefixManifest:
         d["kind"] = KIND
         return d
 
-    def canonical_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
     @property
     def version_id(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        return content_id(self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PrefixManifest:

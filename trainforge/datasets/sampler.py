@@ -17,7 +17,7 @@ Two opt-in refinements leave the default order (and so every existing run's resu
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -73,6 +73,17 @@ def _windowed(train: np.ndarray, shard_sizes: tuple[int, ...], window: int, rng:
     return out
 
 
+def rank_slice(global_indices: Callable[[int, int], list[int]], step: int, global_batch: int, dp_rank: int,
+               dp_degree: int) -> list[int]:
+    """Rank `dp_rank`'s contiguous 1/dp_degree of step `step`'s global batch (positions [step*B, (step+1)*B) of a
+    stream): the same rule for every order, so any world size sees the same global batches."""
+    if global_batch % dp_degree:
+        raise ValueError(f"global batch {global_batch} not divisible by dp degree {dp_degree}")
+    per_rank = global_batch // dp_degree
+    batch = global_indices(step * global_batch, global_batch)
+    return batch[dp_rank * per_rank : (dp_rank + 1) * per_rank]
+
+
 @dataclass(frozen=True, slots=True)
 class SampleOrder:
     num_samples: int
@@ -126,11 +137,7 @@ class SampleOrder:
 
     def rank_slice(self, step: int, global_batch: int, dp_rank: int, dp_degree: int) -> list[int]:
         """The samples data-parallel rank `dp_rank` consumes for optimizer step `step`."""
-        if global_batch % dp_degree:
-            raise ValueError(f"global batch {global_batch} not divisible by dp degree {dp_degree}")
-        per_rank = global_batch // dp_degree
-        batch = self.global_indices(step * global_batch, global_batch)
-        return batch[dp_rank * per_rank : (dp_rank + 1) * per_rank]
+        return rank_slice(self.global_indices, step, global_batch, dp_rank, dp_degree)
 
     def eval_indices(self, count: int) -> list[int]:
         ev = split_indices(self.num_samples, self.eval_fraction, self.version).eval

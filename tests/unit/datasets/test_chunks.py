@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trainforge.datasets.chunks import Chunk, owned_lines, owned_row_groups, plan_chunks
+from trainforge.datasets.chunks import Chunk, owned_row_groups, owned_span, plan_chunks
 from trainforge.datasets.prefix_manifest import PrefixManifest, SourceObject, derived_name, matches, split_ref
 
 
@@ -22,6 +22,10 @@ def test_plan_chunks_covers_each_object_exactly():
             assert max(c.end - c.start for c in mine) - min(c.end - c.start for c in mine) <= 1
     with pytest.raises(ValueError):
         plan_chunks([10], 0)
+
+
+def owned_lines(read, start: int, end: int, size: int, **kw) -> bytes:
+    return owned_span(read, start, end, size, **kw)[1]
 
 
 def _reader(data: bytes, log: list | None = None):

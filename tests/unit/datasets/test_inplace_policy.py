@@ -4,7 +4,6 @@ the job pinned."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -70,4 +69,3 @@ def test_a_resume_trains_on_the_version_the_job_pinned():
     assert _recorded_dataset("cat") == "catalog://web@def456"  # the version, not the branch that may have moved
     assert _recorded_dataset("lake") == "lakefs://r/c0ffee/p"
     assert _recorded_dataset("never-ran") is None and _recorded_dataset(None) is None
-    assert json.dumps(_recorded_dataset("cat"))
