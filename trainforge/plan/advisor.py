@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainforge.plan.hardware import GPU_CATALOG, GpuSpec
-from trainforge.plan.layout import Layout, LayoutProblem, layout_problems
+from trainforge.plan.layout import Layout, LayoutProblem, interleaved_micro_batches_ok, layout_problems
 from trainforge.plan.memory import MemoryEstimate, estimate_memory
 from trainforge.plan.model import ModelShape
 from trainforge.plan.perf import StepEstimate, estimate_step
@@ -173,7 +173,7 @@ def _inner(req: PlanRequest, dp: int, tp: int, pp: int) -> Iterator[Layout]:
             if pp > 1 and micro < pp:
                 continue
             for vpp, schedule in pipes:
-                if vpp > 1 and micro % pp:
+                if vpp > 1 and not interleaved_micro_batches_ok(micro, pp, vpp):
                     continue
                 for sharding in _choices(req, "sharding", shardings):
                     for ac in _choices(req, "activation_checkpointing", AC_MODES):

@@ -50,6 +50,15 @@ def gradient_accumulation_steps(layout: Layout, global_batch_size: int) -> int:
     return global_batch_size // (layout.dp * layout.micro_batch_size)
 
 
+def interleaved_micro_batches_ok(micro_batches: int, pp: int, vpp: int) -> bool:
+    """Whether m micro-batches (m >= pp) run on torch's interleaved 1F1B as the planner prices them: m + (p-1)/v
+    slots and min(m, p + (p-1)/v) micro-batches in flight. A multiple of pp does; so does any m up to p + (p-1)/v
+    (one round: every micro-batch is in flight, as priced). Otherwise torch's flexible rounds warm up more
+    micro-batches than the memory model holds, or its constructor refuses m (tests/unit/plan/
+    test_pipeline_schedules.py simulates torch's own action lists)."""
+    return micro_batches % pp == 0 or micro_batches <= pp + (pp - 1) / vpp
+
+
 def layout_problems(
     layout: Layout,
     model: ModelShape,
@@ -118,11 +127,13 @@ def layout_problems(
             f">= {4 * layout.pp})",
         ))
     elif (layout.pp > 1 and layout.vpp > 1
-          and gradient_accumulation_steps(layout, global_batch_size) % layout.pp):
+          and not interleaved_micro_batches_ok(gradient_accumulation_steps(layout, global_batch_size),
+                                               layout.pp, layout.vpp)):
         n = gradient_accumulation_steps(layout, global_batch_size)
         out.append(LayoutProblem(
             "parallelism.virtual_stages",
-            f"interleaved 1F1B needs the micro-batches per step ({n}) to be a multiple of pp ({layout.pp})",
+            f"interleaved 1F1B needs the micro-batches per step ({n}) to be a multiple of pp ({layout.pp}), or at "
+            f"most pp + (pp-1)/v = {layout.pp + (layout.pp - 1) / layout.vpp:g}",
             f"pick a global batch / micro-batch giving a multiple of {layout.pp} micro-batches, or virtual_stages: 1",
         ))
     if layout.vpp > 1 and layout.schedule != "interleaved-1f1b":

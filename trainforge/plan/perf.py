@@ -134,6 +134,13 @@ def memory_bound_bytes_per_token(model: ModelShape, layout: Layout, seq_len: int
     return float(total)
 
 
+def pipeline_slots(pp: int, vpp: int, micro_batches: int) -> float:
+    """Micro-batch slots (one micro-batch's forward + backward on one rank) a step takes: m + (p-1)/v. Exact for
+    the schedules the engine runs on every micro-batch count `layout_problems` allows (GPipe, 1F1B, interleaved
+    1F1B; tests/unit/plan/test_pipeline_schedules.py simulates torch.distributed.pipelining's own action lists)."""
+    return micro_batches + (pp - 1) / vpp
+
+
 def hardware_layer_flops_per_token(model: ModelShape, layout: Layout, seq_len: int) -> float:
     flops = model.layer_flops_per_token(seq_len)
     if layout.activation_checkpointing == "full":
@@ -167,7 +174,7 @@ def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topolog
     for term in terms:
         by_axis[term.axis] += term.exposed_s
     per_slot = (by_axis["tp"] + by_axis["ep"] + by_axis["pp"]) / m
-    slots = m + (layout.pp - 1) / layout.vpp
+    slots = pipeline_slots(layout.pp, layout.vpp, m)
     compute = t_mb * m
     bubble = (t_mb + per_slot) * (layout.pp - 1) / layout.vpp
     optimizer = _optimizer_time(model, layout, gpu, precision)
