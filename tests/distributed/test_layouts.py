@@ -60,6 +60,17 @@ def test_pp(tmp_path: Path, ref: dict[str, Any], schedule: str, vpp: int) -> Non
     check(tmp_path, ref, {"dp": 1, "pp": 2, "vpp": vpp, "schedule": schedule}, "none", pipeline=True)
 
 
+def test_interleaved_pp_with_fewer_micro_batches_than_a_second_round(tmp_path: Path) -> None:
+    """4 micro-batches on 3 ranks of 2 virtual stages: not a multiple of pp, but at most pp + (pp-1)/v, which the
+    planner admits (plan/layout.py interleaved_micro_batches_ok) because torch runs it in one round as priced."""
+    six = {**TINY, "layers": 6}
+    ref6 = reference(tmp_path / "ref", {"micro_batch_size": MICRO}, steps=STEPS, grad_clip=1.0, model=six)
+    got = run_layout(tmp_path, {"micro_batch_size": MICRO, "dp": 1, "pp": 3, "vpp": 2,
+                                "schedule": "interleaved-1f1b"}, steps=STEPS, grad_clip=1.0, model=six)
+    assert (got["kind"], got["pipeline"]) == ("none", True), "the layout fell back to another path"
+    assert_same(got, ref6)
+
+
 @pytest.mark.slow
 def test_hsdp(tmp_path: Path, ref: dict[str, Any]) -> None:
     check(tmp_path, ref, {"dp": 4, "sharding": "hybrid-shard", "hsdp_shard_degree": 2}, "fsdp")
