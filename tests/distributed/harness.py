@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule
 
 from trainforge.infra.storage import open_store
 from trainforge.trainer.checkpoint import Checkpointer
@@ -65,8 +66,12 @@ def run(cfg: dict, ctx: DistContext) -> None:
         assert ref is not None
         start = engine.restore(ref)
     losses, norms = [], []
+    calls = _count_fsdp_collectives()
+    fsdp_calls = []
     for step in range(start, cfg["steps"]):
+        calls.update(all_gather=0, reduce_scatter=0)
         loss, norm = engine_step(engine, cfg, step)
+        fsdp_calls.append(dict(calls))
         losses.append(loss)
         norms.append(norm)
         if ckpt is not None and step + 1 == cfg.get("save_at"):
@@ -76,9 +81,28 @@ def run(cfg: dict, ctx: DistContext) -> None:
     out = Path(cfg["out"])
     torch.save({k: v.detach().clone() for k, v in sd.items()}, out / f"weights-{ctx.rank}.pt")
     if ctx.rank == 0:
+        units = sum(isinstance(m, FSDPModule) for m in pm.model.modules())
         (out / "result.json").write_text(json.dumps({"losses": losses, "norms": norms, "kind": pm.kind,
-                                                     "pipeline": pm.pipeline is not None}))
+                                                     "pipeline": pm.pipeline is not None,
+                                                     "fsdp_units": units, "fsdp_calls": fsdp_calls}))
     del pm, model, opt, sd
+
+
+def _count_fsdp_collectives() -> dict[str, int]:
+    """Count FSDP2's all-gathers and reduce-scatters (one call per FSDP unit and collective) in this process."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
+
+    calls = {"all_gather": 0, "reduce_scatter": 0}
+    for cls, key in ((collectives.DefaultAllGather, "all_gather"), (collectives.DefaultReduceScatter,
+                                                                     "reduce_scatter")):
+        original = cls.__call__
+
+        def counted(self, *args, _original=original, _key=key, **kwargs):  # type: ignore[no-untyped-def]
+            calls[_key] += 1
+            return _original(self, *args, **kwargs)
+
+        cls.__call__ = counted  # type: ignore[method-assign]
+    return calls
 
 
 def run_deepspeed(cfg: dict, ctx: DistContext, model: torch.nn.Module) -> None:

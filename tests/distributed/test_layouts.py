@@ -14,6 +14,10 @@ from typing import Any
 import pytest
 
 from tests.distributed.conftest import TINY, assert_same, reference, run_layout
+from trainforge.plan.comm import estimate_comm
+from trainforge.plan.layout import Layout
+from trainforge.plan.model import ModelShape
+from trainforge.plan.topology import default_topology
 
 pytestmark = pytest.mark.slow  # starts torchrun, workers or servers: `make test`, not `make test-fast`
 
@@ -27,10 +31,12 @@ def ref(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return reference(tmp_path_factory.mktemp("ref"), {"micro_batch_size": MICRO}, steps=STEPS, grad_clip=1.0)
 
 
-def check(tmp: Path, ref: dict[str, Any], layout: dict[str, Any], kind: str, pipeline: bool = False) -> None:
+def check(tmp: Path, ref: dict[str, Any], layout: dict[str, Any], kind: str,
+          pipeline: bool = False) -> dict[str, Any]:
     got = run_layout(tmp, {"micro_batch_size": MICRO, **layout}, steps=STEPS, grad_clip=1.0)
     assert (got["kind"], got["pipeline"]) == (kind, pipeline), "the layout fell back to another path"
     assert_same(got, ref)
+    return got
 
 
 def test_ddp(tmp_path: Path, ref: dict[str, Any]) -> None:
@@ -39,7 +45,26 @@ def test_ddp(tmp_path: Path, ref: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("sharding", ["shard-grad-op", "full-shard"])
 def test_fsdp(tmp_path: Path, ref: dict[str, Any], sharding: str) -> None:
-    check(tmp_path, ref, {"dp": 2, "sharding": sharding}, "fsdp")
+    """Also the collectives each step makes, as the planner charges them (plan/comm.py): shard-grad-op (ZeRO-2)
+    gathers the weights once per step and reduce-scatters every micro-batch; full-shard gathers for forward and
+    again for backward (the root, never resharded after forward, once) and reduce-scatters every micro-batch."""
+    got = check(tmp_path, ref, {"dp": 2, "sharding": sharding}, "fsdp")
+    m = 8 // 2 // MICRO  # micro-batches per rank and step (run_layout's global batch 8)
+    units = got["fsdp_units"]  # the blocks and the root
+    gathers = units if sharding == "shard-grad-op" else 2 * m * (units - 1) + m
+    assert got["fsdp_calls"] == [{"all_gather": gathers, "reduce_scatter": m * units}] * STEPS
+    layout = Layout(dp=2, micro_batch_size=MICRO, sharding=sharding)
+    items = {c.kind: c for c in estimate_comm(_tiny_shape(), layout, default_topology("a100-80gb"), seq_len=16,
+                                              global_batch_size=8, precision="fp32")}
+    if sharding == "shard-grad-op":
+        assert items["dp reduce-scatter (fsdp)"].bytes_per_gpu == m * items["dp all-gather"].bytes_per_gpu
+    else:
+        assert items["dp all-gather (fsdp)"].bytes_per_gpu == 2 * items["dp reduce-scatter (fsdp)"].bytes_per_gpu
+
+
+def _tiny_shape() -> ModelShape:
+    return ModelShape("tiny", TINY["layers"], TINY["hidden"], TINY["heads"], TINY["kv_heads"], TINY["ffn_hidden"],
+                      TINY["vocab"])
 
 
 def test_fsdp_full_activation_checkpointing(tmp_path: Path, ref: dict[str, Any]) -> None:

@@ -12,7 +12,8 @@ Time = bytes / (link rate x LINK_EFFICIENCY) + steps x latency.
   over the TP ranks, Narayanan et al. 2021 sec. 4.1).
 - DP: `none` all-reduces gradients once per step; `shard-optimizer` (ZeRO-1, Megatron's distributed optimizer) and
   `shard-grad-op` reduce-scatter gradients and all-gather updated weights once per step (the same bytes as one
-  all-reduce); `full-shard` all-gathers weights for forward and again for backward and reduce-scatters
+  all-reduce), except that the engine's `shard-grad-op` without a pipeline reduce-scatters every micro-batch
+  (ZeRO-2: the gradients stay sharded); `full-shard` all-gathers weights for forward and again for backward and reduce-scatters
   gradients every micro-batch (torch FSDP reshard_after_forward=True); `hybrid-shard` does full-shard traffic within
   the node plus an all-reduce of the shard across nodes.
 - EP: per MoE block and micro-batch, 2 all-to-alls forward (dispatch, combine) and 2 backward of s*b*k*h tokens.
@@ -103,10 +104,16 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
     if sharding in ("shard-grad-op", "shard-optimizer"):
         per = _factor(dp) * grad
         t = ring_time(per, link, dp - 1)
+        gather = CommItem("dp all-gather", "dp", link.name, scope, per, t,
+                          f"(d-1)/d x {params:,} x {w} B updated weights, once per step")
+        if sharding == "shard-grad-op" and layout.pp == 1 and m > 1:
+            # The engine's ZeRO-2 (trainer/parallel/parallelize.py `_sync`): gradients reduce-scattered every
+            # micro-batch so they stay sharded, each behind its own micro-batch's backward as FSDP's are.
+            return [CommItem("dp reduce-scatter (fsdp)", "dp", link.name, scope, per * m,
+                             ring_time(per * m, link, m * (dp - 1)),
+                             f"(d-1)/d x {params:,} x {w} B gradients x {m} micro-batches"), gather]
         return [CommItem("dp reduce-scatter", "dp", link.name, scope, per, t,
-                         f"(d-1)/d x {params:,} x {w} B gradients, once per step"),
-                CommItem("dp all-gather", "dp", link.name, scope, per, t,
-                         f"(d-1)/d x {params:,} x {w} B updated weights, once per step")]
+                         f"(d-1)/d x {params:,} x {w} B gradients, once per step"), gather]
     group = hsdp_shard_group(layout, topo.gpus_per_node) if sharding == "hybrid-shard" else dp
     glink = topo.ring_link(stride, group) if sharding == "hybrid-shard" else link
     gscope = topo.scope(stride, group) if sharding == "hybrid-shard" else scope

@@ -67,6 +67,9 @@ class ParallelModel:
     pipeline: Pipeline | None = None
     loss_parallel: bool = False
     reshard_every_micro_batch: bool = True
+    zero2: bool = False
+    """shard-grad-op under FSDP2: gradients reduce-scattered every micro-batch (they stay sharded: ZeRO-2's memory,
+    as plan/memory.py counts it), weights kept whole until the step's last backward (one all-gather per step)."""
     precision_ctx: Any = field(default=contextlib.nullcontext)
     reduction: GradientReduction | None = None
     """DDP's comm hook (kind `ddp` only): the gradient sum's order (parallel/ddp.py)."""
@@ -85,7 +88,12 @@ class ParallelModel:
     def _sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         if isinstance(self.model, DDP) and not last:
             return self.model.no_sync()  # accumulate locally: one all-reduce per optimizer step
-        if isinstance(self.model, FSDPModule) and not self.reshard_every_micro_batch:
+        if isinstance(self.model, FSDPModule) and self.zero2:
+            # Turning gradient sync off would keep whole gradients across micro-batches (a ZeRO-1 footprint the
+            # planner does not charge); resharding after each backward would gather the weights again for every
+            # micro-batch (traffic the planner does not charge either).
+            self.model.set_reshard_after_backward(last)
+        elif isinstance(self.model, FSDPModule) and not self.reshard_every_micro_batch:
             self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
@@ -192,7 +200,8 @@ def parallelize(model: nn.Module, layout: dict[str, Any], *, world_size: int, ra
                        part.layers.values())  # type: ignore[union-attr]
     kind = "fsdp" if use_fsdp else "ep" if dims.ep > 1 else "none" if dims.dp == 1 else "ddp"
     pm = ParallelModel(model, dims, coords, mesh, kind=kind, loss_parallel=loss_parallel,
-                       reshard_every_micro_batch=sharding in ("full-shard", "hybrid-shard"))
+                       reshard_every_micro_batch=sharding in ("full-shard", "hybrid-shard"),
+                       zero2=use_fsdp and sharding == "shard-grad-op")
     if kind == "ddp":
         if dims.ep > 1 or dims.tp > 1:
             raise AssertionError("DDP is only used for pure data parallelism")
