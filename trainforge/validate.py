@@ -416,7 +416,8 @@ def _layout_and_memory_problems(
     gpu = gpu_spec(spec.resources.gpu_type.value)
     mem = estimate_memory(shape, layout, seq_len=spec.training.seq_len,
                           global_batch_size=spec.training.global_batch_size,
-                          precision=spec.training.precision.value, capacity_bytes=gpu.memory_bytes)
+                          precision=spec.training.precision.value, capacity_bytes=gpu.memory_bytes,
+                          engine=spec.parallelism.engine)
     report.memory_per_gpu_bytes = mem.total_bytes
     if not mem.fits:
         parts = ", ".join(f"{i.name} {i.bytes / GiB:.1f}" for i in mem.items)

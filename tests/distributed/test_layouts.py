@@ -85,6 +85,21 @@ def test_pp(tmp_path: Path, ref: dict[str, Any], schedule: str, vpp: int) -> Non
     check(tmp_path, ref, {"dp": 1, "pp": 2, "vpp": vpp, "schedule": schedule}, "none", pipeline=True)
 
 
+def test_pp_fsdp_reduce_scatters_once_per_step_whatever_the_micro_batches(tmp_path: Path,
+                                                                            ref: dict[str, Any]) -> None:
+    """Torch's pipeline stages keep FSDP2's gradients whole until the step's last backward: one reduce-scatter per
+    unit and step at 2 and at 4 micro-batches. The planner charges those whole gradients (and, under full-shard,
+    the whole weights a backward leaves gathered) for the native engine: plan/memory.py
+    pipeline_keeps_whole_state."""
+    layout = {"dp": 2, "pp": 2, "schedule": "1f1b", "sharding": "full-shard"}
+    two = check(tmp_path / "m2", ref, layout, "fsdp", pipeline=True)
+    four = run_layout(tmp_path / "m4", {**layout, "micro_batch_size": MICRO // 2}, steps=STEPS, weights=False)
+    steady = slice(1, None)  # the first step also gathers for lazy initialisation
+    per_step = {c["reduce_scatter"] for c in two["fsdp_calls"][steady] + four["fsdp_calls"][steady]}
+    assert len(per_step) == 1, (two["fsdp_calls"], four["fsdp_calls"])
+    assert per_step.pop() <= 3  # this stage's two blocks and its root; once per micro-batch would be 6 or 12
+
+
 def test_interleaved_pp_with_fewer_micro_batches_than_a_second_round(tmp_path: Path) -> None:
     """4 micro-batches on 3 ranks of 2 virtual stages: not a multiple of pp, but at most pp + (pp-1)/v, which the
     planner admits (plan/layout.py interleaved_micro_batches_ok) because torch runs it in one round as priced."""

@@ -119,7 +119,7 @@ def _memory(req: PlanRequest, layout: Layout) -> MemoryEstimate:
     return estimate_memory(req.model, layout, seq_len=req.seq_len, global_batch_size=req.global_batch_size,
                            precision=req.precision, capacity_bytes=req.capacity,
                            gpus_per_node=req.topology.gpus_per_node, flash_attention=req.flash_attention,
-                           runtime_overhead_bytes=req.gpu.runtime_overhead_bytes)
+                           runtime_overhead_bytes=req.gpu.runtime_overhead_bytes, engine=req.engine)
 
 
 def _divisors(n: int) -> list[int]:

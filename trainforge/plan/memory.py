@@ -249,6 +249,40 @@ def _optimizer_text(sharding: str, precision: str, group: int) -> str:
     return "fp32 master shard + Adam m+v" if fp32_master_copy_bytes(sharding, precision, group) else "Adam m+v"
 
 
+ACCUMULATED_GRAD_BYTES = 4
+"""Bytes per parameter of a gradient accumulated across micro-batches: the engine's FSDP reduce dtype (fp32,
+trainer/parallel/fsdp.py FSDPConfig.reduce_dtype), which FSDP2 accumulates in."""
+
+
+def pipeline_keeps_whole_state(layout: Layout, micro_batches: int) -> bool:
+    """Whether a pipeline stage holds its whole gradients, and weights, through the step. Torch's pipeline stages
+    (torch/distributed/pipelining/stage.py `backward_maybe_with_nosync`) turn FSDP2's gradient sync and its
+    resharding after backward off until the last micro-batch's backward: gradients accumulate whole, in the reduce
+    dtype, and a weight gathered for a backward stays until the next forward reshards it, so at the turn from
+    backward to forward (and through the cool-down) every block's weights are whole. One reduce-scatter per step.
+    Without a pipeline the engine reduce-scatters every micro-batch (plan/comm.py)."""
+    return layout.pp > 1 and layout.dp > 1 and layout.ep == 1 and micro_batches > 1
+
+
+def _pipeline_accumulation_items(model: ModelShape, layout: Layout, precision: str, micro: int,
+                                 items: list[MemoryItem]) -> list[MemoryItem]:
+    dense, expert = local_params(model, layout)
+    params = dense + expert
+    charged = {i.name: i.bytes for i in items}
+    grads = max(0, params * ACCUMULATED_GRAD_BYTES - charged.get("gradients", 0))
+    out = [MemoryItem("whole gradients", grads,
+                      lambda: f"torch's pipeline stages keep whole gradients across the {micro} micro-batches: "
+                      f"{params:,} params x {ACCUMULATED_GRAD_BYTES} B (the reduce dtype), less the "
+                      f"{charged.get('gradients', 0) / 2**20:,.0f} MiB of gradients above")]
+    if layout.sharding in ("full-shard", "hybrid-shard"):
+        p_b = state_bytes_per_param(precision)[0]
+        held = charged.get("parameters", 0) + charged.get("gather buffer", 0)
+        out.append(MemoryItem("whole weights", max(0, params * p_b - held),
+                              lambda: f"weights gathered for a backward stay until the next forward: {params:,} "
+                              f"params x {p_b} B, less the shard and the gather buffer above"))
+    return out
+
+
 def micro_batches_in_flight(layout: Layout, micro_batches: int) -> float:
     if layout.pp == 1:
         return 1.0
@@ -324,8 +358,11 @@ def estimate_memory(
     gpus_per_node: int = 8,
     flash_attention: bool = True,
     runtime_overhead_bytes: int = DEFAULT_RUNTIME_OVERHEAD,
+    engine: str | None = None,
 ) -> MemoryEstimate:
-    """Peak memory of the busiest GPU (first pipeline stage), itemised with the arithmetic."""
+    """Peak memory of the busiest GPU (first pipeline stage), itemised with the arithmetic. `engine`: the engine
+    that runs the layout (`native`: trainforge's, whose pipeline stages keep whole state, `pipeline_keeps_whole_state`);
+    None describes ZeRO's own accounting (the published runs' engines)."""
     # The model states depend on the degrees and the sharding only: the advisor asks for them once per (degrees,
     # sharding) and tries every micro-batch, schedule and recomputation on top.
     items = list(_model_state_items(model, Layout(dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.ep,
@@ -335,6 +372,8 @@ def estimate_memory(
                                                     activation_checkpointing=layout.activation_checkpointing),
                                       seq_len, precision, flash_attention)
     micro = max(1, gradient_accumulation_steps(layout, global_batch_size))
+    if engine == "native" and pipeline_keeps_whole_state(layout, micro):
+        items += _pipeline_accumulation_items(model, layout, precision, micro, items)
     in_flight = micro_batches_in_flight(layout, micro)
     layers = first_stage_layers(model, layout)
     items.append(MemoryItem("activations", int(per_layer * layers * in_flight),

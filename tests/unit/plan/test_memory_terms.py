@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from trainforge.plan.hardware import gpu_spec
 from trainforge.plan.layout import Layout
-from trainforge.plan.memory import estimate_memory
-from trainforge.plan.model import ModelShape, swiglu_ffn
+from trainforge.plan.memory import estimate_memory, local_params
+from trainforge.plan.model import PRESETS, ModelShape, swiglu_ffn
 from trainforge.plan.perf import estimate_step, memory_bound_bytes_per_token
 from trainforge.plan.topology import default_topology
 
@@ -74,3 +74,26 @@ def test_shard_optimizer_shards_only_the_optimizer_state() -> None:
     assert items["comm buffers"] == total * 4  # the bench model is smaller than DeepSpeed's 5e8-element bucket
     totals = {s: sum(_items(s).values()) for s in ("none", "shard-optimizer", "shard-grad-op")}
     assert totals["none"] > totals["shard-optimizer"] > totals["shard-grad-op"]
+
+
+def test_native_pipeline_stages_hold_whole_gradients_and_weights_through_the_step() -> None:
+    """Under the native engine a pipeline stage with FSDP keeps whole fp32 gradients across micro-batches, and under
+    full-shard whole weights (tests/distributed/test_layouts.py: one reduce-scatter per step at any micro-batch
+    count). One micro-batch, no pipeline, or a published run's engine (None): none of that."""
+    model = PRESETS["llama-7b"]
+    dense, expert = local_params(model, Layout(dp=4, pp=2))
+    params = dense + expert
+
+    def items(sharding: str, *, pp: int = 2, gbs: int = 64, engine: str | None = "native") -> dict[str, int]:
+        lay = Layout(dp=4, pp=pp, micro_batch_size=1, sharding=sharding)
+        return estimate_memory(model, lay, seq_len=2048, global_batch_size=gbs, precision="bf16",
+                               capacity_bytes=80 * 2**30, engine=engine).by_name()
+
+    sgo, full = items("shard-grad-op"), items("full-shard")
+    assert sgo["whole gradients"] + sgo["gradients"] == params * 4
+    assert "whole weights" not in sgo  # shard-grad-op keeps its weights whole anyway
+    assert full["whole gradients"] + full["gradients"] == params * 4
+    assert full["whole weights"] + full["parameters"] + full["gather buffer"] == params * 2
+    for other in (items("full-shard", gbs=4), items("full-shard", pp=1), items("full-shard", engine=None)):
+        assert "whole gradients" not in other and "whole weights" not in other
+    assert sum(full.values()) > sum(items("full-shard", engine=None).values())

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from trainforge.plan.advisor import PlanRequest, search
 from trainforge.plan.hardware import gpu_spec
-from trainforge.plan.layout import Layout, layout_problems
-from trainforge.plan.memory import estimate_memory
+from trainforge.plan.layout import Layout, gradient_accumulation_steps, layout_problems
+from trainforge.plan.memory import estimate_memory, pipeline_keeps_whole_state
 from trainforge.plan.model import PRESETS
 from trainforge.plan.topology import default_topology
 
@@ -49,9 +49,9 @@ layouts = st.builds(
 )
 
 
-def _mem(model, layout, seq=2048, gbs=512, precision="bf16"):
+def _mem(model, layout, seq=2048, gbs=512, precision="bf16", engine=None):
     return estimate_memory(PRESETS[model], layout, seq_len=seq, global_batch_size=gbs, precision=precision,
-                           capacity_bytes=80 * 2**30).total_bytes
+                           capacity_bytes=80 * 2**30, engine=engine).total_bytes
 
 
 @settings(max_examples=150, deadline=None)
@@ -64,13 +64,20 @@ def test_memory_monotonic_in_batch_and_sequence(model, layout, precision):
 
 
 @settings(max_examples=150, deadline=None)
-@given(model=st.sampled_from(MODELS), layout=layouts, precision=st.sampled_from(["bf16", "fp32"]))
-def test_more_sharding_never_raises_memory(model, layout, precision):
+@given(model=st.sampled_from(MODELS), layout=layouts, precision=st.sampled_from(["bf16", "fp32"]),
+       engine=st.sampled_from([None, "native"]))
+def test_more_sharding_never_raises_memory(model, layout, precision, engine):
     order = ["none", "shard-grad-op", "full-shard"]
-    mems = [_mem(model, replace(layout, sharding=s), precision=precision) for s in order]
+    mems = [_mem(model, replace(layout, sharding=s), precision=precision, engine=engine) for s in order]
+    if engine == "native" and pipeline_keeps_whole_state(layout, gradient_accumulation_steps(layout, 512)):
+        # Torch's pipeline stages keep whole gradients and weights through the step under every sharding: sharding
+        # saves optimizer state only (full-shard's gather buffers can cost a little more than shard-grad-op), and
+        # never costs more than replication.
+        assert mems[0] >= max(mems[1:]), dict(zip(order, mems, strict=True))
+        return
     assert mems == sorted(mems, reverse=True), dict(zip(order, mems, strict=True))
     hybrid = replace(layout, sharding="hybrid-shard")
-    assert _mem(model, hybrid, precision=precision) >= mems[2]
+    assert _mem(model, hybrid, precision=precision, engine=engine) >= mems[2]
 
 
 @settings(max_examples=100, deadline=None)
