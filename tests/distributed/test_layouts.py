@@ -85,12 +85,12 @@ def test_pp(tmp_path: Path, ref: dict[str, Any], schedule: str, vpp: int) -> Non
     check(tmp_path, ref, {"dp": 1, "pp": 2, "vpp": vpp, "schedule": schedule}, "none", pipeline=True)
 
 
-def test_pp_fsdp_reduce_scatters_once_per_step_whatever_the_micro_batches(tmp_path: Path,
-                                                                            ref: dict[str, Any]) -> None:
+def test_pp_fsdp_gathers_m_plus_one_times_and_reduce_scatters_once_per_step(tmp_path: Path,
+                                                                              ref: dict[str, Any]) -> None:
     """Torch's pipeline stages keep FSDP2's gradients whole until the step's last backward: one reduce-scatter per
-    unit and step at 2 and at 4 micro-batches. The planner charges those whole gradients (and, under full-shard,
-    the whole weights a backward leaves gathered) for the native engine: plan/memory.py
-    pipeline_keeps_whole_state."""
+    unit and step at 2 and at 4 micro-batches; and a weight gathered for a backward stays until the next forward:
+    m + 1 gathers per block. The planner charges those whole gradients and weights and these collectives for the
+    native engine (plan/memory.py pipeline_keeps_whole_state, plan/comm.py)."""
     layout = {"dp": 2, "pp": 2, "schedule": "1f1b", "sharding": "full-shard"}
     two = check(tmp_path / "m2", ref, layout, "fsdp", pipeline=True)
     four = run_layout(tmp_path / "m4", {**layout, "micro_batch_size": MICRO // 2}, steps=STEPS, weights=False)
@@ -98,6 +98,15 @@ def test_pp_fsdp_reduce_scatters_once_per_step_whatever_the_micro_batches(tmp_pa
     per_step = {c["reduce_scatter"] for c in two["fsdp_calls"][steady] + four["fsdp_calls"][steady]}
     assert len(per_step) == 1, (two["fsdp_calls"], four["fsdp_calls"])
     assert per_step.pop() <= 3  # this stage's two blocks and its root; once per micro-batch would be 6 or 12
+    # Each block gathers m + 1 times a step (plan/comm.py): 2 more gathers per block from 2 to 4 micro-batches.
+    blocks = TINY["layers"] // 2
+    gathers = {c["all_gather"] for c in four["fsdp_calls"][steady]}, {c["all_gather"] for c in two["fsdp_calls"][steady]}
+    assert len(gathers[0]) == len(gathers[1]) == 1
+    assert gathers[0].pop() - gathers[1].pop() == 2 * blocks
+    layout_m2 = Layout(dp=2, pp=2, micro_batch_size=MICRO, sharding="full-shard")
+    items = {c.kind: c for c in estimate_comm(_tiny_shape(), layout_m2, default_topology("a100-80gb"), seq_len=16,
+                                              global_batch_size=8, precision="fp32", engine="native")}
+    assert items["dp all-gather (fsdp)"].bytes_per_gpu == 3 * items["dp reduce-scatter"].bytes_per_gpu  # m + 1
 
 
 def test_interleaved_pp_with_fewer_micro_batches_than_a_second_round(tmp_path: Path) -> None:

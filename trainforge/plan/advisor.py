@@ -111,7 +111,8 @@ def evaluate_layout(req: PlanRequest, layout: Layout, *, with_step: bool = True)
     if with_step and not problems:
         step = estimate_step(req.model, layout, req.gpu, req.topology, seq_len=req.seq_len,
                              global_batch_size=req.global_batch_size, precision=req.precision,
-                             flash_attention=req.flash_attention, tp_comm_overlap=req.tp_comm_overlap)
+                             flash_attention=req.flash_attention, tp_comm_overlap=req.tp_comm_overlap,
+                             engine=req.engine)
     return Plan(layout, memory, step, tuple(problems))
 
 
@@ -197,7 +198,8 @@ def search(req: PlanRequest, *, keep_too_big: int = 5) -> SearchResult:
             continue
         step = estimate_step(req.model, layout, req.gpu, req.topology, seq_len=req.seq_len,
                              global_batch_size=req.global_batch_size, precision=req.precision,
-                             flash_attention=req.flash_attention, tp_comm_overlap=req.tp_comm_overlap)
+                             flash_attention=req.flash_attention, tp_comm_overlap=req.tp_comm_overlap,
+                             engine=req.engine)
         result.plans.append(replace(plan, step=step))
     result.plans.sort(key=lambda p: (p.step.step_time_s if p.step else 0.0, p.memory.total_bytes))
     result.too_big.sort(key=lambda p: p.memory.total_bytes)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from trainforge.plan.hardware import LINK_EFFICIENCY, LinkSpec
 from trainforge.plan.layout import Layout, gradient_accumulation_steps
-from trainforge.plan.memory import hsdp_shard_group, local_params, stage_layers
+from trainforge.plan.memory import hsdp_shard_group, local_params, pipeline_keeps_whole_state, stage_layers
 from trainforge.plan.model import ModelShape
 from trainforge.plan.topology import Topology
 
@@ -54,7 +54,9 @@ def _factor(n: int, all_reduce: bool = False) -> float:
 
 
 def estimate_comm(model: ModelShape, layout: Layout, topo: Topology, *, seq_len: int, global_batch_size: int,
-                  precision: str) -> list[CommItem]:
+                  precision: str, engine: str | None = None) -> list[CommItem]:
+    """`engine` `native`: FSDP under torch's pipeline stages gathers and reduce-scatters as they make it
+    (`_dp_items`); None: as ZeRO describes it (the published runs' engines)."""
     width = 4 if precision == "fp32" else 2
     m = max(1, gradient_accumulation_steps(layout, global_batch_size))
     s, b, h = seq_len, layout.micro_batch_size, model.hidden
@@ -85,11 +87,12 @@ def estimate_comm(model: ModelShape, layout: Layout, topo: Topology, *, seq_len:
         out.append(CommItem("ep all-to-all", "ep", link.name, scope, per, ring_time(per, link, 4 * layers * m),
                             f"4 x (e-1)/e x s*b*k*h/t*{width} B x {layers} layers x {m} micro-batches"))
     if dp > 1:
-        out += _dp_items(model, layout, topo, m, precision)
+        out += _dp_items(model, layout, topo, m, precision, engine)
     return out
 
 
-def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precision: str) -> list[CommItem]:
+def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precision: str,
+              engine: str | None) -> list[CommItem]:
     dense, expert = local_params(model, layout)
     params = dense + expert
     w = 4 if precision == "fp32" else 2
@@ -118,7 +121,18 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
     glink = topo.ring_link(stride, group) if sharding == "hybrid-shard" else link
     gscope = topo.scope(stride, group) if sharding == "hybrid-shard" else scope
     items = []
-    if group > 1:
+    if group > 1 and engine == "native" and pipeline_keeps_whole_state(layout, m):
+        # Torch's pipeline stages: a weight gathered for a backward stays until the next forward, which then needs
+        # no gather, so each unit gathers for every forward that follows a forward and for every backward that
+        # follows a forward: m + 1 times a step in 1F1B, GPipe or interleaved order. One reduce-scatter per step.
+        ag = (m + 1) * _factor(group) * grad
+        rs = _factor(group) * grad
+        items += [CommItem("dp all-gather (fsdp)", "dp", glink.name, gscope, ag,
+                           ring_time(ag, glink, (m + 1) * group),
+                           f"(m+1) x (d-1)/d x {params:,} x {w} B (pipeline stage: kept after each backward)"),
+                  CommItem("dp reduce-scatter", "dp", glink.name, gscope, rs, ring_time(rs, glink, group),
+                           f"(d-1)/d x {params:,} x {w} B gradients, once per step (whole until the last backward)")]
+    elif group > 1:
         ag = 2 * _factor(group) * grad * m
         rs = _factor(group) * grad * m
         items += [CommItem("dp all-gather (fsdp)", "dp", glink.name, gscope, ag, ring_time(ag, glink, 2 * m * group),

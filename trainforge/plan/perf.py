@@ -152,7 +152,9 @@ def hardware_layer_flops_per_token(model: ModelShape, layout: Layout, seq_len: i
 
 def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topology, *, seq_len: int,
                   global_batch_size: int, precision: str, flash_attention: bool = True,
-                  tp_comm_overlap: bool = False, sustained_fraction: float | None = None) -> StepEstimate:
+                  tp_comm_overlap: bool = False, sustained_fraction: float | None = None,
+                  engine: str | None = None) -> StepEstimate:
+    """`engine`: the engine that runs the layout, for the collectives it makes (plan/comm.py `estimate_comm`)."""
     m = max(1, gradient_accumulation_steps(layout, global_batch_size))
     tokens_mb = seq_len * layout.micro_batch_size
     layer_hw = hardware_layer_flops_per_token(model, layout, seq_len)
@@ -168,7 +170,7 @@ def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topolog
              / layout.tp / (gpu.hbm_bytes_per_s * HBM_EFFICIENCY))
     t_mb = stage_flops * tokens_mb / layout.tp / rate + t_mem
     comm = estimate_comm(model, layout, topo, seq_len=seq_len, global_batch_size=global_batch_size,
-                         precision=precision)
+                         precision=precision, engine=engine)
     terms = overlap_terms(comm, layout, t_mb, m, model, tp_comm_overlap=tp_comm_overlap)
     by_axis: dict[str, float] = {"tp": 0.0, "pp": 0.0, "ep": 0.0, "dp": 0.0}
     for term in terms:
