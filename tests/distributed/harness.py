@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -24,7 +25,7 @@ from trainforge.trainer.checkpoint import Checkpointer
 from trainforge.trainer.distributed import DistContext, shutdown
 from trainforge.trainer.engine import DeepSpeedEngine, Engine, NativeEngine
 from trainforge.trainer.models.llama import build_model
-from trainforge.trainer.parallel.parallelize import parallelize
+from trainforge.trainer.parallel.parallelize import autocast, parallelize
 
 
 def batch(step: int, cfg: dict, dp_rank: int, dp: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -60,6 +61,8 @@ def run(cfg: dict, ctx: DistContext) -> None:
                             lambda *a: None, guard_optimizer=False)
     # The production engine's step (trainer/engine.py), the one loop.train drives.
     engine = NativeEngine(pm, opt, ckpt, cfg.get("grad_clip"), ctx.device)
+    if layout.get("precision"):  # as NativeEngine.build sets it
+        pm.precision_ctx = lambda: autocast(layout["precision"], ctx.device)
     start = 0
     if cfg.get("load") and ckpt is not None:
         ref, _ = ckpt.latest()
@@ -69,6 +72,7 @@ def run(cfg: dict, ctx: DistContext) -> None:
     calls = _count_fsdp_collectives()
     fsdp_calls = []
     for step in range(start, cfg["steps"]):
+        calls.clear()
         calls.update(all_gather=0, reduce_scatter=0)
         loss, norm = engine_step(engine, cfg, step)
         fsdp_calls.append(dict(calls))
@@ -88,17 +92,19 @@ def run(cfg: dict, ctx: DistContext) -> None:
     del pm, model, opt, sd
 
 
-def _count_fsdp_collectives() -> dict[str, int]:
+def _count_fsdp_collectives() -> dict[str, Any]:
     """Count FSDP2's all-gathers and reduce-scatters (one call per FSDP unit and collective) in this process."""
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
 
-    calls = {"all_gather": 0, "reduce_scatter": 0}
+    calls: dict[str, Any] = {"all_gather": 0, "reduce_scatter": 0}
     for cls, key in ((collectives.DefaultAllGather, "all_gather"), (collectives.DefaultReduceScatter,
                                                                      "reduce_scatter")):
         original = cls.__call__
 
         def counted(self, *args, _original=original, _key=key, **kwargs):  # type: ignore[no-untyped-def]
+            inp = kwargs["input_tensor"] if "input_tensor" in kwargs else args[1]
             calls[_key] += 1
+            calls[f"{_key}_dtypes"] = sorted({*calls.get(f"{_key}_dtypes", []), str(inp.dtype)})
             return _original(self, *args, **kwargs)
 
         cls.__call__ = counted  # type: ignore[method-assign]

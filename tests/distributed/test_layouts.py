@@ -8,6 +8,7 @@ took, so a layout that silently fell back to another fails. Run: `.venv/bin/pyth
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,8 @@ def test_fsdp(tmp_path: Path, ref: dict[str, Any], sharding: str) -> None:
     m = 8 // 2 // MICRO  # micro-batches per rank and step (run_layout's global batch 8)
     units = got["fsdp_units"]  # the blocks and the root
     gathers = units if sharding == "shard-grad-op" else 2 * m * (units - 1) + m
-    assert got["fsdp_calls"] == [{"all_gather": gathers, "reduce_scatter": m * units}] * STEPS
+    counts = [(c["all_gather"], c["reduce_scatter"]) for c in got["fsdp_calls"]]
+    assert counts == [(gathers, m * units)] * STEPS
     layout = Layout(dp=2, micro_batch_size=MICRO, sharding=sharding)
     items = {c.kind: c for c in estimate_comm(_tiny_shape(), layout, default_topology("a100-80gb"), seq_len=16,
                                               global_batch_size=8, precision="fp32")}
@@ -65,6 +67,25 @@ def test_fsdp(tmp_path: Path, ref: dict[str, Any], sharding: str) -> None:
 def _tiny_shape() -> ModelShape:
     return ModelShape("tiny", TINY["layers"], TINY["hidden"], TINY["heads"], TINY["kv_heads"], TINY["ffn_hidden"],
                       TINY["vocab"])
+
+
+@pytest.mark.parametrize("sharding", ["shard-grad-op", "full-shard"])
+def test_fsdp_bf16_gathers_bf16_weights_and_reduces_fp32_gradients(tmp_path: Path, sharding: str) -> None:
+    """bf16 training under FSDP2 gathers the weights in bf16 and reduce-scatters fp32 gradients: the bytes the
+    planner charges the native engine (plan/comm.py: 2 B per weight gathered, 4 B per gradient reduced)."""
+    got = run_layout(tmp_path, {"micro_batch_size": MICRO, "dp": 2, "sharding": sharding, "precision": "bf16"},
+                     steps=STEPS, grad_clip=1.0, weights=False)
+    assert got["kind"] == "fsdp"
+    for call in got["fsdp_calls"]:
+        assert (call["all_gather_dtypes"], call["reduce_scatter_dtypes"]) == (["torch.bfloat16"], ["torch.float32"])
+    assert all(math.isfinite(x) for x in got["losses"]) and got["losses"][-1] < got["losses"][0]
+    layout = Layout(dp=2, micro_batch_size=MICRO, sharding=sharding)
+    items = {c.kind: c for c in estimate_comm(_tiny_shape(), layout, default_topology("a100-80gb"), seq_len=16,
+                                              global_batch_size=8, precision="bf16", engine="native")}
+    gather = next(c for k, c in items.items() if "all-gather" in k)
+    reduce = next(c for k, c in items.items() if "reduce-scatter" in k)
+    per_micro_batch_gathers = 1 if sharding == "shard-grad-op" else 2 * (8 // 2 // MICRO)
+    assert reduce.bytes_per_gpu / (8 // 2 // MICRO) == 2 * gather.bytes_per_gpu / per_micro_batch_gathers
 
 
 def test_fsdp_full_activation_checkpointing(tmp_path: Path, ref: dict[str, Any]) -> None:

@@ -95,28 +95,27 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
               engine: str | None) -> list[CommItem]:
     dense, expert = local_params(model, layout)
     params = dense + expert
-    w = 4 if precision == "fp32" else 2
+    gw, ww = dp_widths(precision, engine)
     dp, stride = layout.dp, layout.tp * layout.pp
     link, scope = topo.ring_link(stride, dp), topo.scope(stride, dp)
-    grad = params * w
+    grad, weights = params * gw, params * ww
     sharding = layout.sharding
     if sharding == "none":
         per = _factor(dp, True) * grad
         return [CommItem("dp all-reduce", "dp", link.name, scope, per, ring_time(per, link, 2 * (dp - 1)),
-                         f"2(d-1)/d x {params:,} params x {w} B, once per step")]
+                         f"2(d-1)/d x {params:,} params x {gw} B, once per step")]
     if sharding in ("shard-grad-op", "shard-optimizer"):
-        per = _factor(dp) * grad
-        t = ring_time(per, link, dp - 1)
-        gather = CommItem("dp all-gather", "dp", link.name, scope, per, t,
-                          f"(d-1)/d x {params:,} x {w} B updated weights, once per step")
+        per, gathered = _factor(dp) * grad, _factor(dp) * weights
+        gather = CommItem("dp all-gather", "dp", link.name, scope, gathered, ring_time(gathered, link, dp - 1),
+                          f"(d-1)/d x {params:,} x {ww} B updated weights, once per step")
         if sharding == "shard-grad-op" and layout.pp == 1 and m > 1:
             # The engine's ZeRO-2 (trainer/parallel/parallelize.py `_sync`): gradients reduce-scattered every
             # micro-batch so they stay sharded, each behind its own micro-batch's backward as FSDP's are.
             return [CommItem("dp reduce-scatter (fsdp)", "dp", link.name, scope, per * m,
                              ring_time(per * m, link, m * (dp - 1)),
-                             f"(d-1)/d x {params:,} x {w} B gradients x {m} micro-batches"), gather]
-        return [CommItem("dp reduce-scatter", "dp", link.name, scope, per, t,
-                         f"(d-1)/d x {params:,} x {w} B gradients, once per step"), gather]
+                             f"(d-1)/d x {params:,} x {gw} B gradients x {m} micro-batches"), gather]
+        return [CommItem("dp reduce-scatter", "dp", link.name, scope, per, ring_time(per, link, dp - 1),
+                         f"(d-1)/d x {params:,} x {gw} B gradients, once per step"), gather]
     group = hsdp_shard_group(layout, topo.gpus_per_node) if sharding == "hybrid-shard" else dp
     glink = topo.ring_link(stride, group) if sharding == "hybrid-shard" else link
     gscope = topo.scope(stride, group) if sharding == "hybrid-shard" else scope
@@ -125,25 +124,36 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
         # Torch's pipeline stages: a weight gathered for a backward stays until the next forward, which then needs
         # no gather, so each unit gathers for every forward that follows a forward and for every backward that
         # follows a forward: m + 1 times a step in 1F1B, GPipe or interleaved order. One reduce-scatter per step.
-        ag = (m + 1) * _factor(group) * grad
+        ag = (m + 1) * _factor(group) * weights
         rs = _factor(group) * grad
         items += [CommItem("dp all-gather (fsdp)", "dp", glink.name, gscope, ag,
                            ring_time(ag, glink, (m + 1) * group),
-                           f"(m+1) x (d-1)/d x {params:,} x {w} B (pipeline stage: kept after each backward)"),
+                           f"(m+1) x (d-1)/d x {params:,} x {ww} B (pipeline stage: kept after each backward)"),
                   CommItem("dp reduce-scatter", "dp", glink.name, gscope, rs, ring_time(rs, glink, group),
-                           f"(d-1)/d x {params:,} x {w} B gradients, once per step (whole until the last backward)")]
+                           f"(d-1)/d x {params:,} x {gw} B gradients, once per step (whole until the last backward)")]
     elif group > 1:
-        ag = 2 * _factor(group) * grad * m
+        ag = 2 * _factor(group) * weights * m
         rs = _factor(group) * grad * m
         items += [CommItem("dp all-gather (fsdp)", "dp", glink.name, gscope, ag, ring_time(ag, glink, 2 * m * group),
-                           f"2 (fwd + bwd) x (d-1)/d x {params:,} x {w} B x {m} micro-batches"),
+                           f"2 (fwd + bwd) x (d-1)/d x {params:,} x {ww} B x {m} micro-batches"),
                   CommItem("dp reduce-scatter (fsdp)", "dp", glink.name, gscope, rs, ring_time(rs, glink, m * group),
-                           f"(d-1)/d x {params:,} x {w} B x {m} micro-batches")]
+                           f"(d-1)/d x {params:,} x {gw} B x {m} micro-batches")]
     replicas = dp // group
     if replicas > 1:
         per = _factor(replicas, True) * grad / group
         rlink = topo.ring_link(stride * group, replicas)
         items.append(CommItem("dp all-reduce (hsdp replicas)", "dp", rlink.name, topo.scope(stride * group, replicas),
                               per, ring_time(per, rlink, 2 * replicas),
-                              f"2(r-1)/r x {params:,}/{group} x {w} B across {replicas} replicas, once per step"))
+                              f"2(r-1)/r x {params:,}/{group} x {gw} B across {replicas} replicas, once per step"))
     return items
+
+
+def dp_widths(precision: str, engine: str | None) -> tuple[int, int]:
+    """Bytes per parameter of (a gradient reduced, a weight gathered) across data-parallel ranks. The native engine
+    reduces gradients in fp32 (FSDP2's reduce dtype; DDP all-reduces the fp32 gradients of its fp32 weights) and
+    gathers bf16 weights under bf16 training, the fp32 weights otherwise (trainer/parallel/parallelize.py
+    `_fsdp_param_dtype`). None: the training precision's width for both (the published runs' engines)."""
+    if engine == "native":
+        return 4, 2 if precision == "bf16" else 4
+    w = 4 if precision == "fp32" else 2
+    return w, w

@@ -78,7 +78,8 @@ class NativeEngine:
     def build(cls, cfg: SegmentConfig, ctx: DistContext, model: torch.nn.Module, publish: Publish) -> NativeEngine:
         tr, layout = cfg.training, cfg.layout
         # The parallel modules take the layout as a mapping (tests drive them with extra knobs: hsdp_shard_degree...).
-        pm = parallelize(model, {**asdict(layout), "gradient_reduction": tr.gradient_reduction},
+        pm = parallelize(model, {**asdict(layout), "gradient_reduction": tr.gradient_reduction,
+                                 "precision": tr.precision.value},
                          world_size=ctx.world_size, rank=ctx.rank, device=ctx.device,
                          local_batch=tr.global_batch_size // layout.dp)
         pm.precision_ctx = lambda: autocast(tr.precision.value, ctx.device)

@@ -172,6 +172,13 @@ class ParallelModel:
         yield from (self.pipeline.chunks if self.pipeline else [self.core])
 
 
+def _fsdp_param_dtype(layout: dict[str, Any]) -> str | None:
+    """bf16 training gathers its weights in bf16 (the fp32 shards stay the master copy, gradients are reduced in
+    fp32): half the all-gather bytes of gathering the fp32 weights autocast would cast anyway, and the bytes the
+    planner charges (plan/comm.py). fp16 keeps its fp32 weights (autocast, no loss scaling in FSDP's casts)."""
+    return "bf16" if layout.get("precision") == "bf16" else None
+
+
 def parallelize(model: nn.Module, layout: dict[str, Any], *, world_size: int, rank: int, device: torch.device,
                 fsdp: FSDPConfig | None = None, local_batch: int | None = None) -> ParallelModel:
     """Apply the layout to a model built in full on this rank. `local_batch` (sequences per dp rank per step)
@@ -196,7 +203,8 @@ def parallelize(model: nn.Module, layout: dict[str, Any], *, world_size: int, ra
             apply_ep(part, mesh)
         apply_ac(part, layout.get("activation_checkpointing", "none"))
         if use_fsdp:
-            apply_fsdp(part, fsdp_mesh(mesh), fsdp or FSDPConfig(sharding=sharding),
+            apply_fsdp(part, fsdp_mesh(mesh), fsdp or FSDPConfig(sharding=sharding,
+                                                                 param_dtype=_fsdp_param_dtype(layout)),
                        part.layers.values())  # type: ignore[union-attr]
     kind = "fsdp" if use_fsdp else "ep" if dims.ep > 1 else "none" if dims.dp == 1 else "ddp"
     pm = ParallelModel(model, dims, coords, mesh, kind=kind, loss_parallel=loss_parallel,
