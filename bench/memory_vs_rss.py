@@ -71,7 +71,7 @@ def main() -> None:
         layout = Layout(dp=2, micro_batch_size=MB, sharding=sharding)
         est = estimate_memory(shape, layout, seq_len=SEQ, global_batch_size=2 * MB, precision="fp32",
                               capacity_bytes=cpu.memory_bytes, gpus_per_node=2, flash_attention=False,
-                              runtime_overhead_bytes=cpu.runtime_overhead_bytes)
+                              runtime_overhead_bytes=cpu.runtime_overhead_bytes, engine="native")
         for label, env in ALLOCATORS:
             if label == "jemalloc" and not env:
                 print(f"{mode:<15} {sharding:<14} {label:<15} not installed (Debian: libjemalloc2)", flush=True)

@@ -113,7 +113,8 @@ def main() -> None:
         predicted = sum(model_states_bytes(n_params // div, num_gpus=layout["dp"],
                                            sharding=layout.get("sharding", "none"), precision="fp32").values())
         plan = estimate_memory(ModelShape("bench", **MODEL), Layout(micro_batch_size=MICRO, **layout), seq_len=SEQ,
-                               global_batch_size=BATCH, precision="fp32", capacity_bytes=2**40).by_name()
+                               global_batch_size=BATCH, precision="fp32", capacity_bytes=2**40,
+                               engine="native").by_name()
         act = plan["activations"] + plan["logits"]
         # The planner models the first pipeline stage; show each stage's measurement for PP layouts.
         per_stage = (", stages " + " / ".join(f"{a / 2**20:.1f}" for a in r["acts"])) if layout.get("pp", 1) > 1 else ""

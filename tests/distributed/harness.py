@@ -108,6 +108,14 @@ def _count_fsdp_collectives() -> dict[str, Any]:
             return _original(self, *args, **kwargs)
 
         cls.__call__ = counted  # type: ignore[method-assign]
+    all_reduce = torch.distributed.all_reduce
+
+    def counted_all_reduce(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if sys._getframe(1).f_code.co_name == "foreach_reduce":  # HSDP's all-reduce across replicas
+            calls["all_reduce"] = calls.get("all_reduce", 0) + 1
+        return all_reduce(*args, **kwargs)
+
+    torch.distributed.all_reduce = counted_all_reduce
     return calls
 
 

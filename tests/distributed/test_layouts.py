@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.distributed.conftest import TINY, assert_same, reference, run_layout
-from trainforge.plan.comm import estimate_comm
+from trainforge.plan.comm import PIPELINE_FLUSH_REDUCE, estimate_comm
 from trainforge.plan.layout import Layout
 from trainforge.plan.model import ModelShape
 from trainforge.plan.topology import default_topology
@@ -57,7 +57,7 @@ def test_fsdp(tmp_path: Path, ref: dict[str, Any], sharding: str) -> None:
     assert counts == [(gathers, m * units)] * STEPS
     layout = Layout(dp=2, micro_batch_size=MICRO, sharding=sharding)
     items = {c.kind: c for c in estimate_comm(_tiny_shape(), layout, default_topology("a100-80gb"), seq_len=16,
-                                              global_batch_size=8, precision="fp32")}
+                                              global_batch_size=8, precision="fp32", engine="native")}
     if sharding == "shard-grad-op":
         assert items["dp reduce-scatter (fsdp)"].bytes_per_gpu == m * items["dp all-gather"].bytes_per_gpu
     else:
@@ -86,6 +86,18 @@ def test_fsdp_bf16_gathers_bf16_weights_and_reduces_fp32_gradients(tmp_path: Pat
     reduce = next(c for k, c in items.items() if "reduce-scatter" in k)
     per_micro_batch_gathers = 1 if sharding == "shard-grad-op" else 2 * (8 // 2 // MICRO)
     assert reduce.bytes_per_gpu / (8 // 2 // MICRO) == 2 * gather.bytes_per_gpu / per_micro_batch_gathers
+
+
+def test_bf16_pipeline_with_fsdp_runs_in_mixed_precision(tmp_path: Path) -> None:
+    """A bf16 pipeline (pp 2 x dp 2, full-shard) runs its stages under the same autocast as without a pipeline,
+    gathers bf16 weights and reduces fp32 gradients, and trains."""
+    got = run_layout(tmp_path, {"micro_batch_size": MICRO // 2, "dp": 2, "pp": 2, "schedule": "1f1b",
+                                "sharding": "full-shard", "precision": "bf16"}, steps=STEPS, grad_clip=1.0,
+                     weights=False)
+    assert (got["kind"], got["pipeline"]) == ("fsdp", True)
+    for call in got["fsdp_calls"]:
+        assert (call["all_gather_dtypes"], call["reduce_scatter_dtypes"]) == (["torch.bfloat16"], ["torch.float32"])
+    assert all(math.isfinite(x) for x in got["losses"]) and got["losses"][-1] < got["losses"][0]
 
 
 def test_fsdp_full_activation_checkpointing(tmp_path: Path, ref: dict[str, Any]) -> None:
@@ -118,7 +130,7 @@ def test_pp_fsdp_gathers_m_plus_one_times_and_reduce_scatters_once_per_step(tmp_
     steady = slice(1, None)  # the first step also gathers for lazy initialisation
     per_step = {c["reduce_scatter"] for c in two["fsdp_calls"][steady] + four["fsdp_calls"][steady]}
     assert len(per_step) == 1, (two["fsdp_calls"], four["fsdp_calls"])
-    assert per_step.pop() <= 3  # this stage's two blocks and its root; once per micro-batch would be 6 or 12
+    assert per_step.pop() == TINY["layers"] // 2 + 1  # stage 0's two blocks and its root, once each
     # Each block gathers m + 1 times a step (plan/comm.py): 2 more gathers per block from 2 to 4 micro-batches.
     blocks = TINY["layers"] // 2
     gathers = {c["all_gather"] for c in four["fsdp_calls"][steady]}, {c["all_gather"] for c in two["fsdp_calls"][steady]}
@@ -127,7 +139,7 @@ def test_pp_fsdp_gathers_m_plus_one_times_and_reduce_scatters_once_per_step(tmp_
     layout_m2 = Layout(dp=2, pp=2, micro_batch_size=MICRO, sharding="full-shard")
     items = {c.kind: c for c in estimate_comm(_tiny_shape(), layout_m2, default_topology("a100-80gb"), seq_len=16,
                                               global_batch_size=8, precision="fp32", engine="native")}
-    assert items["dp all-gather (fsdp)"].bytes_per_gpu == 3 * items["dp reduce-scatter"].bytes_per_gpu  # m + 1
+    assert items["dp all-gather (fsdp)"].bytes_per_gpu == 3 * items[PIPELINE_FLUSH_REDUCE].bytes_per_gpu  # m + 1
 
 
 def test_interleaved_pp_with_fewer_micro_batches_than_a_second_round(tmp_path: Path) -> None:
@@ -143,7 +155,13 @@ def test_interleaved_pp_with_fewer_micro_batches_than_a_second_round(tmp_path: P
 
 @pytest.mark.slow
 def test_hsdp(tmp_path: Path, ref: dict[str, Any]) -> None:
-    check(tmp_path, ref, {"dp": 4, "sharding": "hybrid-shard", "hsdp_shard_degree": 2}, "fsdp")
+    """Also: with 2 micro-batches, HSDP reduce-scatters inside each shard group every micro-batch and all-reduces
+    across the replicas once per step, as plan/comm.py charges it."""
+    layout = {"dp": 4, "sharding": "hybrid-shard", "hsdp_shard_degree": 2}
+    check(tmp_path / "ref", ref, layout, "fsdp")
+    got = run_layout(tmp_path / "m2", {**layout, "micro_batch_size": 1}, steps=STEPS, weights=False)
+    units = got["fsdp_units"]
+    assert [(c["reduce_scatter"], c.get("all_reduce", 0)) for c in got["fsdp_calls"]] == [(2 * units, units)] * STEPS
 
 
 @pytest.mark.slow

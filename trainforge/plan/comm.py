@@ -11,9 +11,12 @@ Time = bytes / (link rate x LINK_EFFICIENCY) + steps x latency.
 - PP: each stage boundary sends s*b*h/t activations forward and gradients back per micro-batch (scatter-gather
   over the TP ranks, Narayanan et al. 2021 sec. 4.1).
 - DP: `none` all-reduces gradients once per step; `shard-optimizer` (ZeRO-1, Megatron's distributed optimizer) and
-  `shard-grad-op` reduce-scatter gradients and all-gather updated weights once per step (the same bytes as one
-  all-reduce), except that the engine's `shard-grad-op` without a pipeline reduce-scatters every micro-batch
-  (ZeRO-2: the gradients stay sharded); `full-shard` all-gathers weights for forward and again for backward and reduce-scatters
+  `shard-grad-op` reduce-scatter gradients and all-gather updated weights once per step, except that
+  `shard-grad-op` without a pipeline reduce-scatters every micro-batch (ZeRO-2, as trainforge's FSDP2 and
+  DeepSpeed run it: the gradients stay sharded). Under the native engine FSDP inside a pipeline gathers each unit
+  m + 1 times a step and reduce-scatters once, after the last backward (torch's pipeline stages keep the state
+  whole until then). Widths (`dp_widths`): the native engine reduces fp32 gradients and gathers bf16 weights under
+  bf16; otherwise both move at the training precision. `full-shard` all-gathers weights for forward and again for backward and reduce-scatters
   gradients every micro-batch (torch FSDP reshard_after_forward=True); `hybrid-shard` does full-shard traffic within
   the node plus an all-reduce of the shard across nodes.
 - EP: per MoE block and micro-batch, 2 all-to-alls forward (dispatch, combine) and 2 backward of s*b*k*h tokens.
@@ -25,9 +28,19 @@ from dataclasses import dataclass
 
 from trainforge.plan.hardware import LINK_EFFICIENCY, LinkSpec
 from trainforge.plan.layout import Layout, gradient_accumulation_steps
-from trainforge.plan.memory import hsdp_shard_group, local_params, pipeline_keeps_whole_state, stage_layers
+from trainforge.plan.memory import (
+    dp_widths,
+    hsdp_shard_group,
+    local_params,
+    pipeline_keeps_whole_state,
+    stage_layers,
+)
 from trainforge.plan.model import ModelShape
 from trainforge.plan.topology import Topology
+
+PIPELINE_FLUSH_REDUCE = "dp reduce-scatter (after the last backward)"
+"""Torch's pipeline stages reduce-scatter once the step's last backward is done (`perform_reduce_grad`): nothing
+is left to hide it behind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +127,15 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
             return [CommItem("dp reduce-scatter (fsdp)", "dp", link.name, scope, per * m,
                              ring_time(per * m, link, m * (dp - 1)),
                              f"(d-1)/d x {params:,} x {gw} B gradients x {m} micro-batches"), gather]
-        return [CommItem("dp reduce-scatter", "dp", link.name, scope, per, ring_time(per, link, dp - 1),
-                         f"(d-1)/d x {params:,} x {gw} B gradients, once per step"), gather]
+        flush = sharding == "shard-grad-op" and engine == "native" and pipeline_keeps_whole_state(layout)
+        return [CommItem(PIPELINE_FLUSH_REDUCE if flush else "dp reduce-scatter", "dp", link.name, scope, per,
+                         ring_time(per, link, dp - 1), f"(d-1)/d x {params:,} x {gw} B gradients, once per step"),
+                gather]
     group = hsdp_shard_group(layout, topo.gpus_per_node) if sharding == "hybrid-shard" else dp
     glink = topo.ring_link(stride, group) if sharding == "hybrid-shard" else link
     gscope = topo.scope(stride, group) if sharding == "hybrid-shard" else scope
     items = []
-    if group > 1 and engine == "native" and pipeline_keeps_whole_state(layout, m):
+    if group > 1 and engine == "native" and pipeline_keeps_whole_state(layout):
         # Torch's pipeline stages: a weight gathered for a backward stays until the next forward, which then needs
         # no gather, so each unit gathers for every forward that follows a forward and for every backward that
         # follows a forward: m + 1 times a step in 1F1B, GPipe or interleaved order. One reduce-scatter per step.
@@ -129,7 +144,7 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
         items += [CommItem("dp all-gather (fsdp)", "dp", glink.name, gscope, ag,
                            ring_time(ag, glink, (m + 1) * group),
                            f"(m+1) x (d-1)/d x {params:,} x {ww} B (pipeline stage: kept after each backward)"),
-                  CommItem("dp reduce-scatter", "dp", glink.name, gscope, rs, ring_time(rs, glink, group),
+                  CommItem(PIPELINE_FLUSH_REDUCE, "dp", glink.name, gscope, rs, ring_time(rs, glink, group),
                            f"(d-1)/d x {params:,} x {gw} B gradients, once per step (whole until the last backward)")]
     elif group > 1:
         ag = 2 * _factor(group) * weights * m
@@ -146,14 +161,3 @@ def _dp_items(model: ModelShape, layout: Layout, topo: Topology, m: int, precisi
                               per, ring_time(per, rlink, 2 * replicas),
                               f"2(r-1)/r x {params:,}/{group} x {gw} B across {replicas} replicas, once per step"))
     return items
-
-
-def dp_widths(precision: str, engine: str | None) -> tuple[int, int]:
-    """Bytes per parameter of (a gradient reduced, a weight gathered) across data-parallel ranks. The native engine
-    reduces gradients in fp32 (FSDP2's reduce dtype; DDP all-reduces the fp32 gradients of its fp32 weights) and
-    gathers bf16 weights under bf16 training, the fp32 weights otherwise (trainer/parallel/parallelize.py
-    `_fsdp_param_dtype`). None: the training precision's width for both (the published runs' engines)."""
-    if engine == "native":
-        return 4, 2 if precision == "bf16" else 4
-    w = 4 if precision == "fp32" else 2
-    return w, w

@@ -254,14 +254,25 @@ ACCUMULATED_GRAD_BYTES = 4
 trainer/parallel/fsdp.py FSDPConfig.reduce_dtype), which FSDP2 accumulates in."""
 
 
-def pipeline_keeps_whole_state(layout: Layout, micro_batches: int) -> bool:
+def dp_widths(precision: str, engine: str | None) -> tuple[int, int]:
+    """Bytes per parameter of (a gradient reduced, a weight gathered) across data-parallel ranks. The native engine
+    reduces gradients in fp32 (FSDP2's reduce dtype; DDP all-reduces the fp32 gradients of its fp32 weights) and
+    gathers bf16 weights under bf16 training, the fp32 weights otherwise (trainer/parallel/parallelize.py
+    `_fsdp_param_dtype`). None: the training precision's width for both (the published runs' engines)."""
+    if engine == "native":
+        return 4, 2 if precision == "bf16" else 4
+    w = 4 if precision == "fp32" else 2
+    return w, w
+
+
+def pipeline_keeps_whole_state(layout: Layout) -> bool:
     """Whether a pipeline stage holds its whole gradients, and weights, through the step. Torch's pipeline stages
     (torch/distributed/pipelining/stage.py `backward_maybe_with_nosync`) turn FSDP2's gradient sync and its
     resharding after backward off until the last micro-batch's backward: gradients accumulate whole, in the reduce
     dtype, and a weight gathered for a backward stays until the next forward reshards it, so at the turn from
     backward to forward (and through the cool-down) every block's weights are whole. One reduce-scatter per step.
-    Without a pipeline the engine reduce-scatters every micro-batch (plan/comm.py)."""
-    return layout.pp > 1 and layout.dp > 1 and layout.ep == 1 and micro_batches > 1
+    Without a pipeline, full-shard and shard-grad-op reduce-scatter every micro-batch (plan/comm.py)."""
+    return layout.pp > 1 and layout.dp > 1 and layout.ep == 1
 
 
 def _pipeline_accumulation_items(model: ModelShape, layout: Layout, precision: str, micro: int,
@@ -275,7 +286,7 @@ def _pipeline_accumulation_items(model: ModelShape, layout: Layout, precision: s
                       f"{params:,} params x {ACCUMULATED_GRAD_BYTES} B (the reduce dtype), less the "
                       f"{charged.get('gradients', 0) / 2**20:,.0f} MiB of gradients above")]
     if layout.sharding in ("full-shard", "hybrid-shard"):
-        p_b = state_bytes_per_param(precision)[0]
+        p_b = dp_widths(precision, "native")[1]  # the width the weights are gathered at
         held = charged.get("parameters", 0) + charged.get("gather buffer", 0)
         out.append(MemoryItem("whole weights", max(0, params * p_b - held),
                               lambda: f"weights gathered for a backward stay until the next forward: {params:,} "
@@ -372,7 +383,7 @@ def estimate_memory(
                                                     activation_checkpointing=layout.activation_checkpointing),
                                       seq_len, precision, flash_attention)
     micro = max(1, gradient_accumulation_steps(layout, global_batch_size))
-    if engine == "native" and pipeline_keeps_whole_state(layout, micro):
+    if engine == "native" and pipeline_keeps_whole_state(layout):
         items += _pipeline_accumulation_items(model, layout, precision, micro, items)
     in_flight = micro_batches_in_flight(layout, micro)
     layers = first_stage_layers(model, layout)

@@ -30,6 +30,8 @@ stays exposed (`trainforge plan --explain` lists them):
   TP_OVERLAP_EXPOSED is. trainforge's native engine does not overlap TP collectives, so the advisor plans without it
   (`PlanRequest.tp_comm_overlap`, set for published runs that used it).
 - PP send/recv: on the critical path between stages (no overlap); EP all-to-all: EP_EXPOSED of it.
+- The native engine's FSDP inside a pipeline reduce-scatters once the step's last backward is done (torch's pipeline
+  stages): exposed whole.
 MFU = model FLOPs (6N + attention, no recomputation; PaLM appendix B) per second / (GPUs x peak).
 """
 
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainforge.plan.comm import CommItem, estimate_comm
+from trainforge.plan.comm import PIPELINE_FLUSH_REDUCE, CommItem, estimate_comm
 from trainforge.plan.hardware import GpuSpec
 from trainforge.plan.layout import Layout, gradient_accumulation_steps
 from trainforge.plan.memory import local_params, shard_degrees, stage_layers, state_bytes_per_param
@@ -211,7 +213,10 @@ def overlap_terms(comm: list[CommItem], layout: Layout, t_mb: float, m: int, mod
             f"prefetched behind {FSDP_OVERLAP:.0%} of the micro-batches' compute; the first unit's gather of each "
             "micro-batch exposed"))
     for c in comm:
-        if c.axis == "dp" and "fsdp" not in c.kind:
+        if c.kind == PIPELINE_FLUSH_REDUCE:
+            out.append(OverlapTerm(c.kind, "dp", c.time_s, 0.0, c.time_s,
+                                   "exposed: issued once the step's last backward is done (torch's pipeline stages)"))
+        elif c.axis == "dp" and "fsdp" not in c.kind:
             bucket = c.time_s * min(1.0, DP_BUCKET_BYTES / max(c.bytes_per_gpu, 1.0))
             if "all-gather" in c.kind:
                 window = t_mb / 3

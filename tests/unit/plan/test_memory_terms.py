@@ -79,7 +79,7 @@ def test_shard_optimizer_shards_only_the_optimizer_state() -> None:
 def test_native_pipeline_stages_hold_whole_gradients_and_weights_through_the_step() -> None:
     """Under the native engine a pipeline stage with FSDP keeps whole fp32 gradients across micro-batches, and under
     full-shard whole weights (tests/distributed/test_layouts.py: one reduce-scatter per step at any micro-batch
-    count). One micro-batch, no pipeline, or a published run's engine (None): none of that."""
+    count). No pipeline or a published run's engine (None): none of that."""
     model = PRESETS["llama-7b"]
     dense, expert = local_params(model, Layout(dp=4, pp=2))
     params = dense + expert
@@ -94,6 +94,6 @@ def test_native_pipeline_stages_hold_whole_gradients_and_weights_through_the_ste
     assert "whole weights" not in sgo  # shard-grad-op keeps its weights whole anyway
     assert full["whole gradients"] + full["gradients"] == params * 4
     assert full["whole weights"] + full["parameters"] + full["gather buffer"] == params * 2
-    for other in (items("full-shard", gbs=4), items("full-shard", pp=1), items("full-shard", engine=None)):
+    for other in (items("full-shard", pp=1), items("full-shard", engine=None)):
         assert "whole gradients" not in other and "whole weights" not in other
     assert sum(full.values()) > sum(items("full-shard", engine=None).values())

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainforge.cli import app
+from trainforge.plan.comm import PIPELINE_FLUSH_REDUCE
 from trainforge.plan.hardware import gpu_spec
 from trainforge.plan.layout import Layout
 from trainforge.plan.model import PRESETS
@@ -114,12 +115,15 @@ def test_plan_explain_and_json_name_each_term() -> None:
     res = runner.invoke(app, [*args, "--explain"])
     assert res.exit_code == 0, res.output
     text = " ".join(res.stdout.split())
-    for name in ("dp reduce-scatter", "dp all-gather", "tp all-gather/reduce-scatter", "pp send/recv"):
+    for name in (PIPELINE_FLUSH_REDUCE, "dp all-gather", "tp all-gather/reduce-scatter", "pp send/recv"):
         assert f"{name} " in text and "hidden" in text and "exposed" in text
-    assert "the last bucket exposed" in text
+    # torch's pipeline stages reduce-scatter after the step's last backward: nothing hides it
+    assert "issued once the step's last backward is done" in text and "the first bucket exposed" in text
     doc = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
     overlap = doc["plans"][0]["comm"]["overlap"]
-    assert {t["name"] for t in overlap} == {"dp reduce-scatter", "dp all-gather", "tp all-gather/reduce-scatter",
+    assert {t["name"] for t in overlap} == {PIPELINE_FLUSH_REDUCE, "dp all-gather", "tp all-gather/reduce-scatter",
                                             "pp send/recv"}
+    flush = next(t for t in overlap if t["name"] == PIPELINE_FLUSH_REDUCE)
+    assert flush["exposed_s"] == pytest.approx(flush["total_s"])
     for t in overlap:
         assert t["hidden_s"] + t["exposed_s"] == pytest.approx(t["total_s"]) and t["rule"]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from trainforge.plan.advisor import PlanRequest, search
 from trainforge.plan.hardware import gpu_spec
-from trainforge.plan.layout import Layout, gradient_accumulation_steps, layout_problems
+from trainforge.plan.layout import Layout, layout_problems
 from trainforge.plan.memory import estimate_memory, pipeline_keeps_whole_state
 from trainforge.plan.model import PRESETS
 from trainforge.plan.topology import default_topology
@@ -69,7 +69,7 @@ def test_memory_monotonic_in_batch_and_sequence(model, layout, precision):
 def test_more_sharding_never_raises_memory(model, layout, precision, engine):
     order = ["none", "shard-grad-op", "full-shard"]
     mems = [_mem(model, replace(layout, sharding=s), precision=precision, engine=engine) for s in order]
-    if engine == "native" and pipeline_keeps_whole_state(layout, gradient_accumulation_steps(layout, 512)):
+    if engine == "native" and pipeline_keeps_whole_state(layout):
         # Torch's pipeline stages keep whole gradients and weights through the step under every sharding: sharding
         # saves optimizer state only (full-shard's gather buffers can cost a little more than shard-grad-op), and
         # never costs more than replication.

@@ -68,6 +68,8 @@ class ParallelModel:
     loss_parallel: bool = False
     reshard_every_micro_batch: bool = True
     zero2: bool = False
+    hsdp: bool = False
+    """hybrid-shard under FSDP2: the all-reduce across replicas waits for the step's last micro-batch."""
     """shard-grad-op under FSDP2: gradients reduce-scattered every micro-batch (they stay sharded: ZeRO-2's memory,
     as plan/memory.py counts it), weights kept whole until the step's last backward (one all-gather per step)."""
     precision_ctx: Any = field(default=contextlib.nullcontext)
@@ -88,7 +90,11 @@ class ParallelModel:
     def _sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         if isinstance(self.model, DDP) and not last:
             return self.model.no_sync()  # accumulate locally: one all-reduce per optimizer step
-        if isinstance(self.model, FSDPModule) and self.zero2:
+        if isinstance(self.model, FSDPModule) and self.hsdp:
+            # HSDP reduce-scatters inside the node every micro-batch (as full-shard does) but all-reduces across the
+            # replicas once per step, as the planner charges it (plan/comm.py "dp all-reduce (hsdp replicas)").
+            self.model.set_requires_all_reduce(last)
+        elif isinstance(self.model, FSDPModule) and self.zero2:
             # Turning gradient sync off would keep whole gradients across micro-batches (a ZeRO-1 footprint the
             # planner does not charge); resharding after each backward would gather the weights again for every
             # micro-batch (traffic the planner does not charge either).
@@ -118,7 +124,8 @@ class ParallelModel:
     def _pipeline_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         assert self.pipeline is not None
         p, losses = self.pipeline, []
-        with self._loss_ctx():
+        # The stages' forwards run inside step(): the same mixed precision as without a pipeline.
+        with self._loss_ctx(), self.precision_ctx():
             if p.has_first:
                 p.schedule.step(x, target=y if p.has_last else None, losses=losses)
             elif p.has_last:
@@ -209,7 +216,8 @@ def parallelize(model: nn.Module, layout: dict[str, Any], *, world_size: int, ra
     kind = "fsdp" if use_fsdp else "ep" if dims.ep > 1 else "none" if dims.dp == 1 else "ddp"
     pm = ParallelModel(model, dims, coords, mesh, kind=kind, loss_parallel=loss_parallel,
                        reshard_every_micro_batch=sharding in ("full-shard", "hybrid-shard"),
-                       zero2=use_fsdp and sharding == "shard-grad-op")
+                       zero2=use_fsdp and sharding == "shard-grad-op",
+                       hsdp=use_fsdp and sharding == "hybrid-shard")
     if kind == "ddp":
         if dims.ep > 1 or dims.tp > 1:
             raise AssertionError("DDP is only used for pure data parallelism")
