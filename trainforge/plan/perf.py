@@ -180,7 +180,7 @@ def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topolog
     per_slot = (by_axis["tp"] + by_axis["ep"] + by_axis["pp"]) / m
     slots = pipeline_slots(layout.pp, layout.vpp, m)
     compute = t_mb * m
-    bubble = (t_mb + per_slot) * (layout.pp - 1) / layout.vpp
+    bubble = (t_mb + per_slot) * (slots - m)
     optimizer = _optimizer_time(model, layout, gpu, precision)
     step = (t_mb + per_slot) * slots + by_axis["dp"] + optimizer
     tokens = global_batch_size * seq_len
@@ -190,7 +190,7 @@ def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topolog
     hw_total = (model.layers * layer_hw + head) * tokens
     return StepEstimate(
         step_time_s=step, compute_s=compute, bubble_s=bubble,
-        bubble_fraction=((layout.pp - 1) / layout.vpp) / slots, exposed_comm_s=sum(by_axis.values()),
+        bubble_fraction=(slots - m) / slots, exposed_comm_s=sum(by_axis.values()),
         optimizer_s=optimizer, tokens_per_s=tokens / step, mfu=mfu, hfu=hw_total / step / peak,
         matmul_efficiency=eff, comm=tuple(comm), exposed_by_axis=by_axis, overlap=tuple(terms),
     )

@@ -66,12 +66,8 @@ class ParallelModel:
     """`single`, `ddp`, `fsdp`, `ep` or `none` (TP/PP without data parallelism): the data-parallel path taken."""
     pipeline: Pipeline | None = None
     loss_parallel: bool = False
-    reshard_every_micro_batch: bool = True
-    zero2: bool = False
-    hsdp: bool = False
-    """hybrid-shard under FSDP2: the all-reduce across replicas waits for the step's last micro-batch."""
-    """shard-grad-op under FSDP2: gradients reduce-scattered every micro-batch (they stay sharded: ZeRO-2's memory,
-    as plan/memory.py counts it), weights kept whole until the step's last backward (one all-gather per step)."""
+    sharding: str = "none"
+    """The layout's sharding: how FSDP2 accumulates over a step's micro-batches (`_sync`)."""
     precision_ctx: Any = field(default=contextlib.nullcontext)
     reduction: GradientReduction | None = None
     """DDP's comm hook (kind `ddp` only): the gradient sum's order (parallel/ddp.py)."""
@@ -90,16 +86,18 @@ class ParallelModel:
     def _sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         if isinstance(self.model, DDP) and not last:
             return self.model.no_sync()  # accumulate locally: one all-reduce per optimizer step
-        if isinstance(self.model, FSDPModule) and self.hsdp:
-            # HSDP reduce-scatters inside the node every micro-batch (as full-shard does) but all-reduces across the
-            # replicas once per step, as the planner charges it (plan/comm.py "dp all-reduce (hsdp replicas)").
+        if not isinstance(self.model, FSDPModule):
+            return contextlib.nullcontext()
+        # What each sharding keeps across micro-batches is what plan/comm.py and plan/memory.py charge for it.
+        if self.sharding == "hybrid-shard":
+            # Reduce-scatter inside the node every micro-batch (as full-shard does), all-reduce across the replicas
+            # once per step.
             self.model.set_requires_all_reduce(last)
-        elif isinstance(self.model, FSDPModule) and self.zero2:
-            # Turning gradient sync off would keep whole gradients across micro-batches (a ZeRO-1 footprint the
-            # planner does not charge); resharding after each backward would gather the weights again for every
-            # micro-batch (traffic the planner does not charge either).
+        elif self.sharding == "shard-grad-op":
+            # ZeRO-2: gradients reduce-scattered every micro-batch (turning sync off would keep them whole), weights
+            # kept whole until the last backward (resharding would gather them again every micro-batch).
             self.model.set_reshard_after_backward(last)
-        elif isinstance(self.model, FSDPModule) and not self.reshard_every_micro_batch:
+        elif self.sharding == "none":  # replicated under FSDP (with TP or PP): one all-reduce per step
             self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
@@ -215,9 +213,7 @@ def parallelize(model: nn.Module, layout: dict[str, Any], *, world_size: int, ra
                        part.layers.values())  # type: ignore[union-attr]
     kind = "fsdp" if use_fsdp else "ep" if dims.ep > 1 else "none" if dims.dp == 1 else "ddp"
     pm = ParallelModel(model, dims, coords, mesh, kind=kind, loss_parallel=loss_parallel,
-                       reshard_every_micro_batch=sharding in ("full-shard", "hybrid-shard"),
-                       zero2=use_fsdp and sharding == "shard-grad-op",
-                       hsdp=use_fsdp and sharding == "hybrid-shard")
+                       sharding=sharding)
     if kind == "ddp":
         if dims.ep > 1 or dims.tp > 1:
             raise AssertionError("DDP is only used for pure data parallelism")
