@@ -17,7 +17,6 @@ from typing import Any
 from trainforge.plan.cluster import ClusterSpec, default_cluster
 from trainforge.plan.hardware import gpu_spec
 from trainforge.plan.layout import Layout, layout_problems
-from trainforge.plan.memory import estimate_memory
 from trainforge.plan.model import ModelShape, shape_from_spec
 from trainforge.plan.support import engine_choice_problems
 from trainforge.spec import (
@@ -398,7 +397,8 @@ def _installed_roots(top: str) -> list[Path]:
 def _layout_and_memory_problems(
     spec: JobSpec, shape: ModelShape, cluster: ClusterSpec, report: ValidationReport
 ) -> list[Problem]:
-    from trainforge.plan.resolve import resolve_layout
+    from trainforge.plan.advisor import layout_memory
+    from trainforge.plan.resolve import plan_request, resolve_layout
 
     out: list[Problem] = []
     try:
@@ -414,10 +414,9 @@ def _layout_and_memory_problems(
     if out:
         return out
     gpu = gpu_spec(spec.resources.gpu_type.value)
-    mem = estimate_memory(shape, layout, seq_len=spec.training.seq_len,
-                          global_batch_size=spec.training.global_batch_size,
-                          precision=spec.training.precision.value, capacity_bytes=gpu.memory_bytes,
-                          engine=spec.parallelism.engine)
+    # The advisor's own sizing (node size, the GPU's runtime overhead, the engine): a layout validate passes is one
+    # the advisor would call fitting.
+    mem = layout_memory(plan_request(spec, shape, cluster), layout)
     report.memory_per_gpu_bytes = mem.total_bytes
     if not mem.fits:
         parts = ", ".join(f"{i.name} {i.bytes / GiB:.1f}" for i in mem.items)

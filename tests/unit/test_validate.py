@@ -122,6 +122,24 @@ def test_example_layouts_match_their_comments():
     assert (layout.dp, layout.tp, layout.pp, layout.vpp) == (16, 8, 16, 2)
 
 
+@pytest.mark.parametrize("gpus_per_node", [2, 4, 8])
+@pytest.mark.parametrize("sharding", ["none", "shard-optimizer", "shard-grad-op", "full-shard", "hybrid-shard"])
+def test_validate_sizes_memory_as_the_advisor_does(sharding, gpus_per_node):
+    """One source of truth: the memory `validate` reports for a layout is the advisor's for the same layout on the
+    same cluster (hybrid-shard's shard group is the node's data-parallel ranks, so the node size matters)."""
+    from trainforge.plan.advisor import evaluate_layout
+    from trainforge.plan.model import shape_from_spec
+    from trainforge.plan.resolve import plan_request
+
+    doc = yaml.safe_load((EXAMPLES / "llama-7b-finetune.yaml").read_text())
+    doc["resources"].update(min_gpus=32, gpus_per_node=gpus_per_node)
+    doc["parallelism"] = {"strategy": "explicit", "dp": 32, "sharding": sharding, "micro_batch_size": 1}
+    report = validate_document(doc, cluster=FLEET)
+    spec = parse_spec(doc)
+    advised = evaluate_layout(plan_request(spec, shape_from_spec(spec.model), FLEET), report.layout, with_step=False)
+    assert report.memory_per_gpu_bytes == advised.memory.total_bytes
+
+
 # ---------------------------------------------------------------------------------- specific checks
 
 

@@ -106,7 +106,7 @@ def evaluate_layout(req: PlanRequest, layout: Layout, *, with_step: bool = True)
                                world_size=req.world_size, gpus_per_node=min(req.topology.gpus_per_node,
                                                                             req.world_size),
                                uneven_stages=req.uneven_stages, engine=req.engine)
-    memory = _memory(req, layout)
+    memory = layout_memory(req, layout)
     step = None
     if with_step and not problems:
         step = estimate_step(req.model, layout, req.gpu, req.topology, seq_len=req.seq_len,
@@ -116,7 +116,8 @@ def evaluate_layout(req: PlanRequest, layout: Layout, *, with_step: bool = True)
     return Plan(layout, memory, step, tuple(problems))
 
 
-def _memory(req: PlanRequest, layout: Layout) -> MemoryEstimate:
+def layout_memory(req: PlanRequest, layout: Layout) -> MemoryEstimate:
+    """The layout's memory on the request's cluster: the advisor's and `validate`'s, so the two never disagree."""
     return estimate_memory(req.model, layout, seq_len=req.seq_len, global_batch_size=req.global_batch_size,
                            precision=req.precision, capacity_bytes=req.capacity,
                            gpus_per_node=req.topology.gpus_per_node, flash_attention=req.flash_attention,
