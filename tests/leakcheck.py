@@ -397,11 +397,27 @@ def kill_leaked(run_id: str, exclude: Iterable[int] = frozenset(), wait_s: float
     return pids
 
 
+def _own_resource_tracker() -> frozenset[int]:
+    """This process's multiprocessing resource tracker, if a test started one here (a run without xdist): it reads
+    a pipe this process holds and exits when this process does, so it is not left behind."""
+    from multiprocessing import resource_tracker
+
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)  # noqa: SLF001 (no public accessor)
+    return frozenset([pid]) if isinstance(pid, int) else frozenset()
+
+
+def left_running(run_id: str, grace_s: float = 10.0) -> list[str]:
+    """`leaked_processes` less this process's own resource tracker, then killed (a failed run leaves none)."""
+    own = _own_resource_tracker()
+    found = leaked_processes(run_id, grace_s, exclude=own)
+    if found:
+        kill_leaked(run_id, exclude=own)
+    return found
+
+
 def check(before: Snapshot, run_id: str, grace_s: float = 10.0) -> list[str]:
     """Everything the run left behind, one line each (empty: clean), for the session-finish hook: the leaked
     processes (then killed), and what was added or changed since `before`. Processes come first so that the
     grace period also lets exiting ones finish removing what they made before the snapshot is compared."""
-    found = [f"process left running: {line}" for line in leaked_processes(run_id, grace_s)]
-    if found:
-        kill_leaked(run_id)
+    found = [f"process left running: {line}" for line in left_running(run_id, grace_s)]
     return found + leaks(before, snapshot(before.examined))

@@ -207,6 +207,25 @@ def test_the_checking_process_and_its_ancestors_are_not_leaks() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_the_checking_process_s_own_resource_tracker_is_not_a_leak_but_a_child_left_running_is() -> None:
+    """A test that uses multiprocessing in the pytest process (a run without xdist) starts its resource tracker,
+    which exits when that process does; a child it started and left running is a leak, and is killed."""
+    run_id = f"leakcheck-{secrets.token_hex(4)}"
+    code = ("import os, subprocess; from multiprocessing import resource_tracker; from tests import leakcheck as lc; "
+            "resource_tracker.ensure_running(); "
+            "child = subprocess.Popen(['sleep', '60']); "
+            "print(child.pid, resource_tracker._resource_tracker._pid); "
+            "print(lc.left_running(os.environ[lc.RUN_ENV], grace_s=0)); "
+            "print(child.wait(timeout=10))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, lc.RUN_ENV: run_id})
+    assert done.returncode == 0, done.stderr
+    pids, found, status = done.stdout.strip().splitlines()
+    child, tracker = pids.split()
+    assert f"pid {child}: sleep 60" in found and f"pid {tracker}:" not in found, found
+    assert status == str(-signal.SIGKILL)
+
+
 # --- live: one leak of each kind, in a namespace standing in for the machine --------------------------------
 
 
