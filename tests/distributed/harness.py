@@ -10,6 +10,7 @@ Checkpoints go through the platform's Checkpointer (DCP) on a local object store
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -19,12 +20,14 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainforge.infra.storage import open_store
 from trainforge.trainer.checkpoint import Checkpointer
 from trainforge.trainer.distributed import DistContext, shutdown
 from trainforge.trainer.engine import DeepSpeedEngine, Engine, NativeEngine
 from trainforge.trainer.models.llama import build_model
+from trainforge.trainer.parallel.mesh import MeshAxis
 from trainforge.trainer.parallel.parallelize import autocast, parallelize
 
 
@@ -71,10 +74,13 @@ def run(cfg: dict, ctx: DistContext) -> None:
     losses, norms = [], []
     calls = _count_fsdp_collectives()
     fsdp_calls = []
+    tp_bytes: dict[str, int] = {}
+    tp_group = pm.mesh[MeshAxis.TP].get_group().group_name if pm.mesh is not None and pm.dims.tp > 1 else None
     for step in range(start, cfg["steps"]):
         calls.clear()
         calls.update(all_gather=0, reduce_scatter=0)
-        loss, norm = engine_step(engine, cfg, step)
+        with _TPBytes(tp_group, tp_bytes) if tp_group and cfg.get("count_tp") else contextlib.nullcontext():
+            loss, norm = engine_step(engine, cfg, step)
         fsdp_calls.append(dict(calls))
         losses.append(loss)
         norms.append(norm)
@@ -88,8 +94,28 @@ def run(cfg: dict, ctx: DistContext) -> None:
         units = sum(isinstance(m, FSDPModule) for m in pm.model.modules())
         (out / "result.json").write_text(json.dumps({"losses": losses, "norms": norms, "kind": pm.kind,
                                                      "pipeline": pm.pipeline is not None,
-                                                     "fsdp_units": units, "fsdp_calls": fsdp_calls}))
+                                                     "fsdp_units": units, "fsdp_calls": fsdp_calls,
+                                                     "tp_bytes": tp_bytes}))
     del pm, model, opt, sd
+
+
+class _TPBytes(TorchDispatchMode):
+    """Bytes per dtype that the tensor-parallel collectives move (DTensor's functional all-gathers, reduce-scatters
+    and all-reduces on the TP group, forward and backward: as CommDebugMode sees them, with their dtypes)."""
+
+    OPS = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
+
+    def __init__(self, group_name: str, into: dict[str, int]) -> None:
+        super().__init__()
+        self.group_name, self.into = group_name, into
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func._overloadpacket.__name__
+        if func.namespace == "_c10d_functional" and name in self.OPS and self.group_name in args:
+            t = args[0]
+            key = f"{name} {str(t.dtype).removeprefix('torch.')}"
+            self.into[key] = self.into.get(key, 0) + t.numel() * t.element_size()
+        return func(*args, **(kwargs or {}))
 
 
 def _count_fsdp_collectives() -> dict[str, Any]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.distributed.conftest import TINY, assert_same, reference, run_layout
 from trainforge.plan.comm import PIPELINE_FLUSH_REDUCE, estimate_comm
@@ -97,6 +98,25 @@ def test_bf16_pipeline_with_fsdp_runs_in_mixed_precision(tmp_path: Path) -> None
     assert (got["kind"], got["pipeline"]) == ("fsdp", True)
     for call in got["fsdp_calls"]:
         assert (call["all_gather_dtypes"], call["reduce_scatter_dtypes"]) == (["torch.bfloat16"], ["torch.float32"])
+    assert all(math.isfinite(x) for x in got["losses"]) and got["losses"][-1] < got["losses"][0]
+
+
+@pytest.mark.parametrize("layout", [{"dp": 1, "tp": 2}, {"dp": 2, "tp": 2}, {"dp": 1, "tp": 2, "pp": 2}],
+                         ids=["tp2", "tp2-dp2", "tp2-pp2"])
+def test_bf16_tensor_parallelism_moves_bf16(tmp_path: Path, layout: dict[str, Any]) -> None:
+    """bf16 training with TP moves bf16 through its TP collectives, as the planner charges (plan/comm.py, 2 B per
+    element), with or without data parallelism: without it the engine still runs FSDP2 (on a one-rank mesh) for
+    its mixed precision, since autocast alone leaves the weights and the residual stream fp32 (3/4 of the TP bytes
+    were fp32)."""
+    got = run_layout(tmp_path, {"micro_batch_size": MICRO, **layout, "precision": "bf16"}, steps=2, grad_clip=1.0,
+                     weights=False, count_tp=True)
+    assert (got["kind"], got["pipeline"]) == ("fsdp", "pp" in layout)
+    moved = got["tp_bytes"]
+    activations = {k: v for k, v in moved.items() if not k.startswith("all_reduce")}
+    assert {k.split()[0] for k in activations} == {"all_gather_into_tensor", "reduce_scatter_tensor"}, moved
+    assert {k.split()[1] for k in activations} == {"bfloat16"}, moved
+    # The all-reduces are loss-parallel's per-token statistics and the gradient norm: fp32, and small.
+    assert sum(moved.values()) - sum(activations.values()) < 0.02 * sum(activations.values()), moved
     assert all(math.isfinite(x) for x in got["losses"]) and got["losses"][-1] < got["losses"][0]
 
 
@@ -240,3 +260,20 @@ def test_checkpoint_fsdp_world4_resumes_as_ddp_world2(tmp_path: Path, ref: dict[
     assert len(resumed["losses"]) == STEPS - 2, "the resumed run did not start at the checkpoint's step"
     assert_same({**resumed, "losses": first["losses"] + resumed["losses"],
                  "norms": first["norms"] + resumed["norms"]}, ref)
+
+
+def test_checkpoint_bf16_tp_alone_resumes_as_fsdp(tmp_path: Path) -> None:
+    """A bf16 TP run without data parallelism (FSDP2 on a one-rank mesh, for its mixed precision) saves after step
+    2; full-shard FSDP on 2 ranks loads it and continues where an uninterrupted run goes (bf16: layouts round
+    differently, so within 1%, not bit for bit)."""
+    store = {"store": (tmp_path / "store").as_uri(), "store_staging": str(tmp_path / "staging")}
+    tp = {"dp": 1, "tp": 2, "micro_batch_size": MICRO, "precision": "bf16"}
+    whole = run_layout(tmp_path, tp, steps=STEPS, grad_clip=1.0, weights=False)
+    first = run_layout(tmp_path, tp, steps=2, grad_clip=1.0, save_at=2, weights=False, **store)
+    assert first["kind"] == "fsdp"
+    resumed = run_layout(tmp_path, {"dp": 2, "sharding": "full-shard", "micro_batch_size": MICRO,
+                                    "precision": "bf16"}, steps=STEPS, grad_clip=1.0, load=True, weights=False,
+                         **store)
+    assert len(resumed["losses"]) == STEPS - 2, "the resumed run did not start at the checkpoint's step"
+    torch.testing.assert_close(torch.tensor(first["losses"] + resumed["losses"]), torch.tensor(whole["losses"]),
+                               rtol=1e-2, atol=0.0)
