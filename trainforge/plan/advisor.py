@@ -64,6 +64,9 @@ class PlanRequest:
     engine: str | None = "native"
     """The engine that will run the layout (`parallelism.engine`): only layouts it runs are returned. None: any
     engine (the published runs' own engines: Megatron's distributed optimizer is shard-optimizer)."""
+    kernels: str | None = None
+    """`fused` or `eager` non-matmul kernels (perf.memory_bound_bytes_per_token); None: the engine's (the native
+    engine runs its block eagerly, one kernel per op)."""
 
     @property
     def capacity(self) -> int:
@@ -112,7 +115,7 @@ def evaluate_layout(req: PlanRequest, layout: Layout, *, with_step: bool = True)
         step = estimate_step(req.model, layout, req.gpu, req.topology, seq_len=req.seq_len,
                              global_batch_size=req.global_batch_size, precision=req.precision,
                              flash_attention=req.flash_attention, tp_comm_overlap=req.tp_comm_overlap,
-                             engine=req.engine)
+                             engine=req.engine, kernels=req.kernels)
     return Plan(layout, memory, step, tuple(problems))
 
 
@@ -200,7 +203,7 @@ def search(req: PlanRequest, *, keep_too_big: int = 5) -> SearchResult:
         step = estimate_step(req.model, layout, req.gpu, req.topology, seq_len=req.seq_len,
                              global_batch_size=req.global_batch_size, precision=req.precision,
                              flash_attention=req.flash_attention, tp_comm_overlap=req.tp_comm_overlap,
-                             engine=req.engine)
+                             engine=req.engine, kernels=req.kernels)
         result.plans.append(replace(plan, step=step))
     result.plans.sort(key=lambda p: (p.step.step_time_s if p.step else 0.0, p.memory.total_bytes))
     result.too_big.sort(key=lambda p: p.memory.total_bytes)

@@ -5,7 +5,9 @@ activation checkpointing) over a sustained fraction of the GPU's dense peak. The
 per-GPU matmuls get thin (h/t small) or short (few tokens per micro-batch): `matmul_efficiency`. Plus the
 memory-bound kernels between the matmuls (norms, residual adds, the MLP activation, dropout, and -- without fused
 flash attention -- softmax/mask/dropout over the a x s x s attention scores), timed by the bytes they move over HBM
-bandwidth: `memory_bound_bytes_per_token`. Matmul FLOPs grow as h^2 per token and these bytes as h (and a*s), so
+bandwidth: `memory_bound_bytes_per_token` (fused kernels, as Megatron-style engines run them) or
+`eager_bytes_per_token` (one kernel per op, as trainforge's native engine runs its block: about 4x the bytes).
+Matmul FLOPs grow as h^2 per token and these bytes as h (and a*s), so
 their share of the step is what makes small-hidden models reach a lower MFU (Dao et al. 2022, "FlashAttention",
 sec. 1: softmax, masking and dropout are memory-bound and take most of the attention time of GPT-2 training;
 Korthikanti et al. 2022, sec. 4, list the same elementwise tensors as the stored activations).
@@ -48,9 +50,9 @@ from trainforge.plan.topology import Topology
 
 # Sustained fraction of dense peak for large bf16 GEMMs inside a full training step (kernels, norms, softmax,
 # launch gaps included): the model's only fitted constants, one per GPU generation, each the value that minimises
-# the median absolute MFU error of that generation's published runs (tests/unit/plan/accuracy.py `fit`; its test
+# the mean absolute MFU error of that generation's published runs (tests/unit/plan/accuracy.py `fit`; its test
 # fails when they drift from the fit). CPU: not fitted (no published runs).
-SUSTAINED_FRACTION = {"ampere": 0.83, "hopper": 0.7475, "cpu": 0.5}
+SUSTAINED_FRACTION = {"ampere": 0.83, "hopper": 0.745, "cpu": 0.5}
 # Fraction of HBM bandwidth reached by elementwise kernels (STREAM-like copies reach ~0.8-0.9 of the datasheet
 # rate on A100/H100; fused norms and softmax a little less).
 HBM_EFFICIENCY = 0.8
@@ -111,14 +113,27 @@ def matmul_efficiency(model: ModelShape, layout: Layout, seq_len: int, gpu: GpuS
                    tokens / (tokens + SHORT_MATMUL_TOKENS) / (1 + SHORT_MATMUL_TOKENS / 8192))
 
 
-def memory_bound_bytes_per_token(model: ModelShape, layout: Layout, seq_len: int, flash_attention: bool) -> float:
+def memory_bound_bytes_per_token(model: ModelShape, layout: Layout, seq_len: int, flash_attention: bool,
+                                 kernels: str = "fused") -> float:
     """HBM bytes moved per token by one block's non-matmul kernels (16-bit tensors), forward + backward + recompute,
     before the division by t (tensor/sequence parallelism splits them). Forward: two norms (read + write h each: 8h),
     two residual adds with their dropout (read 2h, write h, each: 12h), the MLP activation (GELU: read + write f = 4f;
     SwiGLU: read 2f, write f = 6f), RoPE on q and k for Llama blocks (4(h + kv*d)); without flash attention the
     softmax over the a*s scores of each token (read + write: 4as) and, for GPT blocks, dropout on the probabilities
     (read + write + 1 B mask: 5as). Backward reads the saved input and the incoming gradient and writes the input
-    gradient of each: 2x forward. Full recomputation repeats the forward, selective the attention-score part."""
+    gradient of each: 2x forward. Full recomputation repeats the forward, selective the attention-score part.
+    `kernels="eager"` (Llama blocks): one kernel per aten op, `eager_bytes_per_token`; the engine's selective
+    recomputation reruns the attention module's forward."""
+    if kernels == "eager" and model.mlp != "gelu":
+        total, forward, attention = eager_bytes_per_token(model, layout)
+        scores = 0.0 if flash_attention else 12.0 * model.heads * seq_len
+        if layout.activation_checkpointing == "full":
+            # The forward again, but for the block's last residual add: the recomputation stops once every saved
+            # tensor is back (torch.utils.checkpoint's early stop), and nothing is saved after that add.
+            return total + scores + forward - 6 * model.hidden + scores / 3
+        if layout.activation_checkpointing == "selective":
+            return total + scores + attention + scores / 3
+        return total + scores
     h, s, a = model.hidden, seq_len, model.heads
     f = model.ffn_hidden * (max(1, model.top_k) if model.experts else 1)
     if model.mlp == "gelu":
@@ -136,6 +151,29 @@ def memory_bound_bytes_per_token(model: ModelShape, layout: Layout, seq_len: int
     return float(total)
 
 
+def eager_bytes_per_token(model: ModelShape, layout: Layout) -> tuple[float, float, float]:
+    """HBM bytes moved per token by one Llama block's non-matmul kernels when each aten op is its own kernel, as
+    trainforge's engine runs its block (trainer/models/llama.py, no torch.compile) and torchtitan ran its published
+    runs (norm_type rmsnorm, compile false): (forward + backward, forward, the attention module's forward), before
+    the division by t. Each op reads its inputs and writes its output; bf16 activations, fp32 inside RMSNorm and
+    RoPE. Counted on the engine's own block by tests/unit/plan/test_engine_block.py (within 0.1%), per token:
+    - RMSNorm, each of two: 132h (36h forward: the fp32 upcast, square, mean, scale, downcast, weight);
+    - RoPE on q and k: 100 per element (48 forward: fp32 halves, four products, sum and difference, stack,
+      downcast) + 16 per head dimension, each (8 forward: the cos/sin rows);
+    - SwiGLU's silu(gate) * up: 28f (10f forward);
+    - the residual adds and the gradient sums where activations fork: 42h (12h forward);
+    - grouped-query attention's repeat of k and v to the query heads: 12q + 4k (8q forward).
+    The fused kernels of Megatron-style engines move about a quarter of this (`memory_bound_bytes_per_token`)."""
+    h, d = model.hidden, model.head_dim
+    q, k = model.heads * d, model.kv_heads * d
+    f = model.ffn_hidden * (max(1, model.top_k) if model.experts else 1)
+    gqa = model.kv_heads < model.heads
+    attention_forward = 48 * (q + k) + 2 * 8 * d + (8 * q if gqa else 0)  # RoPE on q and k, the repeat
+    forward = 2 * 36 * h + 12 * h + 10 * f + attention_forward
+    total = 2 * 132 * h + 42 * h + 100 * (q + k) + 2 * 16 * d + 28 * f + (12 * q + 4 * k if gqa else 0)
+    return float(total), float(forward), float(attention_forward)
+
+
 def pipeline_slots(pp: int, vpp: int, micro_batches: int) -> float:
     """Micro-batch slots (one micro-batch's forward + backward on one rank) a step takes: m + (p-1)/v. Exact for
     the schedules the engine runs on every micro-batch count `layout_problems` allows (GPipe, 1F1B, interleaved
@@ -143,23 +181,39 @@ def pipeline_slots(pp: int, vpp: int, micro_batches: int) -> float:
     return micro_batches + (pp - 1) / vpp
 
 
-def hardware_layer_flops_per_token(model: ModelShape, layout: Layout, seq_len: int) -> float:
+def hardware_layer_flops_per_token(model: ModelShape, layout: Layout, seq_len: int,
+                                   engine: str | None = None) -> float:
+    """One block's FLOPs per token, forward + backward + what recomputation repeats. Full recomputation reruns the
+    forward; selective is Megatron's, the attention core again. The native engine (trainer/parallel/
+    activation_checkpointing.py, non-reentrant checkpoints) stops a recomputation once every tensor saved for
+    backward is back (torch.utils.checkpoint's early stop): full skips the MLP's down projection, and selective,
+    which checkpoints the attention module, reruns the q/k/v projections with the core but not the output
+    projection (tests/unit/plan/test_engine_block.py counts them on the engine's block)."""
     flops = model.layer_flops_per_token(seq_len)
+    h, core = model.hidden, 4.0 * model.hidden * seq_len
     if layout.activation_checkpointing == "full":
-        flops += 2.0 * model.active_layer_params + 4.0 * model.hidden * seq_len  # the forward again
+        rerun = model.active_layer_params
+        if engine == "native":
+            rerun -= h * model.ffn_hidden * (max(1, model.top_k) if model.experts else 1)
+        flops += 2.0 * rerun + core  # the forward again
     elif layout.activation_checkpointing == "selective":
-        flops += 4.0 * model.hidden * seq_len  # attention core forward again
+        flops += core
+        if engine == "native":
+            flops += 2.0 * (model.attention_params - h * model.heads * model.head_dim)  # q, k, v projections
     return flops
 
 
 def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topology, *, seq_len: int,
                   global_batch_size: int, precision: str, flash_attention: bool = True,
                   tp_comm_overlap: bool = False, sustained_fraction: float | None = None,
-                  engine: str | None = None) -> StepEstimate:
-    """`engine`: the engine that runs the layout, for the collectives it makes (plan/comm.py `estimate_comm`)."""
+                  engine: str | None = None, kernels: str | None = None) -> StepEstimate:
+    """`engine`: the engine that runs the layout, for the collectives it makes (plan/comm.py `estimate_comm`).
+    `kernels`: `fused` (Megatron-style fused norms and activations) or `eager` (one kernel per op); None: eager
+    for the native engine, which runs its block eagerly, fused otherwise."""
+    kernels = kernels or ("eager" if engine == "native" else "fused")
     m = max(1, gradient_accumulation_steps(layout, global_batch_size))
     tokens_mb = seq_len * layout.micro_batch_size
-    layer_hw = hardware_layer_flops_per_token(model, layout, seq_len)
+    layer_hw = hardware_layer_flops_per_token(model, layout, seq_len, engine)
     head = 6.0 * model.head_params
     layers = stage_layers(model, layout)
     stage_flops = max(layers * layer_hw, (model.layers * layer_hw + head) / layout.pp)
@@ -168,7 +222,7 @@ def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topolog
     eff = matmul_efficiency(model, layout, seq_len, gpu, sustained_fraction)
     rate = gpu.peak_flops(precision) * eff
     mem_layers = layers if layout.pp > 1 else model.layers
-    t_mem = (mem_layers * memory_bound_bytes_per_token(model, layout, seq_len, flash_attention) * tokens_mb
+    t_mem = (mem_layers * memory_bound_bytes_per_token(model, layout, seq_len, flash_attention, kernels) * tokens_mb
              / layout.tp / (gpu.hbm_bytes_per_s * HBM_EFFICIENCY))
     t_mb = stage_flops * tokens_mb / layout.tp / rate + t_mem
     comm = estimate_comm(model, layout, topo, seq_len=seq_len, global_batch_size=global_batch_size,

@@ -36,6 +36,8 @@ class PublishedRun:
     """The source, short (one per paper or page): the accuracy table groups by it and leaves each out in turn."""
     tp_comm_overlap: bool = False
     """The run overlapped TP collectives with their GEMMs (Megatron's --tp-comm-overlap, torchtitan's async TP)."""
+    eager_kernels: bool = False
+    """The run's non-matmul kernels ran eagerly, one per op (torchtitan without torch.compile), not fused."""
 
 
 def recompute_to_mfu(tflops_per_gpu: float, m: ModelShape, seq: int, peak: float) -> float:
@@ -144,6 +146,11 @@ TORCHTITAN = ("PyTorch torchtitan, docs/performance.md (github.com/pytorch/torch
 # recomputes every second block and its "op" mode recomputes every second matmul, neither of which is Megatron's
 # selective mode (the attention core only) that the planner has: on the page, 13B loses 12% MFU to either, and
 # the planner's selective mode costs it 2%.
+# Kernels: eager. torchtitan's 64-A100 presets of the time (train_configs/llama2_13b.toml, llama2_70b.toml,
+# llama3_70b.toml: "NOTE: this toml config is a preset for 64 A100 GPUs") set `norm_type = "rmsnorm"` (the eager
+# PyTorch RMSNorm, not the fused Triton one) and `compile = false`, so every norm, RoPE and SwiGLU op is its own
+# kernel, as in trainforge's engine (perf.eager_bytes_per_token, counted on trainforge's block; torchtitan's RoPE
+# multiplies complex pairs instead of real halves, a few percent fewer of those bytes).
 LLAMA2_13B = ModelShape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000)
 LLAMA2_70B = ModelShape("llama-2-70b", 80, 8192, 64, 8, 28672, 32000)
 _TORCHTITAN_ROWS = [
@@ -160,7 +167,7 @@ def _torchtitan() -> list[PublishedRun]:
                      64 * mb, seq, mfu,
                      assumed=("8 GPUs per node with NVSwitch, one HDR InfiniBand NIC per GPU (the page does not "
                               "describe the A100 cluster)",),
-                     family="torchtitan")
+                     family="torchtitan", eager_kernels=True)
         for name, m, ac, mb, seq, mfu in _TORCHTITAN_ROWS
     ]
 

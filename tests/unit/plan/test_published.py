@@ -10,7 +10,7 @@ Known misses, asserted at their measured value so they cannot grow unseen (issue
 - MT-NLG (3 runs, +26% to +31%): its published throughput is 23% below Megatron-LM 2021's for the same 530B shape,
   TP 8 x PP 35 and A100s at a similar batch; nothing in the layout explains it (its DeepSpeed pipeline engine is not
   modelled), so no constant fitted to the other sources predicts both.
-- leave-one-source-out, torchtitan: 15.6% on one run (Llama 2 13B without recomputation) against 15%.
+  Left out, it is predicted 32.1% over: the constant fitted without it (by mean absolute error, stop 57) is higher.
 Run: pytest tests/unit/plan/test_published.py -q
 """
 
@@ -28,7 +28,7 @@ from trainforge.plan.perf import SUSTAINED_FRACTION
 MEDIAN_TOLERANCE = 0.05  # median |predicted - published| / published over every run
 RUN_TOLERANCE = 0.15  # every run
 KNOWN_MISSES = {"mt-nlg": 0.32}  # source -> its measured worst error, asserted as a ceiling (module doc)
-LOSO_KNOWN_MISSES = {"mt-nlg": 0.29, "torchtitan": 0.16}
+LOSO_KNOWN_MISSES = {"mt-nlg": 0.33}
 
 
 @pytest.mark.parametrize("run", PUBLISHED, ids=lambda r: r.name)

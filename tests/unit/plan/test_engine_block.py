@@ -1,0 +1,154 @@
+"""The planner's eager-kernel bytes against the engine's own Llama block, counted.
+
+`perf.eager_bytes_per_token` prices the non-matmul kernels of trainforge's block (trainer/models/llama.py), which
+the engine runs eagerly: one kernel per aten op. Here the block runs forward and backward on meta tensors (shapes
+only, no data) in bf16 under a dispatch mode that adds up, for every op that is not a matmul, a view or an
+allocation, the bytes of its inputs and outputs: what that kernel reads and writes. Flash attention is a stand-in
+whose output is laid out as flash attention's is ((b, s, heads, d) memory order), so transposing it back is a view;
+the planner counts attention as matmul FLOPs. Recomputation goes through the engine's own `apply_ac`.
+Run: pytest tests/unit/plan/test_engine_block.py -q
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")  # the torch-free suite (`make test-pure`) skips this file
+
+from torch import nn  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+
+from trainforge.plan.layout import Layout  # noqa: E402
+from trainforge.plan.model import ModelShape  # noqa: E402
+from trainforge.plan.perf import memory_bound_bytes_per_token  # noqa: E402
+from trainforge.trainer.models import llama  # noqa: E402
+from trainforge.trainer.parallel.activation_checkpointing import apply_ac  # noqa: E402
+
+SEQ = 4096
+MATMULS = {"mm", "addmm", "bmm"}
+MOVE_NOTHING = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "select", "slice", "unbind", "split",
+                "alias", "detach", "unsqueeze", "squeeze", "_reshape_alias", "empty_like", "empty_strided",
+                "new_empty_strided", "empty", "new_empty", "zeros_like", "ones_like", "lift_fresh"}
+
+
+class _Bytes(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if func._overloadpacket.__name__ not in MATMULS | MOVE_NOTHING:
+            self.total += sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs, out))
+                              if isinstance(t, torch.Tensor))
+        return out
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(q)  # q is (b, heads, s, d) over (b, s, heads, d) memory, as flash attention's output
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return torch.empty_like(grad), torch.empty_like(grad), torch.empty_like(grad)
+
+
+class _OneBlock(nn.Module):
+    def __init__(self, cfg: llama.LlamaConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({"0": llama.Block(cfg)})
+        cos, sin = llama.rope_tables(cfg.hidden // cfg.heads, cfg.max_seq_len, cfg.rope_theta)
+        self.cos, self.sin = cos.to("meta"), sin.to("meta")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers["0"](x, self.cos, self.sin)
+
+
+def _counted_bytes_per_token(shape: ModelShape, recompute: str, monkeypatch: pytest.MonkeyPatch) -> float:
+    cfg = llama.LlamaConfig(layers=1, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads,
+                            ffn_hidden=shape.ffn_hidden, vocab=shape.vocab, max_seq_len=SEQ)
+    monkeypatch.setattr(llama.F, "scaled_dot_product_attention",
+                        lambda q, k, v, is_causal=True: _FlashAttention.apply(q, k, v))
+    with torch.device("meta"):
+        model = _OneBlock(cfg).to(torch.bfloat16)
+        x = torch.empty(1, SEQ, shape.hidden, dtype=torch.bfloat16, requires_grad=True)
+    apply_ac(model, recompute)
+    counter = _Bytes()
+    with counter:
+        y = model(x)
+        y.backward(torch.empty_like(y))
+    return counter.total / SEQ
+
+
+SHAPES = [
+    ModelShape("mha", 1, 768, 12, 12, 2048, 32000),  # multi-head: no repeat of k and v
+    ModelShape("gqa", 1, 1024, 16, 4, 2816, 32000),
+    ModelShape("gqa-wide-heads", 1, 2048, 16, 2, 5504, 32000),
+]
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.name)
+def test_eager_bytes_are_the_engine_blocks_own(shape: ModelShape, recompute: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    counted = _counted_bytes_per_token(shape, recompute, monkeypatch)
+    priced = memory_bound_bytes_per_token(shape, Layout(dp=1, activation_checkpointing=recompute), SEQ,
+                                          flash_attention=True, kernels="eager")
+    # Left out of the price: per-token scalars (the norms' mean and rsqrt, ~130 B) and the norm weights' gradient.
+    assert priced == pytest.approx(counted, rel=2e-3), (counted, priced)
+
+
+def test_eager_kernels_move_several_times_the_fused_bytes() -> None:
+    """Why it matters: for a 7B-wide block eager kernels move about 4x the bytes a fused engine's do."""
+    shape = ModelShape("llama-7b-wide", 1, 4096, 32, 32, 11008, 32000)
+    none = Layout(dp=1)
+    eager = memory_bound_bytes_per_token(shape, none, SEQ, flash_attention=True, kernels="eager")
+    fused = memory_bound_bytes_per_token(shape, none, SEQ, flash_attention=True)
+    assert 3.5 < eager / fused < 5.0, eager / fused
+
+
+class _Flops(TorchDispatchMode):
+    """Matmul FLOPs (2 per multiply-add) of every mm the block runs, recomputation included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if func._overloadpacket.__name__ == "mm":
+            a, b = args[0], args[1]
+            self.total += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+        return out
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_recomputed_flops_are_the_engine_blocks_own(recompute: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The matmul FLOPs the engine's block runs under each recomputation mode are what the planner charges the
+    native engine. Left out on both sides: the attention core (a stand-in here; the planner's 12*h*s per token,
+    plus 4*h*s recomputed) and the norms' weights (6 FLOPs per weight in the planner, elementwise in the engine)."""
+    from trainforge.plan.perf import hardware_layer_flops_per_token
+
+    shape = SHAPES[1]
+    cfg = llama.LlamaConfig(layers=1, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads,
+                            ffn_hidden=shape.ffn_hidden, vocab=shape.vocab, max_seq_len=SEQ)
+    monkeypatch.setattr(llama.F, "scaled_dot_product_attention",
+                        lambda q, k, v, is_causal=True: _FlashAttention.apply(q, k, v))
+    with torch.device("meta"):
+        model = _OneBlock(cfg).to(torch.bfloat16)
+        x = torch.empty(1, SEQ, shape.hidden, dtype=torch.bfloat16, requires_grad=True)
+    apply_ac(model, recompute)
+    counter = _Flops()
+    with counter:
+        y = model(x)
+        y.backward(torch.empty_like(y))
+    h = shape.hidden
+    core = 12.0 * h * SEQ + (4.0 * h * SEQ if recompute != "none" else 0.0)
+    norms = 6.0 * 2 * h + (2.0 * 2 * h if recompute == "full" else 0.0)
+    priced = hardware_layer_flops_per_token(shape, Layout(dp=1, activation_checkpointing=recompute), SEQ,
+                                            engine="native")
+    assert priced - core - norms == counter.total / SEQ
