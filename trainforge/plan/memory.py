@@ -217,9 +217,43 @@ def local_params(model: ModelShape, layout: Layout) -> tuple[int, int]:
     return dense // layout.tp, expert // max(1, layout.ep)
 
 
+def native_activation_bytes_per_layer(model: ModelShape, layout: Layout, seq_len: int,
+                                      precision: str) -> tuple[float, str]:
+    """What trainforge's engine saves for backward in one Llama block for one micro-batch (trainer/models/llama.py
+    under the engine's TP plan and checkpointing), counted on the engine's own block by
+    tests/unit/plan/test_engine_block.py. Per token, with w the activation width (2 B, 4 B in fp32):
+    - each RMSNorm: its fp32 input (the upcast copy; in fp32 the input itself) and the normalised output: 4h + wh;
+    - the attention's and the MLP's inputs, all-gathered to the full sequence by sequence parallelism before the
+      column-parallel projections, which save them whole: wh each, not divided by t;
+    - flash attention's q, k and v (k and v repeated to the query heads), its output and log-sum-exp: 4wq + 4a;
+    - SwiGLU's gate and up outputs, silu(gate) and the product: 4wf.
+    Selective recomputation (the attention module checkpointed) keeps the module's input before its all-gather,
+    wh/t, instead of the attention's saves; full recomputation keeps each block's input, wh/t. About 1.3-1.7x the
+    Megatron-style count below, which saves neither fp32 norm inputs nor whole-sequence projection inputs."""
+    s, b, h, t = seq_len, layout.micro_batch_size, model.hidden, layout.tp
+    q, a = model.heads * model.head_dim, model.heads
+    f = model.ffn_hidden * (max(1, model.top_k) if model.experts else 1)
+    w = 4 if precision == "fp32" else 2
+    ac = layout.activation_checkpointing
+    if ac == "full":
+        return s * b * w * h / t, f"{w}*s*b*h/t (each block's input, held by its checkpoint) = {w}*{s}*{b}*{h}/{t}"
+    sharded, whole = 2 * (4 * h + w * h) + 4 * w * f, w * h
+    if ac == "selective":
+        sharded += w * h
+        text = f"s*b*(2*(4h + {w}h) + {w}h + 4*{w}f)/t + s*b*{w}h"
+    else:
+        sharded += 4 * w * q + 4 * a
+        whole += w * h
+        text = f"s*b*(2*(4h + {w}h) + 4*{w}q + 4a + 4*{w}f)/t + s*b*2*{w}h"
+    return s * b * (sharded / t + whole), f"{text} with s={s} b={b} h={h} q={q} a={a} f={f} t={t} (engine's block)"
+
+
 def activation_bytes_per_layer(model: ModelShape, layout: Layout, seq_len: int, precision: str,
-                               flash_attention: bool = True) -> tuple[float, str]:
-    """Stored activation bytes of one block for one micro-batch, and the formula."""
+                               flash_attention: bool = True, engine: str | None = None) -> tuple[float, str]:
+    """Stored activation bytes of one block for one micro-batch, and the formula. `engine="native"` (Llama blocks):
+    `native_activation_bytes_per_layer`."""
+    if engine == "native" and model.mlp != "gelu":
+        return native_activation_bytes_per_layer(model, layout, seq_len, precision)
     s, b, h, a, t = seq_len, layout.micro_batch_size, model.hidden, model.heads, layout.tp
     ac = layout.activation_checkpointing
     width = 2 if precision == "fp32" else 1  # the formulas count 16-bit activations
@@ -381,7 +415,7 @@ def estimate_memory(
                                     precision, gpus_per_node))
     per_layer, formula = _activations(model, Layout(dp=1, tp=layout.tp, micro_batch_size=layout.micro_batch_size,
                                                     activation_checkpointing=layout.activation_checkpointing),
-                                      seq_len, precision, flash_attention)
+                                      seq_len, precision, flash_attention, engine)
     micro = max(1, gradient_accumulation_steps(layout, global_batch_size))
     if engine == "native" and pipeline_keeps_whole_state(layout):
         items += _pipeline_accumulation_items(model, layout, precision, micro, items)
@@ -392,7 +426,7 @@ def estimate_memory(
                             f"micro-batch(es) in flight ({layout.schedule if layout.pp > 1 else 'no pipeline'})"))
     if layout.activation_checkpointing == "full":
         full = _activations(model, Layout(dp=1, tp=layout.tp, micro_batch_size=layout.micro_batch_size),
-                            seq_len, precision, flash_attention)[0]
+                            seq_len, precision, flash_attention, engine)[0]
         items.append(MemoryItem("recompute", int(full), "one block's full activations while it is recomputed"))
     s, b, t = seq_len, layout.micro_batch_size, layout.tp
     logit_b = 12 if precision == "fp32" else 10

@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from trainforge.plan.layout import Layout  # noqa: E402
+from trainforge.plan.memory import activation_bytes_per_layer  # noqa: E402
 from trainforge.plan.model import ModelShape  # noqa: E402
 from trainforge.plan.perf import memory_bound_bytes_per_token  # noqa: E402
 from trainforge.trainer.models import llama  # noqa: E402
@@ -48,13 +49,19 @@ class _Bytes(TorchDispatchMode):
 
 
 class _FlashAttention(torch.autograd.Function):
+    """Flash attention's layout and saves, without its arithmetic: the output is (b, heads, s, d) over (b, s, heads,
+    d) memory (like q), and backward keeps q, k, v, the output and the fp32 log-sum-exp per head and token."""
+
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(q)  # q is (b, heads, s, d) over (b, s, heads, d) memory, as flash attention's output
+        out = torch.empty_like(q)
+        ctx.save_for_backward(q, k, v, out, torch.empty(q.shape[:3], dtype=torch.float32, device=q.device))
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return torch.empty_like(grad), torch.empty_like(grad), torch.empty_like(grad)
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 class _OneBlock(nn.Module):
@@ -152,3 +159,98 @@ def test_recomputed_flops_are_the_engine_blocks_own(recompute: str, monkeypatch:
     priced = hardware_layer_flops_per_token(shape, Layout(dp=1, activation_checkpointing=recompute), SEQ,
                                             engine="native")
     assert priced - core - norms == counter.total / SEQ
+
+
+def _saved_bytes_per_token(shape: ModelShape, recompute: str, dtype: torch.dtype,
+                           monkeypatch: pytest.MonkeyPatch) -> float:
+    """Bytes the block keeps for backward after its forward: every tensor saved (by an op, flash attention or a
+    checkpoint holding its input), each storage once, parameters and the RoPE tables left out."""
+    cfg = llama.LlamaConfig(layers=1, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads,
+                            ffn_hidden=shape.ffn_hidden, vocab=shape.vocab, max_seq_len=SEQ)
+    monkeypatch.setattr(llama.F, "scaled_dot_product_attention",
+                        lambda q, k, v, is_causal=True: _FlashAttention.apply(q, k, v))
+    with torch.device("meta"):
+        model = _OneBlock(cfg).to(dtype)
+        x = torch.empty(1, SEQ, shape.hidden, dtype=dtype, requires_grad=True)
+    apply_ac(model, recompute)
+    ignore = {t.untyped_storage()._cdata for t in [*model.parameters(), model.cos, model.sin]}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = t.untyped_storage()._cdata
+        if key not in ignore:
+            saved[key] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    return sum(saved.values()) / SEQ
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.name)
+def test_saved_activations_are_the_engine_blocks_own(shape: ModelShape, recompute: str, precision: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    counted = _saved_bytes_per_token(shape, recompute, dtype, monkeypatch)
+    priced, _ = activation_bytes_per_layer(shape, Layout(dp=1, activation_checkpointing=recompute), SEQ, precision,
+                                           engine="native")
+    # Left out of the price: the norms' per-token rsqrt (4 B each).
+    assert priced / SEQ == pytest.approx(counted, rel=2e-3, abs=16), (counted, priced / SEQ)
+
+
+_TP_PROBE = """
+import json, sys
+import torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.distributed.device_mesh import init_device_mesh
+from trainforge.trainer.models import llama
+from trainforge.trainer.parallel.activation_checkpointing import apply_ac
+from trainforge.trainer.parallel.tp import apply_tp
+tp, s, (h, heads, kv, f) = 2, 64, json.loads(sys.argv[1])
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)  # shapes only: collectives do nothing
+mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+sys.path.insert(0, ".")
+from tests.unit.plan.test_engine_block import _FlashAttention
+llama.F.scaled_dot_product_attention = lambda q, k, v, is_causal=True: _FlashAttention.apply(q, k, v)
+out = {}
+for recompute in ("none", "selective", "full"):
+    cfg = llama.LlamaConfig(layers=1, hidden=h, heads=heads, kv_heads=kv, ffn_hidden=f, vocab=64, max_seq_len=s)
+    model = llama.Llama(cfg).to(torch.bfloat16)
+    apply_tp(model, mesh, loss_parallel=False)
+    apply_ac(model, recompute)
+    local = lambda t: t.to_local() if hasattr(t, "to_local") else t
+    ignore = {local(t).untyped_storage()._cdata for t in [*model.parameters(), model.rope_cos, model.rope_sin]}
+    saved = {}
+    def pack(t):
+        key = local(t).untyped_storage()._cdata
+        if key not in ignore:
+            saved[key] = local(t).untyped_storage().nbytes()
+        return t
+    x = torch.randn(1, s // tp, h, dtype=torch.bfloat16, requires_grad=True)  # sequence-parallel: this rank's shard
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.layers["0"](x, model.rope_cos, model.rope_sin)
+    out[recompute] = sum(saved.values()) / s
+print(json.dumps(out))
+"""
+
+
+def test_saved_activations_under_tensor_parallelism_are_the_engine_blocks_own() -> None:
+    """tp 2 with sequence parallelism, the engine's TP plan on a fake process group (in a subprocess: it sets up
+    torch.distributed): the norms' tensors and the attention's and MLP's are split by t, the projections' inputs,
+    all-gathered, are not; a checkpoint keeps its input before the all-gather."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shape = ModelShape("tp-gqa", 1, 256, 8, 4, 512, 64)
+    done = subprocess.run([sys.executable, "-c", _TP_PROBE, json.dumps([256, 8, 4, 512])],
+                          cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counted = json.loads(done.stdout.strip().splitlines()[-1])
+    for recompute, per_token in counted.items():
+        priced, _ = activation_bytes_per_layer(shape, Layout(dp=2, tp=2, activation_checkpointing=recompute), 64,
+                                               "bf16", engine="native")
+        assert priced / 64 == pytest.approx(per_token, rel=2e-3, abs=16), (recompute, per_token, priced / 64)
