@@ -66,6 +66,17 @@ def _factor(n: int, all_reduce: bool = False) -> float:
     return (2.0 if all_reduce else 1.0) * (n - 1) / n
 
 
+def tp_recompute_collectives(recompute: str, engine: str | None) -> int:
+    """TP collectives per block that recomputation repeats, beyond the 4 forward + 4 backward (sequence parallelism:
+    an all-gather before, a reduce-scatter after, the attention and the MLP). Megatron's full recomputation reruns
+    the forward's 4. The native engine's (tests/unit/plan/test_engine_block.py counts them on a fake process group):
+    full reruns 3, stopping before the MLP's last reduce-scatter once every saved tensor is back; selective, which
+    checkpoints the attention module with its input before the all-gather, reruns that all-gather."""
+    if engine == "native":
+        return {"full": 3, "selective": 1}.get(recompute, 0)
+    return 4 if recompute == "full" else 0
+
+
 def estimate_comm(model: ModelShape, layout: Layout, topo: Topology, *, seq_len: int, global_batch_size: int,
                   precision: str, engine: str | None = None) -> list[CommItem]:
     """`engine` `native`: FSDP under torch's pipeline stages gathers and reduce-scatters as they make it
@@ -78,7 +89,7 @@ def estimate_comm(model: ModelShape, layout: Layout, topo: Topology, *, seq_len:
     out: list[CommItem] = []
     if tp > 1:
         link, scope = topo.link_for(1, tp), topo.scope(1, tp)
-        colls = 8 + (4 if layout.activation_checkpointing == "full" else 0)
+        colls = 8 + tp_recompute_collectives(layout.activation_checkpointing, engine)
         size = s * b * h * width
         per = colls * _factor(tp) * size * layers * m
         out.append(CommItem("tp all-gather/reduce-scatter", "tp", link.name, scope, per,

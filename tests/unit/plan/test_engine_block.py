@@ -21,6 +21,7 @@ from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
+from trainforge.plan.comm import tp_recompute_collectives  # noqa: E402
 from trainforge.plan.layout import Layout  # noqa: E402
 from trainforge.plan.memory import activation_bytes_per_layer  # noqa: E402
 from trainforge.plan.model import ModelShape  # noqa: E402
@@ -212,9 +213,21 @@ tp, s, (h, heads, kv, f) = 2, 64, json.loads(sys.argv[1])
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)  # shapes only: collectives do nothing
 mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
 sys.path.insert(0, ".")
+from torch.utils._python_dispatch import TorchDispatchMode
 from tests.unit.plan.test_engine_block import _FlashAttention
 llama.F.scaled_dot_product_attention = lambda q, k, v, is_causal=True: _FlashAttention.apply(q, k, v)
-out = {}
+
+class Collectives(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "_c10d_functional" and func._overloadpacket.__name__ in (
+                "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+out, collectives = {}, {}
 for recompute in ("none", "selective", "full"):
     cfg = llama.LlamaConfig(layers=1, hidden=h, heads=heads, kv_heads=kv, ffn_hidden=f, vocab=64, max_seq_len=s)
     model = llama.Llama(cfg).to(torch.bfloat16)
@@ -229,17 +242,22 @@ for recompute in ("none", "selective", "full"):
             saved[key] = local(t).untyped_storage().nbytes()
         return t
     x = torch.randn(1, s // tp, h, dtype=torch.bfloat16, requires_grad=True)  # sequence-parallel: this rank's shard
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.layers["0"](x, model.rope_cos, model.rope_sin)
+    counter = Collectives()
+    with counter:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = model.layers["0"](x, model.rope_cos, model.rope_sin)
+        y.backward(torch.ones_like(y))
     out[recompute] = sum(saved.values()) / s
-print(json.dumps(out))
+    collectives[recompute] = counter.count
+print(json.dumps({"saved": out, "collectives": collectives}))
 """
 
 
 def test_saved_activations_under_tensor_parallelism_are_the_engine_blocks_own() -> None:
     """tp 2 with sequence parallelism, the engine's TP plan on a fake process group (in a subprocess: it sets up
     torch.distributed): the norms' tensors and the attention's and MLP's are split by t, the projections' inputs,
-    all-gathered, are not; a checkpoint keeps its input before the all-gather."""
+    all-gathered, are not; a checkpoint keeps its input before the all-gather. And the TP collectives one block
+    makes in forward and backward, recomputation included, are the ones plan/comm.py charges."""
     import json
     import subprocess
     import sys
@@ -250,7 +268,9 @@ def test_saved_activations_under_tensor_parallelism_are_the_engine_blocks_own() 
                           cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     counted = json.loads(done.stdout.strip().splitlines()[-1])
-    for recompute, per_token in counted.items():
+    for recompute, n in counted["collectives"].items():  # forward + backward of one block
+        assert n == 8 + tp_recompute_collectives(recompute, "native"), (recompute, n)
+    for recompute, per_token in counted["saved"].items():
         priced, _ = activation_bytes_per_layer(shape, Layout(dp=2, tp=2, activation_checkpointing=recompute), 64,
                                                "bf16", engine="native")
         assert priced / 64 == pytest.approx(per_token, rel=2e-3, abs=16), (recompute, per_token, priced / 64)
