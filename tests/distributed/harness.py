@@ -169,6 +169,7 @@ def run_deepspeed(cfg: dict, ctx: DistContext, model: torch.nn.Module) -> None:
     if ctx.rank == 0:
         Path(cfg["out"], "result.json").write_text(json.dumps({
             "losses": losses, "norms": norms, "kind": "deepspeed", "pipeline": False, "zero_stage": stage,
+            "checkpointed": sum(type(m).__name__ == "CheckpointWrapper" for m in engine.module.modules()),
             # what this rank holds of each parameter outside the gather: 0 elements under ZeRO-3 (partitioned)
             "local_numel": sum(p.numel() for p in params), "full_numel": sum(sizes)}))
     del engine, ds, model

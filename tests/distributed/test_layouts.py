@@ -235,6 +235,21 @@ def test_deepspeed_zero_trains_like_reference(tmp_path: Path, ref: dict[str, Any
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+@pytest.mark.usefixtures("deepspeed_builds_nothing")
+def test_deepspeed_recomputes_as_the_layout_says(tmp_path: Path, ref: dict[str, Any], recompute: str) -> None:
+    """The deepspeed engine applies the layout's activation checkpointing (it ignored it, while the planner sized
+    memory with it): every block (full) or every attention module (selective) is checkpointed, and training equals
+    the single-process reference."""
+    pytest.importorskip("deepspeed")
+    got = run_layout(tmp_path, {"dp": 2, "micro_batch_size": MICRO, "engine": "deepspeed",
+                                "sharding": "shard-grad-op", "activation_checkpointing": recompute},
+                     steps=STEPS, grad_clip=1.0)
+    assert (got["kind"], got["checkpointed"]) == ("deepspeed", TINY["layers"])
+    assert_same(got, ref)
+
+
+@pytest.mark.slow
 def test_checkpoint_fsdp_world2_resumes_as_tp_dp_world4(tmp_path: Path, ref: dict[str, Any]) -> None:
     """DCP resharding: FSDP on 2 ranks saves after step 2; TP x FSDP (2 x 2) on 4 ranks loads and finishes."""
     store = {"store": (tmp_path / "store").as_uri(), "store_staging": str(tmp_path / "staging")}

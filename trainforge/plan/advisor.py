@@ -65,8 +65,8 @@ class PlanRequest:
     """The engine that will run the layout (`parallelism.engine`): only layouts it runs are returned. None: any
     engine (the published runs' own engines: Megatron's distributed optimizer is shard-optimizer)."""
     kernels: str | None = None
-    """`fused` or `eager` non-matmul kernels (perf.memory_bound_bytes_per_token); None: the engine's (the native
-    engine runs its block eagerly, one kernel per op)."""
+    """`fused` or `eager` non-matmul kernels (perf.memory_bound_bytes_per_token); None: the engine's (trainforge's
+    engines run its block eagerly, one kernel per op)."""
 
     @property
     def capacity(self) -> int:

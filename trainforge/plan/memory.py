@@ -217,6 +217,12 @@ def local_params(model: ModelShape, layout: Layout) -> tuple[int, int]:
     return dense // layout.tp, expert // max(1, layout.ep)
 
 
+ENGINE_BLOCK_ENGINES = ("native", "deepspeed")
+"""The engines that run trainforge's own Llama block (trainer/models/llama.py) eagerly, with its activation
+checkpointing (trainer/parallel/activation_checkpointing.py): what their blocks save, recompute and move through
+memory is counted on that block (tests/unit/plan/test_engine_block.py). None: published runs' engines."""
+
+
 def native_activation_bytes_per_layer(model: ModelShape, layout: Layout, seq_len: int,
                                       precision: str) -> tuple[float, str]:
     """What trainforge's engine saves for backward in one Llama block for one micro-batch (trainer/models/llama.py
@@ -250,9 +256,9 @@ def native_activation_bytes_per_layer(model: ModelShape, layout: Layout, seq_len
 
 def activation_bytes_per_layer(model: ModelShape, layout: Layout, seq_len: int, precision: str,
                                flash_attention: bool = True, engine: str | None = None) -> tuple[float, str]:
-    """Stored activation bytes of one block for one micro-batch, and the formula. `engine="native"` (Llama blocks):
-    `native_activation_bytes_per_layer`."""
-    if engine == "native" and model.mlp != "gelu":
+    """Stored activation bytes of one block for one micro-batch, and the formula. An engine of
+    `ENGINE_BLOCK_ENGINES` (Llama blocks): `native_activation_bytes_per_layer`."""
+    if engine in ENGINE_BLOCK_ENGINES and model.mlp != "gelu":
         return native_activation_bytes_per_layer(model, layout, seq_len, precision)
     s, b, h, a, t = seq_len, layout.micro_batch_size, model.hidden, model.heads, layout.tp
     ac = layout.activation_checkpointing

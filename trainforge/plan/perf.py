@@ -44,7 +44,13 @@ from dataclasses import dataclass
 from trainforge.plan.comm import PIPELINE_FLUSH_REDUCE, CommItem, estimate_comm
 from trainforge.plan.hardware import GpuSpec
 from trainforge.plan.layout import Layout, gradient_accumulation_steps
-from trainforge.plan.memory import local_params, shard_degrees, stage_layers, state_bytes_per_param
+from trainforge.plan.memory import (
+    ENGINE_BLOCK_ENGINES,
+    local_params,
+    shard_degrees,
+    stage_layers,
+    state_bytes_per_param,
+)
 from trainforge.plan.model import ModelShape
 from trainforge.plan.topology import Topology
 
@@ -188,17 +194,18 @@ def hardware_layer_flops_per_token(model: ModelShape, layout: Layout, seq_len: i
     activation_checkpointing.py, non-reentrant checkpoints) stops a recomputation once every tensor saved for
     backward is back (torch.utils.checkpoint's early stop): full skips the MLP's down projection, and selective,
     which checkpoints the attention module, reruns the q/k/v projections with the core but not the output
-    projection (tests/unit/plan/test_engine_block.py counts them on the engine's block)."""
+    projection (tests/unit/plan/test_engine_block.py counts them on the engine's block). The deepspeed engine runs
+    the same block with the same checkpointing."""
     flops = model.layer_flops_per_token(seq_len)
     h, core = model.hidden, 4.0 * model.hidden * seq_len
     if layout.activation_checkpointing == "full":
         rerun = model.active_layer_params
-        if engine == "native":
+        if engine in ENGINE_BLOCK_ENGINES:
             rerun -= h * model.ffn_hidden * (max(1, model.top_k) if model.experts else 1)
         flops += 2.0 * rerun + core  # the forward again
     elif layout.activation_checkpointing == "selective":
         flops += core
-        if engine == "native":
+        if engine in ENGINE_BLOCK_ENGINES:
             flops += 2.0 * (model.attention_params - h * model.heads * model.head_dim)  # q, k, v projections
     return flops
 
@@ -209,8 +216,8 @@ def estimate_step(model: ModelShape, layout: Layout, gpu: GpuSpec, topo: Topolog
                   engine: str | None = None, kernels: str | None = None) -> StepEstimate:
     """`engine`: the engine that runs the layout, for the collectives it makes (plan/comm.py `estimate_comm`).
     `kernels`: `fused` (Megatron-style fused norms and activations) or `eager` (one kernel per op); None: eager
-    for the native engine, which runs its block eagerly, fused otherwise."""
-    kernels = kernels or ("eager" if engine == "native" else "fused")
+    for trainforge's engines (native, deepspeed), which run its block eagerly, fused otherwise."""
+    kernels = kernels or ("eager" if engine in ENGINE_BLOCK_ENGINES else "fused")
     m = max(1, gradient_accumulation_steps(layout, global_batch_size))
     tokens_mb = seq_len * layout.micro_batch_size
     layer_hw = hardware_layer_flops_per_token(model, layout, seq_len, engine)

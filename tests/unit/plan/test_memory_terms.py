@@ -97,3 +97,24 @@ def test_native_pipeline_stages_hold_whole_gradients_and_weights_through_the_ste
     for other in (items("full-shard", pp=1), items("full-shard", engine=None)):
         assert "whole gradients" not in other and "whole weights" not in other
     assert sum(full.values()) > sum(items("full-shard", engine=None).values())
+
+
+def test_trainforges_engines_are_priced_by_their_own_block() -> None:
+    """The deepspeed engine runs trainforge's block with the same checkpointing (trainer/parallel/deepspeed_engine.py
+    applies `apply_ac`), so its activations, recomputed FLOPs and eager kernels are the native engine's; the
+    published runs' engines (None) keep the Megatron-style count."""
+    from trainforge.plan.memory import activation_bytes_per_layer
+    from trainforge.plan.perf import hardware_layer_flops_per_token
+
+    m = PRESETS["llama-7b"]
+    gpu, topo = gpu_spec("h100"), default_topology("h100")
+    for ac in ("none", "selective", "full"):
+        lay = Layout(dp=8, micro_batch_size=1, sharding="shard-grad-op", activation_checkpointing=ac)
+        native, deepspeed, published = (activation_bytes_per_layer(m, lay, 4096, "bf16", engine=e)[0]
+                                        for e in ("native", "deepspeed", None))
+        assert native == deepspeed and (native > published if ac != "full" else native == published)  # block input
+        assert (hardware_layer_flops_per_token(m, lay, 4096, "deepspeed")
+                == hardware_layer_flops_per_token(m, lay, 4096, "native"))
+        steps = {e: estimate_step(m, lay, gpu, topo, seq_len=4096, global_batch_size=64, precision="bf16", engine=e)
+                 for e in ("deepspeed", None)}
+        assert steps["deepspeed"].compute_s > steps[None].compute_s  # eager kernels

@@ -42,6 +42,7 @@ from trainforge.trainer.checkpointing.deepspeed_format import (
     deepspeed_rank_files,
     safe_deepspeed_load,
 )
+from trainforge.trainer.parallel.activation_checkpointing import apply_ac
 from trainforge.trainer.parallel.parallelize import cross_entropy
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,8 @@ def build_deepspeed(model: torch.nn.Module, layout: dict[str, Any], training: di
     _private_extensions_dir()
     _no_shm_collective()
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    # Recomputation as the native engine applies it (the planner sized the layout's memory with it).
+    apply_ac(model, layout.get("activation_checkpointing", "none"))
     opt = training["optimizer"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
                                   weight_decay=opt["weight_decay"])
