@@ -42,7 +42,9 @@ def make_config(tmp: Path, name: str, dataset: Any) -> SegmentConfig:
         job_id=f"ds-{name}", team="t", name=name, run_dir=str(root / "run"), storage_url=str(root / "store"),
         storage_prefix=PREFIX, staging_dir=str(root / "staging"), model=MODEL,
         # 8 samples / (2 ranks x micro 2) = 2 micro-batches per rank: DeepSpeed's own accumulation is exercised
-        layout={"dp": 2, "micro_batch_size": 2, "sharding": "shard-grad-op"}, engine={"kind": "deepspeed"},
+        # with full recomputation, which wraps every block: resume, consolidation and export see the wrapper
+        layout={"dp": 2, "micro_batch_size": 2, "sharding": "shard-grad-op", "activation_checkpointing": "full"},
+        engine={"kind": "deepspeed"},
         training={"global_batch_size": 8, "seq_len": 16, "precision": "fp32", "seed": 11, "grad_clip": 1.0,
                   "optimizer": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
                   "lr_schedule": {"warmup_steps": 2, "decay": "cosine", "min_lr_ratio": 0.1}},

@@ -126,7 +126,8 @@ def test_example_layouts_match_their_comments():
 @pytest.mark.parametrize("sharding", ["none", "shard-optimizer", "shard-grad-op", "full-shard", "hybrid-shard"])
 def test_validate_sizes_memory_as_the_advisor_does(sharding, gpus_per_node):
     """One source of truth: the memory `validate` reports for a layout is the advisor's for the same layout on the
-    same cluster (hybrid-shard's shard group is the node's data-parallel ranks, so the node size matters)."""
+    same cluster (hybrid-shard's shard group is the node's data-parallel ranks, so the node size matters). A wiring
+    check: validate sized hybrid-shard for 8-GPU nodes whatever the spec said, and this failed for 2 and 4."""
     from trainforge.plan.advisor import evaluate_layout
     from trainforge.plan.model import shape_from_spec
     from trainforge.plan.resolve import plan_request

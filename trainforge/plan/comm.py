@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from trainforge.plan.hardware import LINK_EFFICIENCY, LinkSpec
 from trainforge.plan.layout import Layout, gradient_accumulation_steps
 from trainforge.plan.memory import (
+    ENGINE_BLOCK_ENGINES,
     dp_widths,
     hsdp_shard_group,
     local_params,
@@ -72,7 +73,7 @@ def tp_recompute_collectives(recompute: str, engine: str | None) -> int:
     the forward's 4. The native engine's (tests/unit/plan/test_engine_block.py counts them on a fake process group):
     full reruns 3, stopping before the MLP's last reduce-scatter once every saved tensor is back; selective, which
     checkpoints the attention module with its input before the all-gather, reruns that all-gather."""
-    if engine == "native":
+    if engine in ENGINE_BLOCK_ENGINES:
         return {"full": 3, "selective": 1}.get(recompute, 0)
     return 4 if recompute == "full" else 0
 

@@ -223,6 +223,13 @@ checkpointing (trainer/parallel/activation_checkpointing.py): what their blocks 
 memory is counted on that block (tests/unit/plan/test_engine_block.py). None: published runs' engines."""
 
 
+def engine_block_counted(model: ModelShape, engine: str | None) -> bool:
+    """Whether the model is priced by the counts of trainforge's block: a dense Llama block on one of its engines.
+    MoE blocks (routing, token gather and scatter) and GPT blocks were not counted; they keep the Megatron-style
+    formulas."""
+    return engine in ENGINE_BLOCK_ENGINES and model.mlp != "gelu" and not model.experts
+
+
 def native_activation_bytes_per_layer(model: ModelShape, layout: Layout, seq_len: int,
                                       precision: str) -> tuple[float, str]:
     """What trainforge's engine saves for backward in one Llama block for one micro-batch (trainer/models/llama.py
@@ -258,7 +265,7 @@ def activation_bytes_per_layer(model: ModelShape, layout: Layout, seq_len: int, 
                                flash_attention: bool = True, engine: str | None = None) -> tuple[float, str]:
     """Stored activation bytes of one block for one micro-batch, and the formula. An engine of
     `ENGINE_BLOCK_ENGINES` (Llama blocks): `native_activation_bytes_per_layer`."""
-    if engine in ENGINE_BLOCK_ENGINES and model.mlp != "gelu":
+    if engine_block_counted(model, engine):
         return native_activation_bytes_per_layer(model, layout, seq_len, precision)
     s, b, h, a, t = seq_len, layout.micro_batch_size, model.hidden, model.heads, layout.tp
     ac = layout.activation_checkpointing

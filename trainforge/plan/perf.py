@@ -46,6 +46,7 @@ from trainforge.plan.hardware import GpuSpec
 from trainforge.plan.layout import Layout, gradient_accumulation_steps
 from trainforge.plan.memory import (
     ENGINE_BLOCK_ENGINES,
+    engine_block_counted,
     local_params,
     shard_degrees,
     stage_layers,
@@ -130,7 +131,7 @@ def memory_bound_bytes_per_token(model: ModelShape, layout: Layout, seq_len: int
     gradient of each: 2x forward. Full recomputation repeats the forward, selective the attention-score part.
     `kernels="eager"` (Llama blocks): one kernel per aten op, `eager_bytes_per_token`; the engine's selective
     recomputation reruns the attention module's forward."""
-    if kernels == "eager" and model.mlp != "gelu":
+    if kernels == "eager" and model.mlp != "gelu" and not model.experts:
         total, forward, attention = eager_bytes_per_token(model, layout)
         scores = 0.0 if flash_attention else 12.0 * model.heads * seq_len
         if layout.activation_checkpointing == "full":
@@ -200,12 +201,12 @@ def hardware_layer_flops_per_token(model: ModelShape, layout: Layout, seq_len: i
     h, core = model.hidden, 4.0 * model.hidden * seq_len
     if layout.activation_checkpointing == "full":
         rerun = model.active_layer_params
-        if engine in ENGINE_BLOCK_ENGINES:
-            rerun -= h * model.ffn_hidden * (max(1, model.top_k) if model.experts else 1)
+        if engine_block_counted(model, engine):
+            rerun -= h * model.ffn_hidden
         flops += 2.0 * rerun + core  # the forward again
     elif layout.activation_checkpointing == "selective":
         flops += core
-        if engine in ENGINE_BLOCK_ENGINES:
+        if engine_block_counted(model, engine):
             flops += 2.0 * (model.attention_params - h * model.heads * model.head_dim)  # q, k, v projections
     return flops
 

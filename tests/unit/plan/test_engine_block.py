@@ -265,7 +265,7 @@ def test_saved_activations_under_tensor_parallelism_are_the_engine_blocks_own() 
 
     shape = ModelShape("tp-gqa", 1, 256, 8, 4, 512, 64)
     done = subprocess.run([sys.executable, "-c", _TP_PROBE, json.dumps([256, 8, 4, 512])],
-                          cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=120)
+                          cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     counted = json.loads(done.stdout.strip().splitlines()[-1])
     for recompute, n in counted["collectives"].items():  # forward + backward of one block

@@ -199,8 +199,9 @@ def parallelize(model: nn.Module, layout: dict[str, Any], *, world_size: int, ra
     if dims.pp > 1:
         parts, stage_ids = build_pipeline_chunks(model, coords[MeshAxis.PP], dims.pp, layout.get("vpp", 1))
     # bf16 TP or PP without data parallelism still runs FSDP2, on a one-rank mesh, for its mixed precision: autocast
-    # alone keeps the weights and so the residual stream fp32, and about 3/4 of the TP bytes (and of the stored
-    # activations) were fp32 where the planner charges bf16. On one rank FSDP2's gathers are local casts.
+    # alone keeps the weights and so the residual stream fp32, and about 3/4 of the TP bytes were fp32 where the
+    # planner charges bf16. On one rank FSDP2's gathers are local casts. (A single process and DDP still train
+    # under autocast alone.)
     mixed_alone = dims.dp == 1 and (dims.tp > 1 or dims.pp > 1) and _fsdp_param_dtype(layout) is not None
     use_fsdp = dims.ep == 1 and (mixed_alone or dims.dp > 1 and (sharding != "none" or dims.tp > 1 or dims.pp > 1))
     loss_parallel = dims.tp > 1 and layout.get("loss_parallel", True)
