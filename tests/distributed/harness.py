@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -169,7 +170,7 @@ def run_deepspeed(cfg: dict, ctx: DistContext, model: torch.nn.Module) -> None:
     if ctx.rank == 0:
         Path(cfg["out"], "result.json").write_text(json.dumps({
             "losses": losses, "norms": norms, "kind": "deepspeed", "pipeline": False, "zero_stage": stage,
-            "checkpointed": sum(type(m).__name__ == "CheckpointWrapper" for m in engine.module.modules()),
+            "checkpointed": sum(isinstance(m, CheckpointWrapper) for m in engine.module.modules()),
             # what this rank holds of each parameter outside the gather: 0 elements under ZeRO-3 (partitioned)
             "local_numel": sum(p.numel() for p in params), "full_numel": sum(sizes)}))
     del engine, ds, model

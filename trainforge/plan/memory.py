@@ -223,11 +223,16 @@ checkpointing (trainer/parallel/activation_checkpointing.py): what their blocks 
 memory is counted on that block (tests/unit/plan/test_engine_block.py). None: published runs' engines."""
 
 
-def engine_block_counted(model: ModelShape, engine: str | None) -> bool:
-    """Whether the model is priced by the counts of trainforge's block: a dense Llama block on one of its engines.
+def block_counted(model: ModelShape) -> bool:
+    """Whether the model's block is the one counted (tests/unit/plan/test_engine_block.py): a dense Llama block.
     MoE blocks (routing, token gather and scatter) and GPT blocks were not counted; they keep the Megatron-style
     formulas."""
-    return engine in ENGINE_BLOCK_ENGINES and model.mlp != "gelu" and not model.experts
+    return model.mlp != "gelu" and not model.experts
+
+
+def engine_block_counted(model: ModelShape, engine: str | None) -> bool:
+    """Whether the model is priced by the counts of trainforge's block: a counted block on one of its engines."""
+    return engine in ENGINE_BLOCK_ENGINES and block_counted(model)
 
 
 def native_activation_bytes_per_layer(model: ModelShape, layout: Layout, seq_len: int,

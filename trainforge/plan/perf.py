@@ -46,6 +46,7 @@ from trainforge.plan.hardware import GpuSpec
 from trainforge.plan.layout import Layout, gradient_accumulation_steps
 from trainforge.plan.memory import (
     ENGINE_BLOCK_ENGINES,
+    block_counted,
     engine_block_counted,
     local_params,
     shard_degrees,
@@ -131,7 +132,7 @@ def memory_bound_bytes_per_token(model: ModelShape, layout: Layout, seq_len: int
     gradient of each: 2x forward. Full recomputation repeats the forward, selective the attention-score part.
     `kernels="eager"` (Llama blocks): one kernel per aten op, `eager_bytes_per_token`; the engine's selective
     recomputation reruns the attention module's forward."""
-    if kernels == "eager" and model.mlp != "gelu" and not model.experts:
+    if kernels == "eager" and block_counted(model):
         total, forward, attention = eager_bytes_per_token(model, layout)
         scores = 0.0 if flash_attention else 12.0 * model.heads * seq_len
         if layout.activation_checkpointing == "full":

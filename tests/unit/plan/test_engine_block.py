@@ -76,19 +76,51 @@ class _OneBlock(nn.Module):
         return self.layers["0"](x, self.cos, self.sin)
 
 
-def _counted_bytes_per_token(shape: ModelShape, recompute: str, monkeypatch: pytest.MonkeyPatch) -> float:
+def _meta_block(shape: ModelShape, recompute: str, monkeypatch: pytest.MonkeyPatch,
+                dtype: torch.dtype = torch.bfloat16) -> tuple[_OneBlock, torch.Tensor]:
+    """The engine's block for `shape` on meta tensors, flash attention stood in for, recomputation applied by the
+    engine's `apply_ac`; and an input of SEQ tokens."""
     cfg = llama.LlamaConfig(layers=1, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads,
                             ffn_hidden=shape.ffn_hidden, vocab=shape.vocab, max_seq_len=SEQ)
     monkeypatch.setattr(llama.F, "scaled_dot_product_attention",
                         lambda q, k, v, is_causal=True: _FlashAttention.apply(q, k, v))
     with torch.device("meta"):
-        model = _OneBlock(cfg).to(torch.bfloat16)
-        x = torch.empty(1, SEQ, shape.hidden, dtype=torch.bfloat16, requires_grad=True)
+        model = _OneBlock(cfg).to(dtype)
+        x = torch.empty(1, SEQ, shape.hidden, dtype=dtype, requires_grad=True)
     apply_ac(model, recompute)
+    return model, x
+
+
+def _forward_backward(model: nn.Module, x: torch.Tensor) -> None:
+    y = model(x)
+    y.backward(torch.empty_like(y))
+
+
+def saved_storage_bytes(forward: Any, ignore: list[torch.Tensor]) -> tuple[int, Any]:
+    """Bytes that `forward()` keeps for backward, and its output: every tensor saved (by an op, flash attention or a checkpoint
+    holding its input), each storage once, `ignore`'s storages (parameters, tables) left out. DTensors count their
+    local shard (the TP probe below uses it too)."""
+    def storage(t: torch.Tensor) -> Any:
+        return (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()
+
+    skip = {storage(t)._cdata for t in ignore}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if storage(t)._cdata not in skip:
+            saved[storage(t)._cdata] = storage(t).nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    return sum(saved.values()), out
+
+
+def _counted_bytes_per_token(shape: ModelShape, recompute: str, monkeypatch: pytest.MonkeyPatch) -> float:
+    model, x = _meta_block(shape, recompute, monkeypatch)
     counter = _Bytes()
     with counter:
-        y = model(x)
-        y.backward(torch.empty_like(y))
+        _forward_backward(model, x)
     return counter.total / SEQ
 
 
@@ -142,18 +174,10 @@ def test_recomputed_flops_are_the_engine_blocks_own(recompute: str, monkeypatch:
     from trainforge.plan.perf import hardware_layer_flops_per_token
 
     shape = SHAPES[1]
-    cfg = llama.LlamaConfig(layers=1, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads,
-                            ffn_hidden=shape.ffn_hidden, vocab=shape.vocab, max_seq_len=SEQ)
-    monkeypatch.setattr(llama.F, "scaled_dot_product_attention",
-                        lambda q, k, v, is_causal=True: _FlashAttention.apply(q, k, v))
-    with torch.device("meta"):
-        model = _OneBlock(cfg).to(torch.bfloat16)
-        x = torch.empty(1, SEQ, shape.hidden, dtype=torch.bfloat16, requires_grad=True)
-    apply_ac(model, recompute)
+    model, x = _meta_block(shape, recompute, monkeypatch)
     counter = _Flops()
     with counter:
-        y = model(x)
-        y.backward(torch.empty_like(y))
+        _forward_backward(model, x)
     h = shape.hidden
     core = 12.0 * h * SEQ + (4.0 * h * SEQ if recompute != "none" else 0.0)
     norms = 6.0 * 2 * h + (2.0 * 2 * h if recompute == "full" else 0.0)
@@ -164,28 +188,9 @@ def test_recomputed_flops_are_the_engine_blocks_own(recompute: str, monkeypatch:
 
 def _saved_bytes_per_token(shape: ModelShape, recompute: str, dtype: torch.dtype,
                            monkeypatch: pytest.MonkeyPatch) -> float:
-    """Bytes the block keeps for backward after its forward: every tensor saved (by an op, flash attention or a
-    checkpoint holding its input), each storage once, parameters and the RoPE tables left out."""
-    cfg = llama.LlamaConfig(layers=1, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads,
-                            ffn_hidden=shape.ffn_hidden, vocab=shape.vocab, max_seq_len=SEQ)
-    monkeypatch.setattr(llama.F, "scaled_dot_product_attention",
-                        lambda q, k, v, is_causal=True: _FlashAttention.apply(q, k, v))
-    with torch.device("meta"):
-        model = _OneBlock(cfg).to(dtype)
-        x = torch.empty(1, SEQ, shape.hidden, dtype=dtype, requires_grad=True)
-    apply_ac(model, recompute)
-    ignore = {t.untyped_storage()._cdata for t in [*model.parameters(), model.cos, model.sin]}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = t.untyped_storage()._cdata
-        if key not in ignore:
-            saved[key] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)
-    return sum(saved.values()) / SEQ
+    """Bytes the block keeps for backward after its forward, per token (`saved_storage_bytes`)."""
+    model, x = _meta_block(shape, recompute, monkeypatch, dtype)
+    return saved_storage_bytes(lambda: model(x), [*model.parameters(), model.cos, model.sin])[0] / SEQ
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
@@ -214,7 +219,7 @@ dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)  # sha
 mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
 sys.path.insert(0, ".")
 from torch.utils._python_dispatch import TorchDispatchMode
-from tests.unit.plan.test_engine_block import _FlashAttention
+from tests.unit.plan.test_engine_block import _FlashAttention, saved_storage_bytes
 llama.F.scaled_dot_product_attention = lambda q, k, v, is_causal=True: _FlashAttention.apply(q, k, v)
 
 class Collectives(TorchDispatchMode):
@@ -233,21 +238,13 @@ for recompute in ("none", "selective", "full"):
     model = llama.Llama(cfg).to(torch.bfloat16)
     apply_tp(model, mesh, loss_parallel=False)
     apply_ac(model, recompute)
-    local = lambda t: t.to_local() if hasattr(t, "to_local") else t
-    ignore = {local(t).untyped_storage()._cdata for t in [*model.parameters(), model.rope_cos, model.rope_sin]}
-    saved = {}
-    def pack(t):
-        key = local(t).untyped_storage()._cdata
-        if key not in ignore:
-            saved[key] = local(t).untyped_storage().nbytes()
-        return t
     x = torch.randn(1, s // tp, h, dtype=torch.bfloat16, requires_grad=True)  # sequence-parallel: this rank's shard
     counter = Collectives()
     with counter:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y = model.layers["0"](x, model.rope_cos, model.rope_sin)
+        saved, y = saved_storage_bytes(lambda: model.layers["0"](x, model.rope_cos, model.rope_sin),
+                                       [*model.parameters(), model.rope_cos, model.rope_sin])
         y.backward(torch.ones_like(y))
-    out[recompute] = sum(saved.values()) / s
+    out[recompute] = saved / s
     collectives[recompute] = counter.count
 print(json.dumps({"saved": out, "collectives": collectives}))
 """

@@ -47,20 +47,17 @@ def is_deepspeed_checkpoint(folder: Path) -> bool:
     return (folder / DS_TAG).is_dir() and any((folder / DS_TAG).glob("*model_states.pt"))
 
 
-CHECKPOINT_WRAPPER_PREFIX = "_checkpoint_wrapped_module."
-"""torch's `checkpoint_wrapper` inner-module name (torch.distributed.algorithms._checkpoint.checkpoint_wrapper)."""
-
-
 def load_deepspeed_weights(folder: Path, model: torch.nn.Module) -> None:
     """Single-process: consolidate a DeepSpeed checkpoint's ZeRO partitions into a plain fp32 state dict and load
     it strictly (evaluation, export). `folder` must be a materialized, sha256-verified committed checkpoint."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 
     with safe_deepspeed_load():
         state = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=DS_TAG)
     # DeepSpeed names the ZeRO partitions by the engine model's parameter names, which carry the activation
     # checkpoint wrapper's prefix when recomputation was on; the wrapper's own state dicts drop it.
-    state = {k.replace(CHECKPOINT_WRAPPER_PREFIX, ""): v for k, v in state.items()}
+    state = {k.replace(_CHECKPOINT_PREFIX, ""): v for k, v in state.items()}
     own = model.state_dict()
     model.load_state_dict({k: v.to(own[k].dtype) if k in own else v for k, v in state.items()}, strict=True)
 
