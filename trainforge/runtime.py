@@ -261,13 +261,12 @@ def load_checkpoint(state: Mapping[str, Any]) -> int | None:
     st = _state()
     ckpt = _checkpointer("load_checkpoint")
     model, optimizer = _model_and_optimizer(state, "load_checkpoint")
-    ref, skipped = ckpt.latest()
+    ref, skipped = ckpt.restore(lambda r: ckpt.load(r, model, optimizer))
     for bad_step, problems in skipped:
         st.events.publish(CheckpointCorrupt(step=bad_step, problems=problems))
     if ref is None:
         _begin(0, None)
         return None
-    ckpt.load(ref, model, optimizer)
     _begin(ref.step, ref.step)
     return int(ref.step)
 

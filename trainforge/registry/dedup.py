@@ -196,14 +196,30 @@ def iter_file_bytes(store: ObjectStore, step_prefix: str, entry: dict[str, Any])
         return
     job = job_prefix_of(step_prefix)
     for sha, size in entry["chunks"]:
-        key = chunk_key(job, sha, entry.get("codec"))
-        try:
-            data = decode(store.get_bytes(key), entry.get("codec"))
-        except ObjectNotFoundError as exc:
-            raise ChunkError(f"{entry['name']}: chunk {sha[:12]} missing") from exc
-        if len(data) != size or hashlib.sha256(data).hexdigest() != sha:
-            raise ChunkError(f"{entry['name']}: chunk {sha[:12]} corrupt (sha256 mismatch)")
-        yield data
+        yield read_chunk(store, job, sha, size, entry.get("codec"), what=entry["name"])
+
+
+def read_chunk(store: ObjectStore, job_prefix: str, sha: str, size: int, codec: str | None, *,
+               what: str = "checkpoint") -> bytes:
+    """One chunk's raw bytes, read from the store and checked against its recorded size and sha256 (ChunkError
+    when it is missing or does not match; `what` names the file in the message)."""
+    try:
+        stored = store.get_bytes(chunk_key(job_prefix, sha, codec))
+    except ObjectNotFoundError as exc:
+        raise ChunkError(f"{what}: chunk {sha[:12]} missing") from exc
+    try:
+        data = decode(stored, codec)
+    except ChunkError:
+        raise
+    except Exception as exc:  # zlib.error, zstd's ZstdError: the stored bytes are not what was written
+        raise ChunkError(f"{what}: chunk {sha[:12]} corrupt (does not decompress: {exc})") from exc
+    if not chunk_intact(data, sha, size):
+        raise ChunkError(f"{what}: chunk {sha[:12]} corrupt (sha256 mismatch)")
+    return data
+
+
+def chunk_intact(data: bytes | memoryview, sha: str, size: int) -> bool:
+    return len(data) == size and hashlib.sha256(data).hexdigest() == sha
 
 
 def file_problem(store: ObjectStore, step_prefix: str, entry: dict[str, Any], dest: Path | None = None) -> str | None:

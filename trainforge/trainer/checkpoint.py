@@ -18,9 +18,13 @@ Save, on every rank:
    the previous committed checkpoint already holds are not sent again), and gathers every rank's file list on
    rank 0, which writes the manifest last with if-none-match: the commit.
 Restore: after an in-segment restart (torchrun --max-restarts) from the peers' memory, read by DCP straight from
-the replica bytes (checkpointing/memory_fs.py); otherwise from the newest committed checkpoint whose chunks all
-verify (corrupt ones are quarantined and skipped), reusing the node-local staging copy when its sha256s match.
-Nothing is unpickled (checkpointing/safe_dcp.py).
+the replica bytes (checkpointing/memory_fs.py); otherwise from the newest committed checkpoint, chosen by its
+manifest alone (rank 0 reads the manifest, nothing else), read straight from the store: each rank fetches only the
+chunks under its DCP load plan's byte ranges, each chunk is fetched by one rank and sent to the others that need
+it, and each is verified against the manifest's sha256 (checkpointing/store_reader.py); chunks of a node-local
+staging copy whose sha256 matches are not fetched. A missing or corrupt chunk fails the load on every rank
+together, before anything is copied into the model; `restore` then quarantines that commit and loads the one
+before it. Nothing is unpickled (checkpointing/safe_dcp.py).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -51,8 +55,10 @@ from trainforge.infra.storage.credentials import with_job_credentials
 from trainforge.registry.dedup import ChunkWriter, UploadStats, default_codec, referenced_chunks
 from trainforge.registry.manifest import (
     CheckpointRef,
-    latest_intact,
+    committed_steps,
     materialize,
+    quarantine,
+    read_manifest,
     retire_quarantined,
     step_prefix,
     write_manifest,
@@ -61,6 +67,11 @@ from trainforge.trainer.checkpointing.deepspeed_format import is_deepspeed_check
 from trainforge.trainer.checkpointing.memory_fs import SafeMemoryReader
 from trainforge.trainer.checkpointing.replica import MemoryReplica, replica_root
 from trainforge.trainer.checkpointing.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+from trainforge.trainer.checkpointing.store_reader import (
+    RestoreReadError,
+    StoreRangeReader,
+    read_metadata_once,
+)
 from trainforge.trainer.distributed import DistContext
 
 logger = logging.getLogger(__name__)
@@ -70,7 +81,11 @@ COMMIT_TIMEOUT_S = 1800.0  # uploads sit between the commit group's collectives
 
 
 class CheckpointCorruptError(RuntimeError):
-    pass
+    """A checkpoint's bytes are missing or do not match its manifest; `problems` lists what was found."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems if problems is not None else [message]
 
 
 def capture_rng() -> dict[str, torch.Tensor]:
@@ -417,18 +432,57 @@ class Checkpointer:
     # --------------------------------------------------------------- restore
 
     def latest(self) -> tuple[CheckpointRef | None, list[tuple[int, list[str]]]]:
-        """The checkpoint to resume from, and the corrupt committed ones skipped (and quarantined) on the way."""
+        """The checkpoint to resume from (peers' memory after an in-segment restart, else the newest committed one,
+        by its manifest: no checkpoint byte is read to choose it), and the corrupt ones skipped on the way (none
+        here: a corrupt chunk is found while loading; `restore` handles it)."""
         if self.replica is not None and self.restart_count > 0:
             ref = self._from_memory()
             if ref is not None:
                 return ref, []
-        found: tuple[CheckpointRef | None, list[tuple[int, list[str]]]] = (None, [])
-        if self.ctx.is_main:  # one rank reads and verifies every byte, into this node's staging folder
-            found = latest_intact(self.store, self.job_prefix, folder=self.staging)
-        ref, skipped = self._broadcast(found)
+        ref = self._newest_committed(below=None)
         if ref is not None:
             self.stats["restored_from"] = "object_store"
-        return ref, skipped
+        return ref, []
+
+    def _newest_committed(self, below: int | None) -> CheckpointRef | None:
+        """The newest committed, unquarantined checkpoint (before step `below`): rank 0 lists the job's checkpoints
+        and reads manifests only, then broadcasts the choice."""
+        found: CheckpointRef | None = None
+        if self.ctx.is_main:
+            for step in reversed(committed_steps(self.store, self.job_prefix)):
+                if below is not None and step >= below:
+                    continue
+                prefix = step_prefix(self.job_prefix, step)
+                manifest = read_manifest(self.store, prefix)
+                if manifest is not None:
+                    found = CheckpointRef(step, prefix, manifest)
+                    break
+        return self._broadcast(found)
+
+    def restore(self, load: Callable[[CheckpointRef], Any]) -> tuple[CheckpointRef | None, list[tuple[int, list[str]]]]:
+        """Load the newest checkpoint that loads, with `load(ref)` (every rank calls this together). A checkpoint
+        found corrupt while loading (every rank raises CheckpointCorruptError together, nothing loaded yet) is
+        quarantined by rank 0 and the one before it is tried. Returns the checkpoint loaded (None: a fresh start)
+        and the corrupt ones skipped, with their problems."""
+        ref, skipped = self.latest()
+        while ref is not None:
+            try:
+                load(ref)
+                return ref, skipped
+            except CheckpointCorruptError as exc:
+                if ref.manifest.get("source") == "memory":
+                    raise
+                logger.warning("checkpoint step %d is corrupt, resuming from the one before it: %s", ref.step,
+                               "; ".join(exc.problems[:5]))
+                if self.ctx.is_main:
+                    quarantine(self.store, ref, exc.problems)
+                skipped.append((ref.step, exc.problems))
+                self._barrier()
+                ref = self._newest_committed(below=ref.step)
+                if ref is not None:
+                    self.stats["restored_from"] = "object_store"
+        self.stats["restored_from"] = None
+        return None, skipped
 
     def _from_memory(self) -> CheckpointRef | None:
         """The newest step every shard of which some rank holds in memory; its files' bytes (every shard, on every
@@ -461,11 +515,17 @@ class Checkpointer:
             self._barrier()
             return folder
         folder = self._folder(ref.step)
-        if self.ctx.local_rank == 0 and not self.ctx.is_main:  # other nodes: rank 0 filled only its own
-            problems = materialize(self.store, ref, folder)
-            if problems:
-                raise CheckpointCorruptError(f"checkpoint step {ref.step}: {'; '.join(problems)}")
-        self._barrier()
+        problems: list[str] = []
+        if self.ctx.local_rank == 0:  # one copy per node, each file verified (files already there are not read)
+            try:
+                problems = materialize(self.store, ref, folder)
+            except Exception as exc:  # a store failure: still reach the gather below, peers wait in it
+                problems = [f"reading the checkpoint failed: {type(exc).__name__}: {exc}"]
+        everyone = [p for ps in self._gather(problems) for p in ps]
+        if any(p.startswith("reading the checkpoint failed") for p in everyone):
+            raise RuntimeError(f"checkpoint step {ref.step}: {'; '.join(everyone)}")
+        if everyone:
+            raise CheckpointCorruptError(f"checkpoint step {ref.step}: {'; '.join(everyone)}", everyone)
         self._known = referenced_chunks(ref.files)
         return folder
 
@@ -479,18 +539,41 @@ class Checkpointer:
             if rng_name in files:
                 rng = load_safetensors(files[rng_name].numpy().tobytes())
         else:
-            folder = self.local_folder(ref)
-            reader = SafeFileSystemReader(str(folder))
-            if (folder / rng_name).is_file():
-                rng = load_file(str(folder / rng_name))
+            try:
+                metadata = read_metadata_once(self.store, self.job_prefix, ref.files, group=self._pg,
+                                              is_reader=self.ctx.is_main)
+            except RestoreReadError as exc:
+                raise _restore_error(ref, exc) from None
+            reader = StoreRangeReader(self.store, self.job_prefix, ref.files, metadata, group=self._pg,
+                                      extra_files=[rng_name], local_copy=self._folder(ref.step))
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=self._pg)
+        try:
+            dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=self._pg)
+        except BaseException:  # DCP wraps every rank's failure in a CheckpointException (a BaseException)
+            failure = getattr(reader, "failure", None)
+            if failure is not None:  # the same on every rank: raised before anything was copied into the model
+                raise _restore_error(ref, failure) from None
+            raise
+        if isinstance(reader, StoreRangeReader):
+            if rng_name in reader.extra:
+                rng = load_safetensors(reader.extra[rng_name])
+            self._known = referenced_chunks(ref.files)
+            self.stats["restore_bytes"] = {"store": reader.fetched_bytes, "local": reader.local_bytes,
+                                           "peers": reader.received_bytes}
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if rng is not None:
             restore_rng(rng)
         self._memory = None  # the mapped / received bytes are released
         self.stats["restore_s"] = time.perf_counter() - t0
+
+
+def _restore_error(ref: CheckpointRef, exc: RestoreReadError) -> Exception:
+    """A checkpoint found corrupt (CheckpointCorruptError: `restore` moves to the one before it), or a store that
+    failed while reading it (the checkpoint may be fine: nothing is quarantined)."""
+    if exc.problems:
+        return CheckpointCorruptError(f"checkpoint step {ref.step}: {exc}", exc.problems)
+    return RuntimeError(f"checkpoint step {ref.step}: {exc}")
 
 
 def load_model_weights(folder: Path, model: torch.nn.Module) -> None:

@@ -210,10 +210,11 @@ def train(cfg: SegmentConfig, ctx: DistContext, hooks: Sequence[StepHook] | None
         # Fine-tuning (spec init_from): the parent's weights; this job's own committed checkpoint, if any, wins below.
         load_init_weights(model, cfg.init_weights)
     engine = build_engine(cfg, ctx, model, events.publish)
-    ref, skipped = engine.ckpt.latest() if engine.ckpt is not None else (None, [])
+    # The newest committed checkpoint that loads (a corrupt one is quarantined and the one before it loaded).
+    ref, skipped = engine.ckpt.restore(engine.restore) if engine.ckpt is not None else (None, [])
     for bad_step, problems in skipped:
         events.publish(CheckpointCorrupt(step=bad_step, problems=problems))
-    start = 0 if ref is None else engine.restore(ref)
+    start = 0 if ref is None else ref.step
     events.publish(SegmentStart(step=start, world_size=ctx.world_size, resumed_from=ref.step if ref else None))
     monitor.attach(ctx, start)
     anchor = (ref.manifest.get("sampler") or {}).get("anchor") if ref is not None else None
