@@ -12,14 +12,19 @@ cost model and Young/Daly interval, at the fleet's node MTBF and at 2,000 h, aga
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python bench/chaos_mttr.py [scenario ...]   (about 5 minutes on 2 cores)
      e.g. `bench/chaos_mttr.py baseline` (about 6 minutes), `bench/chaos_mttr.py node wave`
+The comparison's size has flags (`--help`; the defaults are the run above): its smallest run, the smoke test's
+(tests/integration/test_chaos_mttr_smoke.py, under a minute): `bench/chaos_mttr.py baseline --runs 1 --steps 12
+--interval 4 --kill-step 6 --variant prefixed --limit-s 30`.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,15 +55,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 BASELINE_LIMIT_S = 90.0
 BASELINES = {
-    # name: extra worker config. Plain = what the torchrun docs show: env:// init, torch's default timeouts.
-    "plain torchrun --max-restarts=1 + torch.save": {},
-    "same + per-attempt store prefix, 60 s pg timeout": {"prefix_store": True, "pg_timeout_s": 60},
+    # key (--variant): (row label, extra worker config). Plain = what the torchrun docs show: env:// init, torch's
+    # default timeouts.
+    "plain": ("plain torchrun --max-restarts=1 + torch.save", {}),
+    "prefixed": ("same + per-attempt store prefix, 60 s pg timeout", {"prefix_store": True, "pg_timeout_s": 60}),
 }
 
 
-def baseline(name: str, extra: dict, interval: int = 8, steps: int = 24, kill_step: int = 10) -> dict:
+def baseline(name: str, extra: dict, interval: int = 8, steps: int = 24, kill_step: int = 10,
+             limit_s: float = BASELINE_LIMIT_S) -> dict:
     """kill -9 of rank 1 at `kill_step` under torchrun --max-restarts=1 with torch.save checkpoints; bounded at
-    BASELINE_LIMIT_S (the agent and its workers are killed after it: no orphans, no unbounded wait)."""
+    `limit_s` (the agent and its workers are killed after it: no orphans, no unbounded wait)."""
     from tests.chaos.harness import make_job
 
     with tempfile.TemporaryDirectory() as home:
@@ -66,31 +73,48 @@ def baseline(name: str, extra: dict, interval: int = 8, steps: int = 24, kill_st
         job = make_job("bench-baseline", steps=steps, interval=interval)
         folder = Path(home) / "baseline"
         folder.mkdir()
-        cfg = {"model": job.config.model, "steps": steps, "interval": interval, "batch": 8, "seq_len": 64,
-               "kill_rank": 1, "kill_step": kill_step, "dir": str(folder), **extra}
+        # The same model as the trainforge job: the numbers its managed entrypoint gets (trainer/loop.py
+        # build_model), as plain JSON (job.config.model is a ModelShape, which json cannot encode).
+        model = {**job.config.model_args(), "max_seq_len": job.config.training.seq_len}
+        cfg = {"model": model, "steps": steps, "interval": interval, "batch": job.config.training.global_batch_size,
+               "seq_len": job.config.training.seq_len, "kill_rank": 1, "kill_step": kill_step, "dir": str(folder),
+               **extra}
+        scratch = folder / "tmp"  # torchrun's log folder (torchelastic_*) and the workers' temp files go here
+        scratch.mkdir()
         env = {**os.environ, "BASELINE_CONFIG": json.dumps(cfg), "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(ROOT)}
+               "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=1",
                "--master-addr=127.0.0.1", f"--master-port={_port()}", str(ROOT / "bench/chaos_baseline_worker.py")]
         t0 = time.monotonic()
         with open(folder / "torchrun.log", "wb") as log:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                code: int | None = proc.wait(timeout=BASELINE_LIMIT_S)
+                code: int | None = proc.wait(timeout=limit_s)
             except subprocess.TimeoutExpired:
                 stacks = _py_spy(proc.pid)
                 _kill_tree(proc)
                 code = None
                 (folder / "stacks.txt").write_text(stacks)
                 if stacks:
-                    print(f"  baseline '{name}' stuck after {BASELINE_LIMIT_S:.0f}s; restarted workers' stacks:\n"
+                    print(f"  baseline '{name}' stuck after {limit_s:.0f}s; restarted workers' stacks:\n"
                           + "\n".join("    " + line for line in stacks.splitlines()[:40]))
+            finally:
+                # the agent's session (start_new_session): a worker it left behind goes with it
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        if code not in (0, None):
+            print(f"  baseline '{name}' exited {code}; torchrun's log ends:\n"
+                  + "\n".join("    " + line for line in
+                               (folder / "torchrun.log").read_text(errors="replace").splitlines()[-15:]))
         evs = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()] \
             if (folder / "events.jsonl").is_file() else []
         killed = next((e for e in evs if e["event"] == "killed"), None)
         kill_t = killed["time"] if killed else math.inf
         restart = [e for e in evs if e["event"] == "start" and e["time"] > kill_t]
-        reached = max((e["step"] for e in evs if e["event"] == "step" and e["time"] < kill_t), default=0)
+        # steps done when the fault fired: rank 1 dies at the start of step index `kill_step`, so `kill_step`
+        # steps were trained (rank 0 may write its event of the last one just after rank 1's `killed`)
+        reached = max([e["step"] for e in evs if e["event"] == "step" and e["time"] < kill_t]
+                      + ([killed["step"]] if killed else []), default=0)
         # the first step completed by the restarted gang (the survivor may still report the step it was finishing)
         restart_t = restart[0]["time"] if restart else math.inf
         first = min((e["time"] for e in evs if e["event"] == "step" and e["time"] > restart_t), default=None)
@@ -142,36 +166,46 @@ def _port() -> int:
     return free_port()
 
 
-def compare_baseline(runs: int = int(os.environ.get("CHAOS_BASELINE_RUNS", "2"))) -> dict:
+def compare_baseline(runs: int = 2, *, steps: int = 24, interval: int = 8, kill_step: int = 10,
+                     variants: list[str] | None = None, limit_s: float = BASELINE_LIMIT_S) -> dict:
     """trainforge's kill -9 recovery vs torchrun + torch.save, measured in the same run, `runs` times each; the
-    ratio of the median time from the fault to the first step completed after the restore."""
+    ratio of the median time from the fault to the first step completed after the restore. `variants`: the keys
+    of BASELINES to run (default all)."""
     from tests.chaos.harness import make_job, measure, run_job
 
     ours = []
     for i in range(runs):
         with tempfile.TemporaryDirectory() as home:
             os.environ["TRAINFORGE_HOME"] = home
-            job = run_job(make_job(f"bench-chaos-kill-{i}"), fault="kill:rank=1:step=10", max_restarts=1)
+            # `durable=1`: rank 1 dies once its last save is committed (trainer/faults.py), as the baseline's
+            # synchronous torch.save always is by then; without it a save still in flight on a loaded host makes
+            # the restart fall back a whole interval (tests/chaos/test_kill.py)
+            job = run_job(make_job(f"bench-chaos-kill-{i}", steps=steps, interval=interval),
+                          fault=f"kill:rank=1:step={kill_step}:durable=1", max_restarts=1)
             ours.append(measure(job, "trainforge kill -9 (in-segment restart)", "kill", "rank_lost"))
     totals = [(m["detection_s"] or 0) + (m["mttr_s"] or 0) for m in ours if m["mttr_s"] is not None]
-    total = statistics.median(totals)
-    lost = [m["lost_steps"] for m in ours]
-    bases = {name: [baseline(name, extra) for _ in range(runs)] for name, extra in BASELINES.items()}
-    print(f"\n{'kill -9 rank 1 at step 10 (24 steps, ckpt every 8)':52} {'recovered':>9} {'fault->step s':>13} "
-          f"{'lost':>6} {'vs trainforge':>13}")
-    print(f"{'trainforge (heartbeats + torchrun restart + replica)':52} {len(totals)}/{runs:<7} {total:13.2f} "
-          f"{'/'.join(map(str, lost)):>6} {'1.00x':>13}")
+    total = statistics.median(totals) if totals else None
+    lost = "/".join("-" if m["lost_steps"] is None else str(m["lost_steps"]) for m in ours)
+    chosen = {key: BASELINES[key] for key in (variants or BASELINES)}
+    bases = {label: [baseline(label, extra, interval=interval, steps=steps, kill_step=kill_step, limit_s=limit_s)
+                     for _ in range(runs)] for label, extra in chosen.values()}
+    print(f"\n{f'kill -9 rank 1 at step {kill_step} ({steps} steps, ckpt every {interval})':52} {'recovered':>9} "
+          f"{'fault->step s':>13} {'lost':>6} {'vs trainforge':>13}")
+    print(f"{'trainforge (heartbeats + torchrun restart + replica)':52} {len(totals)}/{runs:<7} "
+          f"{'none' if total is None else format(total, '13.2f'):>13} {lost:>6} {'1.00x':>13}")
     ratios = {}
     for name, rows in bases.items():
         ok = [b["fault_to_step_s"] for b in rows if b["fault_to_step_s"] is not None]
         lost_b = "/".join("-" if b["lost_steps"] is None else str(b["lost_steps"]) for b in rows)
-        if ok:
-            ratios[name] = statistics.median(ok) / max(total, 1e-9)
+        if ok and total:
+            ratios[name] = statistics.median(ok) / total
             print(f"{name:52} {len(ok)}/{runs:<7} {statistics.median(ok):13.2f} {lost_b:>6} {ratios[name]:12.2f}x")
+        elif ok:  # trainforge did not recover: no ratio
+            print(f"{name:52} {len(ok)}/{runs:<7} {statistics.median(ok):13.2f} {lost_b:>6} {'-':>13}")
         else:
-            print(f"{name:52} {0}/{runs:<7} {'none':>13} {lost_b:>6} "
-                  f"{'> ' + format(BASELINE_LIMIT_S / max(total, 1e-9), '.1f') + 'x':>13}")
-    print(f"(fault->step: median over the recovered runs; a run that completed no step within {BASELINE_LIMIT_S:.0f} s "
+            vs = f"> {limit_s / total:.1f}x" if total else "-"
+            print(f"{name:52} {0}/{runs:<7} {'none':>13} {lost_b:>6} {vs:>13}")
+    print(f"(fault->step: median over the recovered runs; a run that completed no step within {limit_s:.0f} s "
           "of the fault counts as not recovered and its process tree is killed)")
     return {"trainforge": ours[0], "trainforge_total_s": total, "baselines": bases, "ratios": ratios}
 
@@ -287,11 +321,36 @@ def extrapolate(measured: dict) -> None:
           f"{detect['process'] + PROCESS_START_S + restore_peer_s + step_s:.1f} s")
 
 
-def main(selected: list[str]) -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Scenario names (substrings of the rows; none = all; `baseline` = the torchrun comparison) and the
+    comparison's size. The defaults are the documented run; the smallest one (a smoke run, ~30 s on 2 cores):
+    `baseline --runs 1 --steps 12 --interval 4 --kill-step 6 --variant prefixed --limit-s 30`."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenarios", nargs="*", help="scenarios to run (substrings), `baseline`, `scale`; none: all")
+    ap.add_argument("--runs", type=int, default=int(os.environ.get("CHAOS_BASELINE_RUNS", "2")),
+                    help="baseline: runs of each recovery (default $CHAOS_BASELINE_RUNS or 2)")
+    ap.add_argument("--steps", type=int, default=24, help="baseline: steps of the job (default 24)")
+    ap.add_argument("--interval", type=int, default=8, help="baseline: checkpoint interval in steps (default 8)")
+    ap.add_argument("--kill-step", type=int, default=10, help="baseline: step rank 1 is killed at (default 10)")
+    ap.add_argument("--variant", action="append", choices=sorted(BASELINES), dest="variants",
+                    help="baseline: the torchrun variant(s) to run (repeatable; default all)")
+    ap.add_argument("--limit-s", type=float, default=BASELINE_LIMIT_S,
+                    help=f"baseline: bound of each torchrun run in seconds (default {BASELINE_LIMIT_S:.0f})")
+    args = ap.parse_args(argv)
+    if not 0 < args.interval < args.kill_step < args.steps or args.runs < 1:
+        ap.error("need --runs >= 1 and 0 < --interval < --kill-step < --steps")
+    return args
+
+
+def main(argv: list[str]) -> None:
     from tests.chaos.harness import make_job, measure, run_job
 
+    args = parse_args(argv)
+    selected = args.scenarios
     if "baseline" in selected or "scale" in selected:
-        result = compare_baseline()
+        result = compare_baseline(args.runs, steps=args.steps, interval=args.interval, kill_step=args.kill_step,
+                                  variants=args.variants, limit_s=args.limit_s)
         extrapolate({"detection_s": result["trainforge"]["detection_s"], "regang_s": measure_regang()})
         selected = [s for s in selected if s not in ("baseline", "scale")]
         if not selected:
