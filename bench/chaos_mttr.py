@@ -236,6 +236,16 @@ PROCESS_START_S = 60.0
 """Assumption: start 1,024 processes, import torch, NCCL init and the first collectives at 128 nodes (published
 large-job start-ups are 1-3 minutes; ours here is ~4 s for 2 gloo workers). The one modelled term we cannot
 measure on this machine."""
+NODE_READ_BPS, STORE_READ_BPS = 2e9, 100e9
+"""Assumed (the planner's bandwidth model, plan/checkpointing.py): a node reads from the object store at 2 GB/s, and
+the store serves at most 100 GB/s in all."""
+RESTORE_STORE_X, RESTORE_RANK_X = 1.001, 1.002
+"""Measured (bench/restore_bytes.py, 2026-12-07, FSDP and HSDP at world 2, 4 and 8, a 288 MiB checkpoint on
+SeaweedFS, counted by a proxy): the bytes the store served for one restore, in all, over the checkpoint's size
+(worst 288.9 / 288.7 MiB), and the most one rank read over size / world (36.3 / 36.1 MiB, minus .metadata)."""
+MEASURED_GANG_RATE_BPS = 288.9 * 2**20 / 2.20
+"""Measured in the same run: the FSDP gang of 8 restored 288.9 MiB in 2.20 s (131 MiB/s) on 2 shared cores (sha256 of
+every chunk, the proxy and the server on the same cores): a floor for one node's restore rate, not an estimate."""
 HEARTBEAT_TIMEOUT_S = 5.0  # the policy default for a silent node (trainer/health.py); a dead process is immediate
 LIMIT_MTTR_S, LIMIT_LOST_S = 300.0, 600.0  # the seed: MTTR <= 5 min for a node failure; <= 10 min of lost progress
 
@@ -279,8 +289,14 @@ def extrapolate(measured: dict) -> None:
                               SCALE_GPUS, SCALE_BATCH, SCALE_SEQ)).best
     step_s = best.step.step_time_s
     size = checkpoint_bytes(shape)["training_checkpoint"]
-    # the planner's bandwidth model: every node reads its shard at 2 GB/s, capped by 100 GB/s of object storage
-    restore_store_s = size / min(100e9, nodes * 2e9)
+    # Ranged restore (trainer/checkpointing/store_reader.py): each node reads its ranks' share once (measured byte
+    # factors), at the assumed per-node bandwidth, all nodes together capped by the assumed store bandwidth.
+    per_node = size * RESTORE_RANK_X / nodes
+    restore_store_s = max(per_node / NODE_READ_BPS, size * RESTORE_STORE_X / STORE_READ_BPS)
+    # main's restore before it: rank 0 read and verified the whole checkpoint alone, then every other node read all
+    # of it again (nodes x size from the store), before anyone loaded
+    restore_main_s = size / NODE_READ_BPS + max(size / NODE_READ_BPS, (nodes - 1) * size / STORE_READ_BPS)
+    restore_floor_s = per_node / MEASURED_GANG_RATE_BPS
     # in-memory replica (tier 1): only the replaced node fetches its shard from a peer (~25 GB/s over IB)
     restore_peer_s = size / nodes / 25e9
     detect = {"process": measured.get("detection_s") or 0.0, "node": HEARTBEAT_TIMEOUT_S}
@@ -291,12 +307,20 @@ def extrapolate(measured: dict) -> None:
     print(f"  measured here: detection {detect['process']:.2f} s (dead process), re-gang {regang:.2f} s; node "
           f"silence detected at the heartbeat timeout ({HEARTBEAT_TIMEOUT_S:g} s); start-up + NCCL init assumed "
           f"{PROCESS_START_S:g} s")
+    print(f"  restore bytes measured (bench/restore_bytes.py): store serves {RESTORE_STORE_X:.3f} x the checkpoint, "
+          f"a rank reads {RESTORE_RANK_X:.3f} x its share: {per_node / 1e9:.2f} GB per node, "
+          f"{size * RESTORE_STORE_X / 1e12:.2f} TB in all (main: {nodes} x {size / 1e12:.2f} TB = "
+          f"{nodes * size / 1e12:.0f} TB); read at {NODE_READ_BPS / 1e9:g} GB/s per node and {STORE_READ_BPS / 1e9:g} "
+          f"GB/s of store, both assumed: restore {restore_store_s:.1f} s (main {restore_main_s:.0f} s); at the "
+          f"rate measured on 2 cores ({MEASURED_GANG_RATE_BPS / 2**20:.0f} MiB/s per node) {restore_floor_s:.0f} s")
     rows = []
     for label, restore in (("node lost, restore from object store", restore_store_s),
-                           ("node lost, restore from peer replica", restore_peer_s)):
+                           ("node lost, restore from peer replica", restore_peer_s),
+                           ("node lost, restore at the 2-core rate", restore_floor_s),
+                           ("node lost, main's restore (a copy per node)", restore_main_s)):
         mttr = detect["node"] + regang + PROCESS_START_S + restore + step_s
         rows.append((label, mttr))
-        print(f"  MTTR {label:38} = {detect['node']:.1f} detect + {regang:.2f} re-gang + {PROCESS_START_S:.0f} "
+        print(f"  MTTR {label:43} = {detect['node']:.1f} detect + {regang:.2f} re-gang + {PROCESS_START_S:.0f} "
               f"start + {restore:.1f} restore + {step_s:.1f} first step = {mttr:6.1f} s "
               f"({'meets' if mttr <= LIMIT_MTTR_S else 'MISSES'} the 5-min limit)")
     mttr = rows[0][1]

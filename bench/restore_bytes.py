@@ -126,7 +126,7 @@ def one(s3: SeaweedFSServer, bucket: str, layout: str, world: int, args: argpars
     for phase, label in (("legacy", "main: whole copy per node"), ("restore", "ranged, each byte once")):
         proxy = CountingProxy((host, int(port)), world)
         try:
-            penv = env | {"RESTORE_ENDPOINT_TEMPLATE": f"http://127.0.0.1:{{port}}",
+            penv = env | {"RESTORE_ENDPOINT_TEMPLATE": "http://127.0.0.1:{port}",
                           "RESTORE_ENDPOINT_PORTS": ",".join(map(str, proxy.ports))}
             t0 = time.perf_counter()
             torchrun(world, base | {"phases": [phase]}, penv)
