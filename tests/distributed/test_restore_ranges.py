@@ -24,12 +24,12 @@ WORLD = 4
 JOB = "teams/t/jobs/restore"
 
 
-def run(tmp_path: Path, layout: str, phases: list[str]) -> dict[str, list[dict]]:
+def run(tmp_path: Path, layout: str, phases: list[str], world: int = WORLD) -> dict[str, list[dict]]:
     cfg = {"out": str(tmp_path), "store": str(tmp_path / "store"), "layout": layout, "width": 192, "layers": 4,
            "steps": 6, "interval": 2, "phases": phases}
-    run_torchrun(WORLD, "tests.distributed.restore_worker", [],
+    run_torchrun(world, "tests.distributed.restore_worker", [],
                  env={"RESTORE_CONFIG": json.dumps(cfg), "TRAINFORGE_REPLICA_DIR": str(tmp_path / "shm")})
-    return {f"{p}-{i}": [json.loads((tmp_path / f"{p}-{i}-rank{r}.json").read_text()) for r in range(WORLD)]
+    return {f"{p}-{i}": [json.loads((tmp_path / f"{p}-{i}-rank{r}.json").read_text()) for r in range(world)]
             for i, p in enumerate(phases)}
 
 
@@ -69,3 +69,19 @@ def test_restore_reads_each_chunk_once_resumes_bitwise_and_skips_a_corrupt_commi
     assert [r["digest"] for r in corrupt] == reference
     # step 4 was saved again by the run from step 2, so its quarantine record was kept under a retired name
     assert any("/quarantine.retired-" in key for key in store.list(step4.prefix + "/"))
+
+
+def test_a_resharded_restore_reads_each_chunk_once_and_equals_a_whole_copy_load(tmp_path):
+    """Saved by 4 ranks, restored by 2 (an elastic shrink): each rank's ranges cross the old shard files, the
+    chunks on their edges are needed by both ranks and still read once; the result is what DCP loads from a whole
+    local copy (main's restore, the oracle)."""
+    run(tmp_path, "fsdp", ["train"])
+    results = run(tmp_path, "fsdp", ["restore", "legacy"], world=2)
+    ranged, whole = results["restore-0"], results["legacy-1"]
+    assert [r["start"] for r in ranged] == [4, 4] and [r["start"] for r in whole] == [4, 4]
+    assert [r["digest"] for r in ranged] == [r["digest"] for r in whole]
+    store = LocalObjectStore(tmp_path / "store").scoped(JOB)
+    step4 = next(c for c in list_committed(store, JOB) if c.step == 4)
+    # rng files of ranks 2 and 3 have no reader at world 2
+    skip = {".metadata", "rng-rank00002.safetensors", "rng-rank00003.safetensors"}
+    assert sum(r["bytes"]["store"] for r in ranged) == unique_bytes(step4.files, skip=skip)

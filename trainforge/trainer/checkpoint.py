@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -538,6 +538,11 @@ class Checkpointer:
             reader: SafeFileSystemReader = SafeMemoryReader(files)
             if rng_name in files:
                 rng = load_safetensors(files[rng_name].numpy().tobytes())
+        elif any("chunks" not in f for f in ref.files):  # a checkpoint from before content-defined chunks
+            folder = self.local_folder(ref)
+            reader = SafeFileSystemReader(str(folder))
+            if (folder / rng_name).is_file():
+                rng = load_file(str(folder / rng_name))
         else:
             try:
                 metadata = read_metadata_once(self.store, self.job_prefix, ref.files, group=self._pg,
