@@ -19,6 +19,7 @@ import pytest
 
 from trainforge.infra.storage import (
     LocalObjectStore,
+    ObjectChangedError,
     ObjectExistsError,
     ObjectNotFoundError,
     PermissionDeniedError,
@@ -111,6 +112,44 @@ def test_conditional_create(store):
     with pytest.raises(ObjectExistsError):
         store.put_bytes("commit/manifest.json", b"second", if_none_match=True)
     assert store.get_bytes("commit/manifest.json") == b"first"
+
+
+def test_conditional_overwrite_is_refused_by_the_store_once_the_etag_moved_on(store):
+    store.put_bytes("job/fence.json", b"attempt 0")
+    data, etag = store.get_with_etag("job/fence.json")
+    assert data == b"attempt 0" and etag
+    store.put_bytes("job/fence.json", b"attempt 1", if_match=etag)  # nobody wrote in between: it lands
+    data, newer = store.get_with_etag("job/fence.json")
+    assert data == b"attempt 1" and newer != etag
+    with pytest.raises(ObjectChangedError) as refused:  # a writer still holding the old ETag
+        store.put_bytes("job/fence.json", b"stale", if_match=etag)
+    assert refused.value.status == 412  # the server's Precondition Failed (the local store answers the same)
+    assert store.get_bytes("job/fence.json") == b"attempt 1"
+    with pytest.raises(ObjectChangedError):  # a key that is gone has no ETag to match
+        store.put_bytes("job/absent.json", b"x", if_match=etag)
+    assert not store.exists("job/absent.json")
+    with pytest.raises(ObjectNotFoundError):
+        store.get_with_etag("job/absent.json")
+
+
+def test_racing_conditional_overwrites_exactly_one_wins(store):
+    writers = 6
+    store.put_bytes("cas/fence.json", b"base")
+    _, etag = store.get_with_etag("cas/fence.json")
+    barrier = threading.Barrier(writers)
+
+    def write(i: int) -> bool:
+        barrier.wait(timeout=30)
+        try:
+            store.put_bytes("cas/fence.json", f"writer-{i}".encode(), if_match=etag)
+            return True
+        except ObjectChangedError:
+            return False
+
+    with ThreadPoolExecutor(writers) as ex:
+        won = list(ex.map(write, range(writers)))
+    assert sum(won) == 1, won
+    assert store.get_bytes("cas/fence.json") == f"writer-{won.index(True)}".encode()
 
 
 def test_racing_conditional_writers_exactly_one_wins(store):

@@ -21,11 +21,12 @@ class ObjectExistsError(FileExistsError):
 
 
 class ObjectChangedError(OSError):
-    """A pinned read found the object changed: its pinned ETag no longer matches, or its pinned version (or the
-    key) is gone."""
+    """A pinned read or a conditional overwrite (if_match) found the object changed: its pinned ETag no longer
+    matches, or its pinned version (or the key) is gone. `status` is the server's HTTP status where one answered
+    (412 Precondition Failed for a refused conditional write)."""
 
-    def __init__(self, key: str, etag: str = "", version_id: str | None = None):
-        self.key, self.etag, self.version_id = key, etag, version_id
+    def __init__(self, key: str, etag: str = "", version_id: str | None = None, *, status: int | None = None):
+        self.key, self.etag, self.version_id, self.status = key, etag, version_id, status
         pinned = f"version {version_id}" if version_id else f"ETag {etag}"
         super().__init__(f"{key}: the pinned {pinned} is no longer there (overwritten or deleted)")
 
@@ -88,8 +89,10 @@ def list_after(store: ObjectStore, prefix: str, start_after: str) -> list[str]:
 class ObjectStore(Protocol):
     url: str
 
-    def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False) -> None:
-        """Write an object atomically. if_none_match: fail with ObjectExistsError if the key exists."""
+    def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> None:
+        """Write an object atomically. if_none_match: fail with ObjectExistsError if the key exists. if_match: an
+        ETag (from `get_with_etag`): overwrite only while the object still has it, else ObjectChangedError (the
+        server's 412); the compare and the write are one step on the server."""
 
     def put_file(self, key: str, path: Path, *, if_none_match: bool = False) -> None:
         """Upload a local file (multipart where the backend supports it); if_none_match as for put_bytes."""
@@ -110,3 +113,12 @@ class ObjectStore(Protocol):
 
     def scoped(self, prefix: str) -> ObjectStore:
         """A handle that can only read and write under `prefix` (per-job credentials)."""
+
+
+@runtime_checkable
+class ConditionalObjectStore(ObjectStore, Protocol):
+    """A store whose writes can be conditional on an object's current ETag (compare-and-swap on one key): the
+    local folder and S3 (SeaweedFS, AWS) both are. The job's fence (registry/fence.py) needs it."""
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and the ETag they have (ObjectNotFoundError if absent), for `put_bytes(if_match=)`."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from trainforge.infra.storage.base import (
+    ObjectChangedError,
     ObjectExistsError,
     ObjectNotFoundError,
     ObjectStore,
@@ -33,7 +36,7 @@ class LocalObjectStore:
             raise PermissionDeniedError(f"this handle may only access {self.prefix}/; refused {key!r}")
         return self.root / key
 
-    def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False) -> None:
+    def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -42,7 +45,17 @@ class LocalObjectStore:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            if if_none_match:
+            if if_match is not None:
+                # compare-and-swap: the folder's lock serializes conditional writers (any process on this host)
+                with _folder_lock(path.parent):
+                    try:
+                        current = _etag(path.read_bytes())
+                    except FileNotFoundError:
+                        raise ObjectChangedError(key, if_match, status=412) from None
+                    if current != if_match:
+                        raise ObjectChangedError(key, if_match, status=412)
+                    os.replace(tmp, path)
+            elif if_none_match:
                 try:
                     os.link(tmp, path)  # atomic create-if-absent
                 except FileExistsError:
@@ -87,6 +100,15 @@ class LocalObjectStore:
         except FileNotFoundError:
             raise ObjectNotFoundError(key) from None
 
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        path = self._path(key)
+        with _folder_lock(path.parent) if path.parent.is_dir() else _no_lock():
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                raise ObjectNotFoundError(key) from None
+        return data, _etag(data)
+
     def get_file(self, key: str, path: Path) -> None:
         src = self._path(key)
         if not src.is_file():
@@ -127,3 +149,31 @@ class LocalObjectStore:
     def local_path(self, key: str) -> Path:
         """The file behind a key (local store only): lets DCP read and write in place."""
         return self._path(key)
+
+
+def _etag(data: bytes) -> str:
+    """S3's ETag of a single-part object: the md5 of its bytes, quoted."""
+    return f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
+
+
+class _folder_lock:  # noqa: N801 (a context manager used like a function)
+    """An exclusive flock on a folder (no lock file: nothing appears among the keys)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+class _no_lock:  # noqa: N801
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

@@ -301,8 +301,10 @@ class S3ObjectStore:
         except BotoCoreError as e:
             raise StorageError(f"{op} s3://{self.bucket}/{key}: {type(e).__name__}: {e}") from None
 
-    def _put_object(self, full: str, key: str, body: Any, if_none_match: bool) -> None:
+    def _put_object(self, full: str, key: str, body: Any, if_none_match: bool, if_match: str | None = None) -> None:
         kw = {"IfNoneMatch": "*"} if if_none_match else {}
+        if if_match is not None:
+            kw = {"IfMatch": if_match}
         if self._limiter is not None:
             self._limiter.acquire(_body_size(body))
         for attempt in range(self.max_attempts):
@@ -317,16 +319,24 @@ class S3ObjectStore:
                 if _code(e)[0] == "ConditionalRequestConflict" and attempt + 1 < self.max_attempts:
                     time.sleep(min(2.0, 0.05 * 2**attempt) * random.random())
                     continue
-                raise self._error(e, "put", key) from None
+                err = self._error(e, "put", key)
+                if if_match is not None and isinstance(err, ObjectExistsError | ObjectNotFoundError):
+                    # the server refused the overwrite: the ETag moved on (412) or the key is gone
+                    raise ObjectChangedError(key, if_match, status=_code(e)[1] or 412) from None
+                raise err from None
             except BotoCoreError as e:
                 raise StorageError(f"put s3://{self.bucket}/{key}: {type(e).__name__}: {e}") from None
 
     # ---- writes -----------------------------------------------------------------------------------------
 
-    def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False) -> None:
+    def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> None:
         full = self._full(key)
         size = len(data)
-        if self._goes_multipart(size, if_none_match):
+        if if_match is not None:  # one PutObject: the server compares and writes in one step
+            if size > MAX_PUT_OBJECT:
+                raise ValueError(f"a conditional overwrite is one PutObject: at most {MAX_PUT_OBJECT} bytes")
+            self._put_object(full, key, bytes(data), False, if_match)
+        elif self._goes_multipart(size, if_none_match):
             view = memoryview(data)
             self._multipart(full, key, size, lambda off, n: bytes(view[off:off + n]), if_none_match)
         else:
@@ -412,6 +422,12 @@ class S3ObjectStore:
         with self._translate("head", key):
             r = self._client.head_object(Bucket=self.bucket, Key=full)
         return {"size": int(r["ContentLength"]), "etag": r.get("ETag", "")}
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        full = self._full(key)
+        with self._translate("get", key):
+            resp = self._client.get_object(Bucket=self.bucket, Key=full)
+            return resp["Body"].read(), resp.get("ETag", "")
 
     def exists(self, key: str) -> bool:
         try:
