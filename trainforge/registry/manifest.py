@@ -19,6 +19,7 @@ from typing import Any
 
 from trainforge.infra.storage.base import ObjectNotFoundError, ObjectStore
 from trainforge.infra.storage.layout import STEP_WIDTH
+from trainforge.registry.fence import Fence, read_fence
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ QUARANTINE = "quarantine.json"
 _QUARANTINE_KEY = re.compile(r"/checkpoints/step-(\d+)/quarantine\.json$")
 
 
-def _scan(store: ObjectStore, job_prefix: str) -> tuple[dict[int, str], set[int]]:
+def _scan_raw(store: ObjectStore, job_prefix: str) -> tuple[dict[int, str], set[int]]:
     """Manifest keys by step, and the quarantined steps, from one listing of the checkpoints folder."""
     manifests: dict[int, str] = {}
     quarantined: set[int] = set()
@@ -85,29 +86,65 @@ def _scan(store: ObjectStore, job_prefix: str) -> tuple[dict[int, str], set[int]
     return manifests, quarantined
 
 
+def job_fence(store: ObjectStore, job_prefix: str) -> Fence | None:
+    """The job's fence (registry/fence.py), or None: no fence yet, or a store without conditional overwrites."""
+    if not hasattr(store, "get_with_etag"):
+        return None
+    return read_fence(store, job_prefix)
+
+
+def _scan(store: ObjectStore, job_prefix: str) -> tuple[dict[int, str], set[int], Fence | None]:
+    """`_scan_raw` without the manifests the job's fence revoked (an older attempt's, landed after a newer
+    attempt began: never a checkpoint), and the fence itself."""
+    manifests, quarantined = _scan_raw(store, job_prefix)
+    fence = job_fence(store, job_prefix)
+    if fence is not None:
+        manifests = {step: key for step, key in manifests.items() if fence.visible(step)}
+    return manifests, quarantined, fence
+
+
+def manifest_steps(store: ObjectStore, job_prefix: str) -> set[int]:
+    """Every step with a manifest object in the store, whatever the fence says (what the fence's advance needs)."""
+    return set(_scan_raw(store, job_prefix)[0])
+
+
 def list_committed(store: ObjectStore, job_prefix: str, *, include_quarantined: bool = False) -> list[CheckpointRef]:
     """Committed checkpoints (those with a readable manifest), oldest first. Folders without one are ignored, and
     so are quarantined ones (found corrupt) unless asked for."""
-    manifests, quarantined = _scan(store, job_prefix)
+    manifests, quarantined, fence = _scan(store, job_prefix)
     refs = []
     for step, key in manifests.items():
         if step in quarantined and not include_quarantined:
             continue
         prefix = key.rsplit("/", 1)[0]
         manifest = read_manifest(store, prefix)
-        if manifest is not None:
+        if manifest is not None and (fence is None or fence.visible(step, manifest.get("segment_attempt"))):
             refs.append(CheckpointRef(step, prefix, manifest))
     return sorted(refs, key=lambda r: r.step)
 
 
 def committed_steps(store: ObjectStore, job_prefix: str) -> list[int]:
     """The steps that have a manifest and are not quarantined, oldest first, from one listing (no manifest read)."""
-    manifests, quarantined = _scan(store, job_prefix)
+    manifests, quarantined, _ = _scan(store, job_prefix)
     return sorted(set(manifests) - quarantined)
 
 
+def newest_committed(store: ObjectStore, job_prefix: str, *, below: int | None = None) -> CheckpointRef | None:
+    """The newest committed, unquarantined checkpoint (before step `below`) that the fence accepts, reading only
+    its manifest (and those of newer unreadable or refused ones): what a resume chooses."""
+    manifests, quarantined, fence = _scan(store, job_prefix)
+    for step in sorted(set(manifests) - quarantined, reverse=True):
+        if below is not None and step >= below:
+            continue
+        prefix = step_prefix(job_prefix, step)
+        manifest = read_manifest(store, prefix)
+        if manifest is not None and (fence is None or fence.visible(step, manifest.get("segment_attempt"))):
+            return CheckpointRef(step, prefix, manifest)
+    return None
+
+
 def quarantined_steps(store: ObjectStore, job_prefix: str) -> set[int]:
-    return _scan(store, job_prefix)[1]
+    return _scan_raw(store, job_prefix)[1]
 
 
 def retire_quarantined(store: ObjectStore, prefix: str) -> bool:
@@ -124,6 +161,23 @@ def retire_quarantined(store: ObjectStore, prefix: str) -> bool:
         store.delete(mkey)
     store.put_bytes(f"{prefix}/quarantine.retired-{stamp}.json", store.get_bytes(qkey))
     store.delete(qkey)
+    return True
+
+
+def retire_stale_manifest(store: ObjectStore, prefix: str, attempt: int) -> bool:
+    """Move aside a manifest at `prefix` written by another attempt than `attempt` (one the fence revoked: an
+    older attempt's, landed after a newer one began), so this attempt's create-only commit of the step succeeds.
+    Returns whether one was moved. The caller holds the fence's acceptance of the step for `attempt`."""
+    import time
+
+    existing = read_manifest(store, prefix)
+    if existing is None or existing.get("segment_attempt") in (None, attempt):
+        return False
+    mkey = f"{prefix}/{MANIFEST}"
+    store.put_bytes(f"{prefix}/manifest.stale-{time.time():.0f}.json", store.get_bytes(mkey))
+    store.delete(mkey)
+    logger.warning("%s: moved aside the manifest of attempt %s, which the fence never accepted", prefix,
+                   existing.get("segment_attempt"))
     return True
 
 

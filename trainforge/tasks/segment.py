@@ -54,7 +54,9 @@ from trainforge.infra.launch import (
 from trainforge.infra.storage import open_store
 from trainforge.plan.cluster import LauncherSpec
 from trainforge.plan.layout import Layout
+from trainforge.registry.fence import advance_attempt
 from trainforge.registry.jobs import JobRecord, JobStore
+from trainforge.registry.manifest import job_fence, manifest_steps
 from trainforge.tasks.supervisor import SegmentSupervisor, offending_samples
 from trainforge.trainer.health import HealthPolicy, collective_timeout_for
 
@@ -147,7 +149,13 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
         raise SegmentCancelled(f"{config.job_id} was cancelled before segment {next_attempt(record)} started")
     # Checked before anything is recorded: a bad TRAINFORGE_ALLOCATOR fails here, leaving no segment behind.
     allocator = allocator_environment(dict(os.environ) | (extra_env or {}))  # jemalloc: RSS tracks live memory
-    attempt = next_attempt(record)
+    store = open_store(config.storage_url)
+    # The job's fence names this attempt before any of its workers starts: from now on the store refuses an older
+    # attempt's commits (registry/fence.py). A fence already past the record's count (the record was rebuilt for a
+    # job whose store lived on) moves the numbering past it: attempts only grow.
+    fence = job_fence(store, config.storage_prefix)
+    attempt = max(next_attempt(record), fence.attempt + 1 if fence is not None else 0)
+    advance_attempt(store, config.storage_prefix, attempt, lambda: manifest_steps(store, config.storage_prefix))
     segments = record.data.get("segments", [])
     # a hosts job's machines, per segment: its folders there are removed when the job ends (remove_node_folders)
     segments.append({"attempt": attempt, "started_at": time.time(), "state": "running",
@@ -171,7 +179,6 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
     nnodes = len(nodes)
     # Every message between this control plane and the workers goes through the segment attempt's channel in
     # the job's store: one sidecar publisher per node, commands down; nothing through this host's disk or pids.
-    store = open_store(config.storage_url)
     root = f"{channel_root(config.storage_prefix)}/segment-{attempt}"
     token = uuid.uuid4().hex[:12]
     if remote:

@@ -51,15 +51,18 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from trainforge.infra.storage import ObjectStore
+from trainforge.infra.storage.base import ObjectExistsError
 from trainforge.infra.storage.credentials import with_job_credentials
 from trainforge.registry.dedup import ChunkWriter, UploadStats, default_codec, referenced_chunks
+from trainforge.registry.fence import StaleAttemptError
+from trainforge.registry.fence import commit as fence_commit
 from trainforge.registry.manifest import (
     CheckpointRef,
-    committed_steps,
     materialize,
+    newest_committed,
     quarantine,
-    read_manifest,
     retire_quarantined,
+    retire_stale_manifest,
     step_prefix,
     write_manifest,
 )
@@ -161,6 +164,8 @@ class Checkpointer:
         self._memory: tuple[int, dict[str, torch.Tensor]] | None = None  # a restore's replica bytes, until loaded
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
         self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        # The segment attempt this gang is: every commit is conditional on the job's fence naming it.
+        self.attempt = int(os.environ.get("TRAINFORGE_SEGMENT_ATTEMPT", "0"))
         self.replica = (MemoryReplica(replica_root(job_prefix) / f"attempt-{os.environ.get('TRAINFORGE_SEGMENT_ATTEMPT', '0')}",
                                       ctx.rank, ctx.world_size, local_world, self._pg_commit) if replicate else None)
         if self.replica is not None and self.restart_count == 0 and ctx.local_rank == 0:
@@ -333,14 +338,18 @@ class Checkpointer:
                 for _, _, s in parts:
                     total.add(UploadStats(**s))
                 files = sorted((f for fs, _, _ in parts for f in fs), key=lambda f: f["name"])
-                manifest = {**fields, "step": step, "files": files, "committed_at": time.time(),
-                            "dedup": total.__dict__, "codec": self.codec}
+                manifest = {"segment_attempt": self.attempt, **fields, "step": step, "files": files,
+                            "committed_at": time.time(), "dedup": total.__dict__, "codec": self.codec}
                 prefix = step_prefix(self.job_prefix, step)
                 try:
                     if retire_quarantined(self.store, prefix):
                         logger.warning("checkpoint step %d: replacing a commit that was quarantined as corrupt", step)
-                    write_manifest(self.store, prefix, manifest)
+                    fence_commit(self.store, self.job_prefix, step, self.attempt,
+                                 lambda: self._write_manifest(prefix, manifest), before_write=_fence_pause(step))
                     committed = True
+                except StaleAttemptError as exc:  # a newer attempt owns the job: this gang's commits are refused
+                    logger.error("checkpoint step %d: commit refused, attempt %d is stale: %s", step, self.attempt, exc)
+                    errors = [f"rank 0 commit refused: {exc}"]
                 except Exception as exc:  # still reach the broadcast below: peers wait in it
                     logger.exception("checkpoint step %d: commit failed", step)
                     errors = [f"rank 0 commit: {type(exc).__name__}: {exc}"]
@@ -359,6 +368,16 @@ class Checkpointer:
         else:
             self._known = set()
             raise RuntimeError(f"checkpoint step {step} was not committed: {errors if self.ctx.is_main else error}")
+
+    def _write_manifest(self, prefix: str, manifest: dict[str, Any]) -> None:
+        """The manifest, last (create-only), once the fence accepted the step for this attempt. A manifest there
+        from another attempt (one the fence revoked) is moved aside first."""
+        try:
+            write_manifest(self.store, prefix, manifest)
+        except ObjectExistsError:
+            if not retire_stale_manifest(self.store, prefix, self.attempt):
+                raise
+            write_manifest(self.store, prefix, manifest)
 
     def _upload(self, folder: Path, names: list[str], stats: UploadStats) -> list[dict[str, Any]]:
         futures: list[Future[None]] = []
@@ -447,16 +466,7 @@ class Checkpointer:
     def _newest_committed(self, below: int | None) -> CheckpointRef | None:
         """The newest committed, unquarantined checkpoint (before step `below`): rank 0 lists the job's checkpoints
         and reads manifests only, then broadcasts the choice."""
-        found: CheckpointRef | None = None
-        if self.ctx.is_main:
-            for step in reversed(committed_steps(self.store, self.job_prefix)):
-                if below is not None and step >= below:
-                    continue
-                prefix = step_prefix(self.job_prefix, step)
-                manifest = read_manifest(self.store, prefix)
-                if manifest is not None:
-                    found = CheckpointRef(step, prefix, manifest)
-                    break
+        found = newest_committed(self.store, self.job_prefix, below=below) if self.ctx.is_main else None
         return self._broadcast(found)
 
     def restore(self, load: Callable[[CheckpointRef], Any]) -> tuple[CheckpointRef | None, list[tuple[int, list[str]]]]:
@@ -571,6 +581,24 @@ class Checkpointer:
             restore_rng(rng)
         self._memory = None  # the mapped / received bytes are released
         self.stats["restore_s"] = time.perf_counter() - t0
+
+
+def _fence_pause(step: int) -> Callable[[], None] | None:
+    """A test point ($TRAINFORGE_TEST_FENCE_PAUSE=STEP:FOLDER): rank 0 stops between reading the fence and its
+    conditional write for checkpoint STEP, writes FOLDER/paused and waits (at most 300 s) for FOLDER/resume, so a
+    test can start a newer attempt in between (tests/integration/test_fence.py)."""
+    spec = os.environ.get("TRAINFORGE_TEST_FENCE_PAUSE", "")
+    if not spec or int(spec.split(":", 1)[0]) != step:
+        return None
+    folder = Path(spec.split(":", 1)[1])
+
+    def pause() -> None:
+        (folder / "paused").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 300
+        while not (folder / "resume").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    return pause
 
 
 def _restore_error(ref: CheckpointRef, exc: RestoreReadError) -> Exception:
