@@ -33,7 +33,7 @@ def test_the_server_refuses_a_commit_after_a_newer_attempt_began(s3_store):
     advance_attempt(s3_store, JOB, 0, lambda: manifest_steps(s3_store, JOB))
     written = []
     with pytest.raises(StaleAttemptError) as refused:
-        commit(s3_store, JOB, 4, 0, lambda: written.append(4),
+        commit(s3_store, JOB, 4, 0, lambda: written.append(4), manifest_steps=lambda: manifest_steps(s3_store, JOB),
                before_write=lambda: advance_attempt(s3_store, JOB, 1, lambda: manifest_steps(s3_store, JOB)))
     assert refused.value.status == 412  # SeaweedFS's Precondition Failed on the fence's If-Match
     assert written == [] and read_fence(s3_store, JOB).attempt == 1

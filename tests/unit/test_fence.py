@@ -34,20 +34,24 @@ def manifest(store, step: int, attempt: int) -> None:
     write_manifest(store, step_prefix(JOB, step), {"step": step, "segment_attempt": attempt, "files": []})
 
 
+def commit_step(store, step: int, attempt: int, write, **kw):
+    return commit(store, JOB, step, attempt, write, manifest_steps=lambda: manifest_steps(store, JOB), **kw)
+
+
 def advance(store, attempt: int):
     return advance_attempt(store, JOB, attempt, lambda: manifest_steps(store, JOB))
 
 
 def test_the_fence_accepts_its_attempt_and_refuses_an_older_one(store):
     advance(store, 0)
-    commit(store, JOB, 2, 0, lambda: manifest(store, 2, 0))
+    commit_step(store, 2, 0, lambda: manifest(store, 2, 0))
     advance(store, 1)
     written = []
     with pytest.raises(StaleAttemptError) as refused:
-        commit(store, JOB, 4, 0, lambda: written.append(4))
+        commit_step(store, 4, 0, lambda: written.append(4))
     assert refused.value.fenced_at == 1 and refused.value.status is None  # the read already named attempt 1
     assert written == []
-    commit(store, JOB, 4, 1, lambda: manifest(store, 4, 1))
+    commit_step(store, 4, 1, lambda: manifest(store, 4, 1))
     assert committed_steps(store, JOB) == [2, 4]
     fence = read_fence(store, JOB)
     assert fence.attempt == 1 and fence.commits == {2: 0, 4: 1}
@@ -60,7 +64,7 @@ def test_a_newer_attempt_between_the_read_and_the_write_is_refused_by_the_store(
     written = []
     # the old attempt's rank 0 read the fence; the control plane starts attempt 1 before its write
     with pytest.raises(StaleAttemptError) as refused:
-        commit(store, JOB, 4, 0, lambda: written.append(4), before_write=lambda: advance(store, 1))
+        commit_step(store, 4, 0, lambda: written.append(4), before_write=lambda: advance(store, 1))
     assert refused.value.status == 412 and refused.value.fenced_at == 1
     assert written == [] and manifest_steps(store, JOB) == set()
     assert read_fence(store, JOB).commits == {}
@@ -68,8 +72,8 @@ def test_a_newer_attempt_between_the_read_and_the_write_is_refused_by_the_store(
 
 def test_a_manifest_that_lands_after_a_newer_attempt_began_is_never_a_checkpoint(store):
     advance(store, 0)
-    commit(store, JOB, 2, 0, lambda: manifest(store, 2, 0))
-    commit(store, JOB, 4, 0, lambda: None)  # accepted, and its rank 0 stalls before writing the manifest
+    commit_step(store, 2, 0, lambda: manifest(store, 2, 0))
+    commit_step(store, 4, 0, lambda: None)  # accepted, and its rank 0 stalls before writing the manifest
     advance(store, 1)  # the new attempt revokes step 4: its manifest is not in the store
     assert read_fence(store, JOB).revoked == {4}
     manifest(store, 4, 0)  # the stalled rank 0 wakes up and writes it anyway
@@ -77,7 +81,7 @@ def test_a_manifest_that_lands_after_a_newer_attempt_began_is_never_a_checkpoint
     assert [r.step for r in list_committed(store, JOB)] == [2]
     assert newest_committed(store, JOB).step == 2  # a resume never sees it
     # attempt 1 trains step 4 again: the fence accepts it for attempt 1, the stale manifest is moved aside
-    commit(store, JOB, 4, 1, lambda: (retire_stale_manifest(store, step_prefix(JOB, 4), 1), manifest(store, 4, 1)))
+    commit_step(store, 4, 1, lambda: (retire_stale_manifest(store, step_prefix(JOB, 4), 1), manifest(store, 4, 1)))
     ref = newest_committed(store, JOB)
     assert ref.step == 4 and ref.manifest["segment_attempt"] == 1
     assert any("manifest.stale-" in k for k in store.list(step_prefix(JOB, 4) + "/"))
@@ -85,9 +89,9 @@ def test_a_manifest_that_lands_after_a_newer_attempt_began_is_never_a_checkpoint
 
 def test_a_manifest_the_fence_gave_to_another_attempt_is_not_visible(store):
     advance(store, 0)
-    commit(store, JOB, 2, 0, lambda: None)
+    commit_step(store, 2, 0, lambda: None)
     advance(store, 1)
-    commit(store, JOB, 2, 1, lambda: None)  # step 2 accepted for attempt 1, which has not written it yet
+    commit_step(store, 2, 1, lambda: None)  # step 2 accepted for attempt 1, which has not written it yet
     manifest(store, 2, 0)  # attempt 0's late manifest
     assert list_committed(store, JOB) == [] and newest_committed(store, JOB) is None
 

@@ -35,9 +35,11 @@ TOP = ("trainforge.tasks", "trainforge.flows", "trainforge.sdk", "trainforge.com
 
 # The control plane the trainer must never load (it runs on every rank, next to the user's code): all of infra/
 # and registry/ (scheduler, backends, launch, k8s, servers, simulator, cost; job records, tracking, promotion,
-# lineage, reports, alerts, retention) but storage and the checkpoint format, which sit below both sides.
+# lineage, reports, alerts, retention) but storage and the checkpoint format (manifests, chunks, and the job's fence
+# that every commit is conditional on), which sit below both sides.
 CONTROL_PLANE = ("trainforge.infra", "trainforge.registry", *TOP)
-BELOW_BOTH = ("trainforge.infra.storage", "trainforge.registry.manifest", "trainforge.registry.dedup")
+BELOW_BOTH = ("trainforge.infra.storage", "trainforge.registry.manifest", "trainforge.registry.dedup",
+              "trainforge.registry.fence")
 TRAINER = ("trainforge.trainer", "trainforge.runtime")
 
 # What the contract may import of trainforge (it is imported by both sides, so it sits below both).

@@ -130,12 +130,13 @@ def advance_attempt(store: ObjectStore, job_prefix: str, attempt: int,
 
 
 def commit(store: ObjectStore, job_prefix: str, step: int, attempt: int, write: Callable[[], None], *,
-           before_write: Callable[[], None] | None = None) -> Fence:
+           manifest_steps: Callable[[], Iterable[int]], before_write: Callable[[], None] | None = None) -> Fence:
     """Commit checkpoint `step` for `attempt`: add it to the fence with If-Match on the ETag just read, then
     `write()` the manifest. The store refuses the fence write (412, StaleAttemptError with status 412) when a newer
     attempt advanced the fence since the read; a fence that already names a newer attempt refuses without a write.
     `before_write` runs between the read and the conditional write (tests pause there). A job with no fence yet
-    (a checkpointer used outside the flow) gets one at this attempt; a fence behind this attempt is advanced."""
+    (a checkpointer used outside the flow) gets one at this attempt; a fence behind this attempt is advanced
+    (`manifest_steps`: as for `advance_attempt`)."""
     for _ in range(TRIES):
         current = read_fence(store, job_prefix)
         if current is None:
@@ -146,10 +147,8 @@ def commit(store: ObjectStore, job_prefix: str, step: int, attempt: int, write: 
                                     f"{current.attempt}, this gang is attempt {attempt}",
                                     attempt=attempt, fenced_at=current.attempt)
         if current.attempt < attempt:
-            from trainforge.registry.manifest import manifest_steps
-
             with contextlib.suppress(StaleAttemptError):  # someone else advanced it: read again
-                advance_attempt(store, job_prefix, attempt, lambda: manifest_steps(store, job_prefix))
+                advance_attempt(store, job_prefix, attempt, manifest_steps)
             continue
         new = replace(current, commits={**current.commits, step: attempt}, revoked=current.revoked - {step})
         if before_write is not None:

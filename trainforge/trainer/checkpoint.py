@@ -58,6 +58,7 @@ from trainforge.registry.fence import StaleAttemptError
 from trainforge.registry.fence import commit as fence_commit
 from trainforge.registry.manifest import (
     CheckpointRef,
+    manifest_steps,
     materialize,
     newest_committed,
     quarantine,
@@ -345,7 +346,9 @@ class Checkpointer:
                     if retire_quarantined(self.store, prefix):
                         logger.warning("checkpoint step %d: replacing a commit that was quarantined as corrupt", step)
                     fence_commit(self.store, self.job_prefix, step, self.attempt,
-                                 lambda: self._write_manifest(prefix, manifest), before_write=_fence_pause(step))
+                                 lambda: self._write_manifest(prefix, manifest),
+                                 manifest_steps=lambda: manifest_steps(self.store, self.job_prefix),
+                                 before_write=_fence_pause(step))
                     committed = True
                 except StaleAttemptError as exc:  # a newer attempt owns the job: this gang's commits are refused
                     logger.error("checkpoint step %d: commit refused, attempt %d is stale: %s", step, self.attempt, exc)
