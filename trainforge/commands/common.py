@@ -19,6 +19,7 @@ from trainforge.spec import Problem, SpecError
 
 if TYPE_CHECKING:
     from trainforge.plan.cluster import ClusterSpec
+    from trainforge.registry.jobs import JobRecord
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -27,6 +28,9 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 # error, 2 an unreadable file (or a usage error, click's own), 3 the job ran and failed, 130 the job was cancelled
 # (128 + SIGINT, what a shell reports for Ctrl-C).
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE, EXIT_JOB_FAILED, EXIT_CANCELLED = 0, 1, 2, 3, 130
+
+# The help of every JOB argument: what resolve_job accepts.
+JOB_HELP = "Job id, or job name (its newest job)."
 
 ICONS = {"error": "[red]✗[/]", "not-checked": "[yellow]?[/]", "warning": "[yellow]![/]"}
 
@@ -54,6 +58,29 @@ def fail(message: str, code: int = EXIT_INVALID, as_json: bool | None = None,
     else:
         err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
+
+
+def resolve_job(job: str, as_json: bool | None = None) -> JobRecord:
+    """The job record a JOB argument names (registry/jobs.py `JobStore.get`: an exact id, else the newest job
+    of that name); anything else stops the command with the resolver's message (exit 1), under --json with the
+    candidates of an ambiguous argument."""
+    from trainforge.registry.jobs import JobStore
+
+    try:
+        return JobStore().get(job)
+    except LookupError as exc:
+        job_lookup_failed(exc, as_json)
+
+
+def job_lookup_failed(exc: LookupError, as_json: bool | None = None) -> NoReturn:
+    """Stop the command for a JOB argument that names no job, or several (`fail`, exit 1)."""
+    from trainforge.registry.jobs import AmbiguousJobError
+
+    extra = None
+    if isinstance(exc, AmbiguousJobError):
+        extra = {"candidates": [{"job_id": r.job_id, "name": r.name, "created_at": r.created_at, "state": r.state}
+                                for r in exc.candidates]}
+    fail(str(exc), as_json=as_json, extra=extra)
 
 
 def render_problem(problem: Problem, strict: bool = False) -> str:

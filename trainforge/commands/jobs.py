@@ -19,11 +19,14 @@ from trainforge.commands.choices import Backend
 from trainforge.commands.common import (
     EXIT_CANCELLED,
     EXIT_JOB_FAILED,
+    JOB_HELP,
     console,
     err_console,
     fail,
+    job_lookup_failed,
     print_json,
     print_spec_error,
+    resolve_job,
 )
 from trainforge.resources import example_path
 from trainforge.spec import SpecError
@@ -117,7 +120,8 @@ def _end(job: Any, as_json: bool) -> None:
 @app.command()
 def submit(
     spec_file: Path = typer.Argument(None, help="Job spec (YAML or JSON)."),
-    resume: str | None = typer.Option(None, help="Continue this job id from its last committed checkpoint."),
+    resume: str | None = typer.Option(None, help="Continue this job (its id, or a job name: its newest job) from "
+                                      "its last committed checkpoint."),
     deployment: bool = typer.Option(False, help="Trigger the `train-job` deployment (needs a Prefect server and "
                                     "a worker on the `trainforge` pool) instead of running the flow here; returns "
                                     "once the run is triggered."),
@@ -157,6 +161,8 @@ def submit(
 
     if spec_file is None and not resume:
         fail("give a job spec file, e.g. trainforge submit examples/tiny-cpu.yaml", as_json=as_json)
+    if resume is not None:
+        resume = resolve_job(resume, as_json).job_id
     if backend == "kubernetes":
         if overrides or detach or follow:
             fail("--set, --detach and --follow are for the local backend and --deployment; with --backend "
@@ -260,7 +266,7 @@ def select_records(records: list[Any], *, team: str | None = None, state: str | 
 
 @app.command()
 def status(
-    job: str | None = typer.Argument(None, help="Job id or name (default: list recent jobs)."),
+    job: str | None = typer.Argument(None, help=JOB_HELP + " Default: list recent jobs."),
     team: str | None = typer.Option(None, "--team", help="Only this team's jobs."),
     state: JobState | None = typer.Option(None, "--state", help="Only jobs in this state."),
     limit: int = typer.Option(20, "--limit", min=0, help="The newest N jobs (0: all)."),
@@ -297,10 +303,7 @@ def status(
                           f"{model['model_name']} v{model['version']}" if model else "-")
         console.print(table)
         return
-    try:
-        record = store.get(job)
-    except LookupError as exc:
-        fail(str(exc), as_json=as_json)
+    record = resolve_job(job, as_json)
     data = {k: v for k, v in record.data.items() if k != "spec"}
     data["state"] = Job(record.job_id).status  # a detached job whose controller died is failed, not running
     data["last_metrics"] = last_event(record.events_path, "metrics")
@@ -322,17 +325,24 @@ def status(
 
 
 def _job(job: str, as_json: bool) -> Any:
-    from trainforge.sdk import JobNotFound, get_job
+    """The SDK's handle of the job a JOB argument names (commands/common.py `resolve_job`), or of a detached job
+    not yet recorded, by its full id."""
+    from trainforge.registry.jobs import JobNotFoundError, JobStore
+    from trainforge.sdk import Job, detached_dir
 
     try:
-        return get_job(job)
-    except JobNotFound as exc:
-        fail(str(exc), as_json=as_json)
+        return Job(JobStore().get(job).job_id)
+    except JobNotFoundError as exc:
+        if job and "/" not in job and job not in (".", "..") and (detached_dir(job) / "process.json").is_file():
+            return Job(job)
+        job_lookup_failed(exc, as_json)
+    except LookupError as exc:
+        job_lookup_failed(exc, as_json)
 
 
 @app.command()
 def logs(
-    job: str = typer.Argument(..., help="Job id or name."),
+    job: str = typer.Argument(..., help=JOB_HELP),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the job ends."),
     rank: int | None = typer.Option(None, "--rank", help="Only this (global) rank; otherwise lines are prefixed "
                                     "[rank N]."),
@@ -371,7 +381,7 @@ def logs(
 
 @app.command()
 def cancel(
-    job: str = typer.Argument(..., help="Job id or name."),
+    job: str = typer.Argument(..., help=JOB_HELP),
     timeout: float = typer.Option(60.0, help="Seconds to wait for every worker to stop."),
     as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
 ) -> None:
@@ -396,7 +406,7 @@ def cancel(
 
 @app.command()
 def checkpoints(
-    job: str = typer.Argument(..., help="Job id or name."),
+    job: str = typer.Argument(..., help=JOB_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
     verify: bool = typer.Option(False, "--verify", help="Read back and hash every byte; quarantine corrupt ones."),
 ) -> None:
@@ -404,13 +414,9 @@ def checkpoints(
     deduplication, metrics. Exits 1 when --verify finds a corrupt checkpoint."""
     from rich.table import Table
 
-    from trainforge.registry.jobs import JobStore
     from trainforge.tasks.checkpoints import checkpoint_status, job_store
 
-    try:
-        record = JobStore().get(job)
-    except LookupError as exc:
-        fail(str(exc))
+    record = resolve_job(job)
     config_path = record.folder / "worker-config.json"
     if not config_path.is_file():
         fail(f"job {record.job_id} never started training: it has no checkpoints")

@@ -15,18 +15,13 @@ import typer
 
 from trainforge.cli import app
 from trainforge.commands.choices import Market, MetricMode
-from trainforge.commands.common import console, fail, print_json
+from trainforge.commands.common import JOB_HELP, console, fail, job_lookup_failed, print_json, resolve_job
 
 FINAL_STATES = ("completed", "failed", "cancelled")
 
 
 def _record(job: str) -> Any:
-    from trainforge.registry.jobs import JobStore
-
-    try:
-        return JobStore().get(job)
-    except LookupError as exc:
-        fail(str(exc))
+    return resolve_job(job)
 
 
 # ---- watch ------------------------------------------------------------------------------------------------------
@@ -117,7 +112,7 @@ def render(record_data: dict[str, Any], live: LiveState) -> Any:
 
 @app.command()
 def watch(
-    job: str = typer.Argument(..., help="Job id or name."),
+    job: str = typer.Argument(..., help=JOB_HELP),
     interval: float = typer.Option(1.0, help="Refresh every N seconds."),
     once: bool = typer.Option(False, help="Print one snapshot and exit."),
     timeout: float = typer.Option(0.0, help="Stop after N seconds (0 = until the job ends or Ctrl-C)."),
@@ -203,7 +198,7 @@ COMPARE_METRICS = (("loss", "final"), ("loss", "best"), ("eval_loss", "best"), (
 
 @app.command()
 def compare(
-    jobs: list[str] = typer.Argument(..., help="Two or more job ids or names."),
+    jobs: list[str] = typer.Argument(..., help="Two or more jobs: ids, or job names (each its newest job)."),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
     plot: Path | None = typer.Option(None, help="Write a PNG of loss and throughput curves here."),
 ) -> None:
@@ -282,7 +277,7 @@ def write_plot(curves: dict[str, dict[str, list[tuple[int, float]]]], path: Path
 
 @app.command()
 def report(
-    job: str = typer.Argument(..., help="Job id or name."),
+    job: str = typer.Argument(..., help=JOB_HELP),
     out: Path | None = typer.Option(None, help="Also write the report here (default: JOB_FOLDER/report.html)."),
     mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Log it as the report.html artifact of the "
                                 "job's MLflow run (replacing the one written at the end of the job)."),
@@ -313,7 +308,8 @@ def report(
 
 @app.command()
 def metric(
-    job: str = typer.Argument(..., help="Job id (or name, when this host has its record)."),
+    job: str = typer.Argument(..., help=JOB_HELP + " A job this host has no record of: its full id, looked up "
+                              "in MLflow."),
     name: str = typer.Argument("loss", help="Metric, e.g. loss, eval_loss, tokens_per_s, mfu."),
     mode: MetricMode = typer.Option(MetricMode.latest, help="latest: at the highest step; min or max: over the "
                                     "run's history."),
@@ -326,8 +322,15 @@ def metric(
     Example:
       trainforge metric tiny-cpu eval_loss --mode min
     """
+    from trainforge.registry.jobs import JobNotFoundError, JobStore
     from trainforge.registry.tracking import job_metric
 
+    try:
+        job = JobStore().get(job).job_id
+    except JobNotFoundError:
+        pass  # not on this host: its run is found in MLflow by the id (job_metric)
+    except LookupError as exc:
+        job_lookup_failed(exc)
     try:
         value = job_metric(job, name, mode.value)
     except LookupError as exc:
@@ -441,7 +444,7 @@ def running_channel(record: Any) -> tuple[Any, str, int]:
 
 @app.command()
 def profile(
-    job: str = typer.Argument(..., help="Job id or name."),
+    job: str = typer.Argument(..., help=JOB_HELP),
     steps: str = typer.Option(..., help="Window of steps START:END (1-based, inclusive), e.g. 20:22."),
     as_json: bool = typer.Option(False, "--json", help="Print the request (or the finished profile's summary) as "
                                  "JSON."),

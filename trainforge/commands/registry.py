@@ -17,7 +17,7 @@ import typer
 
 from trainforge.cli import app, new_typer
 from trainforge.commands.choices import Alias, ModelAlias, Stage
-from trainforge.commands.common import console, fail, print_json
+from trainforge.commands.common import JOB_HELP, console, fail, job_lookup_failed, print_json, resolve_job
 
 model_app = new_typer("Model registry: aliases and stages of registered model versions.")
 lineage_app = new_typer("Lineage for legal: what was trained on what, licenses, withdrawals.")
@@ -27,7 +27,7 @@ app.add_typer(lineage_app, name="lineage")
 
 @app.command()
 def promote(
-    job: str = typer.Argument(..., help="Job id (or name, when it has one submission)."),
+    job: str = typer.Argument(..., help=JOB_HELP),
     step: int | None = typer.Option(None, help="Promote this committed checkpoint step."),
     best: bool = typer.Option(False, "--best", help="Promote the best checkpoint (keep_best metric, else newest)."),
     alias: Alias = typer.Option(Alias.candidate, help="Alias for the new version (none: no alias)."),
@@ -39,6 +39,7 @@ def promote(
     from trainforge.registry.lineage import QuarantinedError
     from trainforge.registry.promotion import promote as do_promote
 
+    job = resolve_job(job, as_json).job_id
     try:
         result = do_promote(job, step=step, best=best, alias=None if alias == Alias.none else alias.value,
                             stage=stage.value if stage else None)
@@ -117,15 +118,36 @@ def _emit(result: dict[str, Any], as_json: bool, sections: dict[str, tuple[str, 
         _table(key, data[key], columns)
 
 
+def _job_target(target: str, as_json: bool) -> str:
+    """A lineage target whose JOB (`JOB`, `JOB@STEP`) is resolved like every JOB argument (commands/common.py
+    `resolve_job`) to the node id of that job or its checkpoint; a job this host has no record of stays as typed
+    (its lineage may come from another host)."""
+    from trainforge.registry.jobs import JobNotFoundError, JobStore
+    from trainforge.registry.lineage import parse_target
+
+    kind, _, rest = parse_target(target).partition(":")
+    if kind not in ("job", "checkpoint"):
+        return target
+    job, at, step = rest.rpartition("@") if kind == "checkpoint" else (rest, "", "")
+    try:
+        job_id = JobStore().get(job).job_id
+    except JobNotFoundError:
+        return target
+    except LookupError as exc:
+        job_lookup_failed(exc, as_json)
+    return f"{kind}:{job_id}{at}{step}"
+
+
 @lineage_app.command("datasets-of")
-def datasets_of(target: str = typer.Argument(..., help="models:/team.name/3, team.name/3, JOB@STEP or JOB."),
+def datasets_of(target: str = typer.Argument(..., help="models:/team.name/3, team.name/3, JOB@STEP or JOB (a "
+                                            "job id, or a job name: its newest job)."),
                 as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """Datasets (version, license, provenance) a model version, checkpoint or job was trained on, directly or
     through resume and fine-tuning ancestry."""
     from trainforge.registry.lineage import LineageStore
 
     try:
-        found = LineageStore().datasets_of(target)
+        found = LineageStore().datasets_of(_job_target(target, as_json))
     except LookupError as exc:
         fail(str(exc))
     _emit({"datasets": found}, as_json, {"datasets": ("name", "version", "license", "license_class", "status")})
