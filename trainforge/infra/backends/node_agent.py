@@ -13,6 +13,10 @@ stdin open as the control plane's lease on the node:
 - end of stdin (the control plane's process ended, whatever ended it, or the ssh connection dropped): the same
   stop with a short grace. So nothing a node runs for a segment outlives the process that launched it, past
   `ORPHAN_GRACE_S` + `SIDECAR_STOP_S`.
+- the gang's lease lapsed (the sidecar's publisher heard no renewal from the control plane for the lease's TTL:
+  the one stopping rule, contract/channel.py): the sidecar stops the node's ranks and writes `LEASE_MARKER`; the
+  agent sees it and stops the node as for a `stop`, on its own, whatever its runner's connection does (a control
+  plane cut off from the store, or frozen, still holds stdin open); torchrun would restart the stopped ranks.
 - the torchrun agent exits by itself: the sidecar is stopped (its closing batch carries everything the ranks
   sent) and the agent's exit code is reported.
 
@@ -56,6 +60,9 @@ SIDECAR_STOP_S = 15.0
 REAP_GRACE_S = 2.0
 """Grace (SIGTERM, then SIGKILL) for what is left below the agent once torchrun ended by itself."""
 CONFIG_NAME = "worker-config.json"
+LEASE_MARKER = "lease-lapsed"
+"""Written in the node's work folder by the sidecar when the gang's lease lapsed (sidecar.LEASE_MARKER_ENV)."""
+LEASE_MARKER_ENV = "TRAINFORGE_LEASE_MARKER"  # sidecar.py's; not imported: the agent starts with no torch loaded
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -241,6 +248,9 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
     if port:
         torchrun = with_rendezvous_port(torchrun, port)
     sidecar = agent = None
+    lease_marker = work / LEASE_MARKER
+    lease_marker.unlink(missing_ok=True)  # a former segment's on this node
+    env[LEASE_MARKER_ENV] = str(lease_marker)
     try:
         if program.sidecar:
             with open(work / "sidecar.log", "ab") as slog:
@@ -259,7 +269,7 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
     _emit(out, started={"node": program.node, "agent_pid": agent.pid, "host_pid": os.getpid(), "port": port})
     stopped = False  # an exception in _supervise stopped nothing: what runs gets the SIGTERM grace below
     try:
-        code, stopped = _supervise(agent, sidecar, stdin)
+        code, stopped = _supervise(agent, sidecar, stdin, lease_marker)
     finally:
         for sig in (signal.SIGTERM, signal.SIGHUP):  # a stop now must not cost the exit line (the node is done)
             signal.signal(sig, signal.SIG_IGN)
@@ -408,12 +418,12 @@ def _wait_for_go(stdin: _Lines) -> int | None:
 
 
 def _supervise(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | None,
-               stdin: _Lines) -> tuple[int, bool]:
+               stdin: _Lines, lease_marker: Path | None = None) -> tuple[int, bool]:
     """The torchrun agent's exit code, and whether it was stopped (not ended by itself)."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     try:
-        return _watch(agent, sidecar, stdin)
+        return _watch(agent, sidecar, stdin, lease_marker)
     except _Stop:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time
         return _stop(agent, sidecar, ORPHAN_GRACE_S), True
@@ -426,12 +436,16 @@ def _stop(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | Non
 
 
 def _watch(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | None,
-           stdin: _Lines) -> tuple[int, bool]:
+           stdin: _Lines, lease_marker: Path | None = None) -> tuple[int, bool]:
     while True:
         code = agent.poll()
         if code is not None:
             stop_process(sidecar, SIDECAR_STOP_S)
             return code, False
+        if lease_marker is not None and lease_marker.exists():
+            print("node agent: the gang's lease lapsed (no renewal from the control plane): stopping the node",
+                  file=sys.stderr, flush=True)
+            return _stop(agent, sidecar, ORPHAN_GRACE_S), True
         if not stdin.ready(0.2):
             continue
         lines = stdin.read()

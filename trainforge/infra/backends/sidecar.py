@@ -58,6 +58,13 @@ MAX_DUMP_BYTES = 64 * 1024
 """The most of one rank's dump sent up (its head: every thread's innermost frames come first)."""
 
 
+LEASE_MARKER_ENV = "TRAINFORGE_LEASE_MARKER"
+"""The file the sidecar writes when its publisher's lease lapsed (the one stopping rule, contract/channel.py
+NodePublisher: no renewal from the control plane for the lease's TTL). Whoever started the node's torchrun agent
+(the node agent, infra/backends/node_agent.py) watches it and stops the node: torchrun would otherwise restart the
+ranks the lapse stopped."""
+
+
 class NodeSidecar:
     """The publisher plus the node-local watch of its ranks and the delivery of commands to them."""
 
@@ -103,6 +110,9 @@ class NodeSidecar:
         elif cmd.kind == "lease_expired":
             log.warning("sidecar %s: the control plane's lease lapsed: stopping this node's ranks",
                         self.publisher.node)
+            if marker := os.environ.get(LEASE_MARKER_ENV):  # the node agent stops the node's torchrun on it
+                with contextlib.suppress(OSError):
+                    Path(marker).write_text(f"{time.time():.3f}\n")
             self._signal_ranks(signal.SIGTERM)
             timer = threading.Timer(5.0, self._signal_ranks, (signal.SIGKILL,))
             timer.daemon = True
