@@ -265,10 +265,10 @@ def _ready_for_a_fault(path: Path, since: float, attempt: int) -> bool:
 
 
 def inject_after_commits(rig: TestHosts, job_id: str, faults: list[str], out: list[Fault],
-                         stop: threading.Event) -> None:
+                         stop: threading.Event, together: int = 1) -> None:
     """Each time the job has trained two steps past its newest commit (in the segment after the last fault), take
-    one of its current hosts away: `kill` every process in the host's namespace, or `partition` it
-    (link down, every process SIGSTOPped, so no process exit tells the flow anything)."""
+    `together` of its current hosts away at the same moment: `kill` every process in each host's namespace, or
+    `partition` it (link down, every process SIGSTOPped, so no process exit tells the flow anything)."""
     path = home() / "jobs" / job_id / "events.jsonl"
     since = 0.0
     for how in faults:
@@ -278,19 +278,20 @@ def inject_after_commits(rig: TestHosts, job_id: str, faults: list[str], out: li
         else:
             return
         nodes = JobStore().get(job_id).data["allocation"]["nodes"]
-        victim = nodes[1]
-        pids = rig.run_root("ip", "netns", "pids", rig.netns(victim)).stdout.split()
+        victims = nodes[1:1 + together]
+        pids = {v: rig.run_root("ip", "netns", "pids", rig.netns(v)).stdout.split() for v in victims}
         t = time.time()
-        if how == "kill":
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
-        else:
-            rig.link(victim, up=False)
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGSTOP)
-        out.append(Fault(how, victim, t))
+        for victim in victims:
+            if how == "kill":
+                for pid in pids[victim]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+            else:
+                rig.link(victim, up=False)
+                for pid in pids[victim]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGSTOP)
+            out.append(Fault(how, victim, t))
         since = t
 
 
@@ -369,6 +370,59 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
     # Every step's loss and the final weights equal the fault-free run's bit for bit. With 6 data-parallel ranks
     # this holds because DDP sums the gradients in rank order (trainer/parallel/ddp.py `fixed-order`): torch's
     # all-reduce sums in an order that follows DDP's bucket layout, which differs in each attempt's first step.
+    assert losses(job_id) == reference.losses
+    assert same_weights(weights(result), weights(reference.result))
+
+
+@pytest.mark.timing
+def test_two_hosts_lost_at_once_are_healed_by_one_reprovisioning(reference, rig, tmp_path, monkeypatch):
+    """Two of the gang's three hosts killed at the same moment (5 hosts: 3 in the gang, 2 spares): one incident
+    naming both, both marked failed, one re-provisioning onto the two spares, and the job ends with the fault-free
+    run's losses and weights."""
+    from trainforge.tasks.chaos import FAST_HEALTH, unhealthy_nodes
+    from trainforge.tasks.supervisor import incident_hosts
+
+    monkeypatch.setenv("TRAINFORGE_HEALTH", json.dumps(FAST_HEALTH))
+    workers = 6
+    monkeypatch.setenv("TRAINFORGE_FAULT", ",".join(f"slow:rank={r}:step=0:ms={STEP_DEVICE_S * 1000:.0f}:always=1"
+                                                    for r in range(workers)))
+    ensure_demo_dataset()
+    job_id = "tiny-hosts-lost-together"
+    faults: list[Fault] = []
+    stop = threading.Event()
+    rig_store(rig, monkeypatch)
+    hosts = rig.hosts
+    watcher = threading.Thread(target=inject_after_commits, args=(hosts, job_id, ["kill"], faults, stop, 2),
+                               daemon=True)
+    watcher.start()
+    try:
+        result = run_flow(tiny_spec(workers=workers, per_node=2), rig_cluster(hosts, tmp_path / "nodes", hosts=5),
+                          job_id)
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+        leftovers = {host: left for host in hosts.names if (left := hosts.reap(host, timeout_s=25.0))}
+    assert not leftovers, f"still running 25 s after the job ended (killed): {leftovers}"
+    lost = {f.host for f in faults}
+    assert len(lost) == 2 and len({f.at for f in faults}) == 1
+    assert result["state"] == "completed"
+    record = JobStore().get(job_id)
+    segments = record.data["segments"]
+    assert [s["state"] for s in segments] == ["failed", "completed"]  # one re-provisioning for both
+    final = record.data["allocation"]["nodes"]
+    assert not lost & set(final) and len(final) == 3
+    assert unhealthy_nodes() == lost
+    [incident] = [i for i in record.data["incidents"] if i["scope"] == "node"]  # lost together: one incident
+    assert set(incident_hosts(incident)) == lost and incident["attempt"] == 0
+    events, _ = read_events(record.events_path)
+    recovered = [e for e in events if e["type"] == "recovered"]
+    assert len(recovered) == 1
+    at = faults[0].at
+    detection = incident["detected_at"] - at
+    print(f"\ntwo hosts lost at once (kill): detected {detection:.2f} s after the fault, first step after recovery "
+          f"{recovered[0]['time'] - at:.2f} s after the fault, {recovered[0]['lost_steps']} steps lost; incident "
+          f"{incident['message']!r}")
+    assert detection <= 5.0 and recovered[0]["lost_steps"] <= 4
     assert losses(job_id) == reference.losses
     assert same_weights(weights(result), weights(reference.result))
 

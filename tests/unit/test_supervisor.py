@@ -137,6 +137,40 @@ def test_a_host_whose_ranks_all_die_is_one_node_incident_in_the_record(tmp_path,
         channel.close()
 
 
+def test_hosts_lost_together_are_one_incident_and_a_later_loss_another(tmp_path, record):
+    """node-1 and node-2 dead in the same pass (a rack lost at once): one incident of scope `node` naming both
+    hosts and all their ranks, the earlier detection kept; a host lost more than a heartbeat timeout later is an
+    incident of its own. What the driver re-provisions comes from `incident_hosts`."""
+    from trainforge.tasks.supervisor import incident_hosts
+
+    channel = LocalChannel(tmp_path / "objects", ["node-0", "node-1", "node-2", "node-3"])
+    try:
+        hosts = {0: "node-0", 1: "node-1", 2: "node-2", 3: "node-3"}
+        sup = channel.supervisor(record, rank_hosts=hosts)
+        channel.deliver(sup, channel.beat(0, step=3), channel.beat(1, node="node-1", step=3, node_side={"alive": False}),
+                        channel.beat(2, node="node-2", step=3, node_side={"alive": False}),
+                        channel.beat(3, node="node-3", step=3))
+        _until(sup, lambda: len(_lost(sup)) == 2)  # each rank's process gone
+        sup.node_lost("node-1")
+        sup.node_lost("node-2")
+        [inc] = _lost(sup)
+        assert (inc.scope, inc.hosts, inc.evidence["ranks"]) == ("node", ["node-1", "node-2"], [1, 2])
+        assert inc.message.startswith("nodes node-1, node-2 lost together")
+        sup.finish()
+        record.reload()
+        [written] = [i for i in record.data["incidents"] if i["kind"] == "rank_lost"]
+        assert incident_hosts(written) == ["node-1", "node-2"]
+        # node-3, lost more than a heartbeat timeout later: a loss of its own
+        later = sup.incidents[0].detected_at + sup.policy.heartbeat_timeout_s + 1
+        import unittest.mock
+
+        with unittest.mock.patch("trainforge.tasks.supervisor.time.time", return_value=later):
+            sup.node_lost("node-3")
+        assert sorted(tuple(i.hosts) for i in _lost(sup)) == [("node-1", "node-2"), ("node-3",)]
+    finally:
+        channel.close()
+
+
 def test_a_rank_lost_before_a_restart_is_not_folded_into_the_node_lost_after_it(tmp_path, record):
     """Rank 2 dies alone (torchrun restarts the gang), then in the restarted gang node-1 dies whole: two faults, two
     incidents; the first stays a process loss of restart 0 and the second is the node's, of restart 1."""

@@ -25,6 +25,7 @@ from trainforge._optional import MissingConditionalImportError
 from trainforge.contract.controller import Action, Decision, Ended, History, Outcome, SegmentController
 from trainforge.registry.jobs import JobRecord, JobStore
 from trainforge.tasks.segment import SegmentCancelled, SegmentFailed, SegmentResult, health_policy
+from trainforge.tasks.supervisor import incident_hosts
 
 
 class TooManySegments(AssertionError):
@@ -73,8 +74,8 @@ def failure_outcome(record: JobRecord, exc: BaseException) -> Outcome:
     rank = exc.rank if isinstance(exc, SegmentFailed) else None
     segments = record.data.get("segments") or [{}]
     attempt = segments[-1].get("attempt")
-    lost = tuple(sorted({i["host"] for i in record.data.get("incidents", []) if i.get("attempt") == attempt
-                         and i.get("scope") == "node" and i.get("host")}))
+    lost = tuple(sorted({h for i in record.data.get("incidents", []) if i.get("attempt") == attempt
+                         for h in incident_hosts(i)}))
     return Outcome.failed(kind, rank, lost, str(exc)[:500])
 
 

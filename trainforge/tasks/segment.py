@@ -57,7 +57,7 @@ from trainforge.plan.layout import Layout
 from trainforge.registry.fence import advance_attempt
 from trainforge.registry.jobs import JobRecord, JobStore
 from trainforge.registry.manifest import job_fence, manifest_steps
-from trainforge.tasks.supervisor import SegmentSupervisor, offending_samples
+from trainforge.tasks.supervisor import SegmentSupervisor, incident_hosts, offending_samples
 from trainforge.trainer.health import HealthPolicy, collective_timeout_for
 
 LOG_TAIL_LINES = 20
@@ -366,7 +366,7 @@ def remove_node_folders(record: JobRecord, launcher: LauncherSpec,
         ran = {node for seg in data.get("segments", []) for node in seg.get("nodes", [])}
         # A host the job lost (killed, partitioned) is not waited on at the job's end: it may not answer for the
         # whole timeout; when it is back, its next agent sweeps the folders by age.
-        lost = {i["host"] for i in data.get("incidents", []) if i.get("scope") == "node" and i.get("host")} & ran
+        lost = {h for i in data.get("incidents", []) for h in incident_hosts(i)} & ran
         hosts = sorted(ran - lost)
         outcomes = {host: "lost by the job: left to the host's next agent" for host in sorted(lost)}
         if hosts:

@@ -26,6 +26,7 @@ from trainforge.tasks import checkpoints as ckpt
 from trainforge.tasks import code_source, prepare
 from trainforge.tasks.provision import report_checkpoint
 from trainforge.tasks.segment import SegmentResult, run_segment
+from trainforge.tasks.supervisor import incident_hosts
 from trainforge.validate import ValidationReport
 
 
@@ -186,8 +187,9 @@ def reprovision(record: JobRecord, spec: JobSpec, lost: tuple[str, ...] | None =
     attempt = record.data["segments"][-1]["attempt"]
     kinds: dict[str, str] = {}
     for i in record.data.get("incidents", []):
-        if i["attempt"] == attempt and i["scope"] == "node" and i.get("host"):
-            kinds.setdefault(i["host"], i["kind"])
+        if i["attempt"] == attempt:
+            for h in incident_hosts(i):
+                kinds.setdefault(h, i["kind"])
     if lost is None:
         lost = tuple(kinds)
     scheduler = LiveScheduler(default_cluster())

@@ -124,6 +124,16 @@ class Incident:
     evidence: dict[str, Any] = field(default_factory=dict)
     restart: int = 0
     """torchrun's restart generation of the gang when it was detected (a node loss is one per generation)."""
+    hosts: list[str] = field(default_factory=list)
+    """Scope `node`: every host this incident lost. Hosts lost together (detected within one heartbeat timeout
+    of each other in the same generation: a rack's switch, a power feed) are one incident, `host` the first."""
+
+
+def incident_hosts(incident: dict[str, Any]) -> list[str]:
+    """The hosts a recorded incident (a job record's `incidents` entry) lost whole: none unless scope `node`."""
+    if incident.get("scope") != "node":
+        return []
+    return list(incident.get("hosts") or ([incident["host"]] if incident.get("host") else []))
 
 
 class SegmentSupervisor:
@@ -426,11 +436,30 @@ class SegmentSupervisor:
             if inc.rank is not None:
                 ranks.add(inc.rank)
         first.scope, first.evidence["ranks"] = "node", sorted(ranks)
-        folded = {id(i) for i in lost[1:]}
-        self.incidents = [i for i in self.incidents if id(i) not in folded]
+        first.hosts = sorted(set(first.hosts) | {host})
+        folded = lost[1:]
+        # Another host lost in the same generation within a heartbeat timeout of this one: lost together, one
+        # incident (the earlier), one recovery.
+        together = [i for i in self.incidents if i.scope == "node" and i is not first and i.host != host
+                    and i.restart == self._restarts and abs(i.detected_at - first.detected_at)
+                    <= self.policy.heartbeat_timeout_s]
+        if together:
+            keep = min([first, *together], key=lambda i: i.detected_at)
+            for inc in [first, *together]:
+                if inc is keep:
+                    continue
+                keep.hosts = sorted(set(keep.hosts) | set(inc.hosts or [inc.host]))
+                keep.evidence["ranks"] = sorted(set(keep.evidence.get("ranks", [])) | set(inc.evidence["ranks"]))
+                folded.append(inc)
+            keep.evidence["hosts"] = keep.hosts
+            keep.message = (f"nodes {', '.join(keep.hosts)} lost together (the first detected: "
+                            f"{keep.message.split(': ', 1)[-1]})")
+            first = keep
+        ids = {id(i) for i in folded}
+        self.incidents = [i for i in self.incidents if id(i) not in ids]
         pending = self._pending
         if pending and any((pending.get("kind"), pending.get("rank"), pending.get("detected_at"))
-                           == (i.kind, i.rank, i.detected_at) for i in lost[1:]):
+                           == (i.kind, i.rank, i.detected_at) for i in folded):
             # the recovery is measured from the loss the record keeps (its MTTR from the node's first detection)
             self._pending = {**pending, "rank": first.rank, "detected_at": first.detected_at, "step": first.step}
             self.record.update(pending_recovery=self._pending)
