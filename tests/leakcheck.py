@@ -4,13 +4,29 @@ Why: a test that dies half-way (a timeout, a crash, a missing `finally`) can lea
 (re-parented to PID 1), a network namespace, bridge or nftables table of the netns test hosts, a tmpfs mount or a
 /dev/shm replica behind. On a shared CI machine those pile up and make later runs fail for reasons of their own,
 and a test that edits the machine's own network namespace (routes, addresses, the ruleset, forwarding) can cut
-the machine off. So the session hooks (in the xdist controller) take a `snapshot()` at the start and, at the end,
-fail the run naming every leak (`leaked_processes`, `leaks`; `check` does both), then `kill_leaked` the
-stragglers so a failed run still leaves no process behind.
+the machine off. Files too: every CI run used to leave ~60 torchrun log folders (`torchelastic_*`), SeaweedFS
+sockets and logs, Chromium and PostgreSQL folders in /tmp. So the session hooks (in the xdist controller) take a
+`snapshot()` at the start and, at the end, fail the run naming every leak (`leaked_processes`, `leaks`; `check`
+does both), then `kill_leaked` the stragglers so a failed run still leaves no process behind.
 
 How processes are recognised: every process the suite starts inherits TRAINFORGE_TEST_RUN=<run id> (the
 conftest sets it), and /proc/<pid>/environ shows the environment a process was started with, whoever its parent
 is now. (A process that overwrites its own environ area, as setproctitle does, hides from this.)
+
+How files are judged: a snapshot lists the entries of the system temp dir and of /dev/shm, and every entry the
+second snapshot has that the first had not is a leak, whatever made it, unless the caller names it as its own
+(`own`: path globs, e.g. pytest's `pytest-of-*` basetemp root, or a folder of screenshots kept on purpose). Only
+names absent at the start count, so what was there before (another user's, an earlier run's) is never blamed on
+the run, nor is what goes away before the end, nor the folders another run of the suite names after its own run id
+(`tf-test-<id>-*`: a run started meanwhile, by hand or without the test lock, removes its own). The suite (tests/fixtures/suite.py) also points TMPDIR, for itself
+and every process it starts, at a folder of the run's own inside the system temp dir, removed as it exits: what
+honours TMPDIR (torchrun, torch.compile, Chromium, SeaweedFS's logs, tempfile) never reaches the system temp dir,
+so a new entry there comes from a path fixed in code (SeaweedFS's gRPC sockets, a literal "/tmp/...") or from
+something outside the run that wrote there meanwhile. Nothing tells the two apart after the fact, so on a machine
+shared with other work (a developer's, where a run of minutes sees other people's logs appear in /tmp) the
+default, TRAINFORGE_LEAK_TEMP=known, counts only new temp dir entries of the kinds the suite's tools and this
+project make (`LITTER`: torchrun's, torch.compile's, SeaweedFS's, Chromium's, PostgreSQL's, `tf-*`,
+`trainforge-*`), so nobody else's file fails a run; `all` counts every new entry (a machine running nothing else). A leak line names, where the name is a known one, what makes it.
 
 Every probe has a timeout. One that cannot run (a tool missing, not root) is "not checked": `None` in the
 snapshot, listed by `unchecked`, never a crash and never a leak.
@@ -19,11 +35,13 @@ snapshot, listed by `unchecked`, never a crash and never a leak.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import os
 import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -36,6 +54,27 @@ RUN_ENV = "TRAINFORGE_TEST_RUN"
 PROBE_TIMEOUT_S = 5.0
 NETNS_DIR = Path("/run/netns")
 SHM_DIR = Path("/dev/shm")
+# `known` (the default): only new temp dir entries named in LITTER are leaks; `all`: every new entry.
+TEMP_MODE_ENV = "TRAINFORGE_LEAK_TEMP"
+# Who makes entries of these names: the hint a leak line gives (first match), and what TRAINFORGE_LEAK_TEMP=known
+# counts.
+LITTER = (
+    ("torchelastic_*", "torchrun's log folder: a torchrun given neither --log-dir nor the run's TMPDIR"),
+    ("torchinductor_*", "torch.compile's cache: a process without the run's TMPDIR"),
+    ("seaweedfs-*.sock", "a gRPC socket of a killed weed: SeaweedFSServer.stop removes them"),
+    ("tf-weed-*", "a SeaweedFSServer's socket folder: a server never stopped"),
+    ("weed.*", "SeaweedFS's log: a weed without -logdir or the run's TMPDIR"),
+    (".org.chromium.Chromium.*", "Chromium's profile: a browser without the run's TMPDIR or never quit"),
+    (".com.google.Chrome.*", "Chromium's profile: a browser without the run's TMPDIR or never quit"),
+    (".s.PGSQL.*", "a PostgreSQL socket: a server started without -k"),
+    ("tf-pg-*", "a PostgreSQL test cluster's folder"),
+    ("tf-stack-*", "a `trainforge servers` stack's folder"),
+    ("tf-test-*", "a folder of the suite's own, not removed"),
+    ("tf-*", "made by trainforge or its tests"),
+    ("trainforge-*", "made by trainforge or its tests"),
+)
+_UNKNOWN = ("made by this run, or by something else on this machine meanwhile: TRAINFORGE_LEAK_TEMP=known counts "
+            "only the kinds the suite's tools make")
 # The forwarding switches: a test host rig or a sandbox that turns one on in the machine's own namespace makes
 # the machine a router for whatever reaches it.
 FORWARDING_SYSCTLS = ("net/ipv4/ip_forward", "net/ipv4/conf/all/forwarding", "net/ipv6/conf/all/forwarding")
@@ -50,14 +89,17 @@ class Snapshot:
 
     `examined` names the network namespace whose network state (bridges, nftables, routes, addresses,
     forwarding) this is; None means the machine's own. Namespaces, mounts and /dev/shm are always the machine's.
+    `temp_dir` is the folder `temp` lists (the system temp dir).
     """
 
     examined: str | None
+    temp_dir: str
     netns: frozenset[str] | None
     bridges: frozenset[str] | None
     nft_tables: frozenset[str] | None
     mounts: tuple[str, ...] | None  # sorted, repeats kept: a second mount stacked on a mount point is a new one
     shm: frozenset[str] | None
+    temp: frozenset[str] | None
     routes: tuple[str, ...] | None
     addresses: tuple[str, ...] | None
     ruleset: str | None
@@ -135,11 +177,15 @@ def _mounts() -> tuple[str, ...] | None:
         return None
 
 
-def _shm_entries() -> frozenset[str] | None:
+def _entries(folder: Path) -> frozenset[str] | None:
     try:
-        return frozenset(entry.name for entry in os.scandir(SHM_DIR))
+        return frozenset(entry.name for entry in os.scandir(folder))
     except OSError:
         return None
+
+
+def _shm_entries() -> frozenset[str] | None:
+    return _entries(SHM_DIR)
 
 
 # --- one network namespace's state: normalised so that an unchanged namespace compares equal ---------------
@@ -240,14 +286,17 @@ def _route_output(netns: str | None) -> str | None:
     return v4 + (v6 or "")  # a machine without IPv6 has no IPv6 routes to change
 
 
-def snapshot(netns: str | None = None) -> Snapshot:
+def snapshot(netns: str | None = None, temp_dir: str | os.PathLike[str] | None = None) -> Snapshot:
     """What could leak, now. `netns` names a network namespace to examine instead of our own for the network
-    state (the machine-wide namespaces, mounts and /dev/shm are the same either way). The probes run side by
-    side: each is a short subprocess, and together they stay well under a second."""
+    state (the machine-wide namespaces, mounts, /dev/shm and temp dir are the same either way). `temp_dir`: the
+    folder whose entries to list, by default tempfile's (give the system one where TMPDIR points elsewhere). The
+    probes run side by side: each is a short subprocess, and together they stay well under a second."""
+    folder = Path(temp_dir) if temp_dir is not None else Path(tempfile.gettempdir())
     with ThreadPoolExecutor(max_workers=8) as pool:
         names = pool.submit(_netns_names)
         mounts = pool.submit(_mounts)
         shm = pool.submit(_shm_entries)
+        temp = pool.submit(_entries, folder)
         bridges = pool.submit(_ip, netns, "-o", "link", "show", "type", "bridge")
         ruleset = pool.submit(_nft_ruleset, netns)
         routes = pool.submit(_route_output, netns)
@@ -256,11 +305,13 @@ def snapshot(netns: str | None = None) -> Snapshot:
     raw_ruleset = ruleset.result()
     return Snapshot(
         examined=netns,
+        temp_dir=str(folder),
         netns=names.result(),
         bridges=_mapped(bridges.result(), parse_bridges),
         nft_tables=_mapped(raw_ruleset, parse_nft_tables),
         mounts=mounts.result(),
         shm=shm.result(),
+        temp=temp.result(),
         routes=_mapped(routes.result(), normalise_routes),
         addresses=_mapped(addresses.result(), normalise_addresses),
         ruleset=_mapped(raw_ruleset, normalise_ruleset),
@@ -270,7 +321,7 @@ def snapshot(netns: str | None = None) -> Snapshot:
 
 def unchecked(snap: Snapshot) -> list[str]:
     """The items this snapshot could not check (e.g. "nft_tables", "ruleset" where `nft` is missing)."""
-    return [f.name for f in fields(snap) if f.name != "examined" and getattr(snap, f.name) is None]
+    return [f.name for f in fields(snap) if f.name not in ("examined", "temp_dir") and getattr(snap, f.name) is None]
 
 
 # --- comparing ----------------------------------------------------------------------------------------------
@@ -290,11 +341,35 @@ def _changes(before: Iterable[str], after: Iterable[str]) -> str:
     return shown + (f"; ... and {more} more" if more > 0 else "")
 
 
-def leaks(before: Snapshot, after: Snapshot) -> list[str]:
+def temp_mode_from_env() -> str:
+    """TRAINFORGE_LEAK_TEMP: "known" (unset) or "all"; anything else is refused, not guessed at."""
+    mode = os.environ.get(TEMP_MODE_ENV, "").strip() or "known"
+    if mode not in ("all", "known"):
+        raise ValueError(f"{TEMP_MODE_ENV}={mode!r}: use 'known' (the kinds the suite's tools make, the default) "
+                         "or 'all' (every new entry)")
+    return mode
+
+
+def _maker(name: str) -> str | None:
+    return next((who for pattern, who in LITTER if fnmatch.fnmatchcase(name, pattern)), None)
+
+
+def _another_runs(name: str, run_id: str | None) -> bool:
+    return run_id is not None and name.startswith("tf-test-") and not name.startswith(f"tf-test-{run_id}-")
+
+
+def leaks(before: Snapshot, after: Snapshot, own: Iterable[str] = (), temp_mode: str = "all",
+          run_id: str | None = None) -> list[str]:
     """One line per leak, naming it. Things that are gone are no leak; items either snapshot could not check
-    are skipped (see `unchecked`)."""
+    are skipped (see `unchecked`). `own`: path globs of /dev/shm and temp dir entries that are the caller's own
+    (kept on purpose, or removed by it later), not leaks. `temp_mode` "known": of the temp dir's new entries only
+    those of a kind in LITTER count (/dev/shm's all count either way). `run_id`: the suite's folders named after
+    another run id (`tf-test-<id>-...`) are that run's, not leaks of this one."""
     if before.examined != after.examined:
         raise ValueError(f"snapshots of different namespaces: {before.examined!r} and {after.examined!r}")
+    if before.temp_dir != after.temp_dir:
+        raise ValueError(f"snapshots of different temp dirs: {before.temp_dir!r} and {after.temp_dir!r}")
+    own = list(own)
     whose = "the machine's" if after.examined is None else f"network namespace {after.examined}'s"
     inside = "" if after.examined is None else f" in network namespace {after.examined}"
     found: list[str] = []
@@ -303,6 +378,19 @@ def leaks(before: Snapshot, after: Snapshot) -> list[str]:
         old, new = getattr(before, name), getattr(after, name)
         if old is not None and new is not None:
             found.extend(describe(item) for item in _added(old, new))
+
+    def new_files(name: str, folder: Path, known_only: bool = False) -> None:
+        old, new = getattr(before, name), getattr(after, name)
+        if old is None or new is None:
+            return
+        for entry in _added(old, new):
+            path, maker = str(folder / entry), _maker(entry)
+            if any(fnmatch.fnmatchcase(path, pattern) for pattern in own) or (known_only and maker is None) \
+                    or _another_runs(entry, run_id):
+                continue
+            if maker is None and name == "temp":
+                maker = _UNKNOWN
+            found.append(f"{path} left behind" + (f" ({maker})" if maker else ""))
 
     def changed(name: str, what: str, lines: Callable[[Any], list[str]]) -> None:
         old, new = getattr(before, name), getattr(after, name)
@@ -313,7 +401,8 @@ def leaks(before: Snapshot, after: Snapshot) -> list[str]:
     added("bridges", lambda b: f"bridge {b} left behind{inside}")
     added("nft_tables", lambda t: f"nftables table {t} left behind{inside}")
     added("mounts", lambda m: f"mount {m} left behind")
-    added("shm", lambda e: f"{SHM_DIR / e} left behind")
+    new_files("shm", SHM_DIR)
+    new_files("temp", Path(after.temp_dir), known_only=temp_mode == "known")
     changed("routes", "routes", list)
     changed("addresses", "addresses", list)
     changed("ruleset", "nftables ruleset", lambda text: str(text).splitlines())
@@ -415,9 +504,16 @@ def left_running(run_id: str, grace_s: float = 10.0) -> list[str]:
     return found
 
 
-def check(before: Snapshot, run_id: str, grace_s: float = 10.0) -> list[str]:
+def check(before: Snapshot, run_id: str, grace_s: float = 10.0, *, own: Iterable[str] = (),
+          cleanup: Callable[[], None] | None = None) -> list[str]:
     """Everything the run left behind, one line each (empty: clean), for the session-finish hook: the leaked
-    processes (then killed), and what was added or changed since `before`. Processes come first so that the
-    grace period also lets exiting ones finish removing what they made before the snapshot is compared."""
+    processes (then killed), and what was added or changed since `before` (`own`: see `leaks`; which new temp dir
+    entries count: TRAINFORGE_LEAK_TEMP). Processes come first so that the grace period also lets exiting ones finish
+    removing what they made; then `cleanup` runs (the caller removing its own folders, now that nothing of the
+    run writes there any more) and the second snapshot is compared."""
+    temp_mode = temp_mode_from_env()
     found = [f"process left running: {line}" for line in left_running(run_id, grace_s)]
-    return found + leaks(before, snapshot(before.examined))
+    if cleanup is not None:
+        cleanup()
+    after = snapshot(before.examined, before.temp_dir)
+    return found + leaks(before, after, own=own, temp_mode=temp_mode, run_id=run_id)

@@ -5,6 +5,10 @@ network namespace (changing it can cut this machine off), so a fresh network nam
 machine"; the rest (a namespace, a mount, a /dev/shm folder, a process) is machine-wide but the test's own. All
 they make is removed on the way out (an ExitStack: failure or not, each step bounded by a timeout). Other tests may
 run beside these (xdist), so they look for their own names rather than for "nothing else changed".
+
+Files: a file planted in the temp dir (a folder standing in for it, and the real one) is named; a whole run of the
+suite's plugin (a pytest of its own, with a folder standing in for the system temp dir) fails naming what its test
+left there, and leaves nothing of what went to its own TMPDIR.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,10 +137,11 @@ def test_mount_points_are_unescaped_and_namespace_mounts_left_to_the_namespace_c
 
 
 def _snap(**changes: object) -> lc.Snapshot:
-    base = lc.Snapshot(examined=None, netns=frozenset({"old-ns"}), bridges=frozenset({"br0"}),
+    base = lc.Snapshot(examined=None, temp_dir="/tmp", netns=frozenset({"old-ns"}), bridges=frozenset({"br0"}),
                        nft_tables=frozenset({"inet filter"}), mounts=("/", "/tmp"), shm=frozenset({"old"}),
-                       routes=("default via 10.0.0.1 dev eth0",), addresses=("eth0 inet 10.0.0.2/24",),
-                       ruleset="table inet filter {\n}", sysctls=(("net.ipv4.ip_forward", "0"),))
+                       temp=frozenset({"old-tmp"}), routes=("default via 10.0.0.1 dev eth0",),
+                       addresses=("eth0 inet 10.0.0.2/24",), ruleset="table inet filter {\n}",
+                       sysctls=(("net.ipv4.ip_forward", "0"),))
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
@@ -143,19 +149,63 @@ def test_only_what_was_added_or_changed_is_a_leak() -> None:
     before = _snap()
     assert lc.leaks(before, before) == []
     # Things that went away (someone else's namespace, a bridge) are no leak.
-    assert lc.leaks(before, _snap(netns=frozenset(), bridges=frozenset(), shm=frozenset())) == []
+    assert lc.leaks(before, _snap(netns=frozenset(), bridges=frozenset(), shm=frozenset(), temp=frozenset())) == []
     after = _snap(netns=frozenset({"old-ns", "tft12ab-h1"}), mounts=("/", "/tmp", "/tmp"),
                   routes=("default via 10.0.0.1 dev eth0", "10.9.0.0/24 dev lo"))
     assert lc.leaks(before, after) == ["network namespace tft12ab-h1 left behind", "mount /tmp left behind",
                                        "the machine's routes changed: + 10.9.0.0/24 dev lo"]
 
 
+def test_new_temp_and_shm_entries_are_leaks_named_with_who_makes_them_unless_the_run_s_own() -> None:
+    before = _snap()
+    after = _snap(temp=frozenset({"old-tmp", "torchelastic_ab12cd", "seaweedfs-master-grpc-4001.sock", "notes.txt",
+                                  "pytest-of-ci", "tf-test-run1-tmp"}),
+                  shm=frozenset({"old", "torch_1234_5678"}))
+    found = lc.leaks(before, after, own=["/tmp/pytest-of-*", "/tmp/tf-test-run1-tmp"])
+    assert found == [
+        "/dev/shm/torch_1234_5678 left behind",
+        "/tmp/notes.txt left behind (made by this run, or by something else on this machine meanwhile: "
+        "TRAINFORGE_LEAK_TEMP=known counts only the kinds the suite's tools make)",
+        "/tmp/seaweedfs-master-grpc-4001.sock left behind (a gRPC socket of a killed weed: SeaweedFSServer.stop "
+        "removes them)",
+        "/tmp/torchelastic_ab12cd left behind (torchrun's log folder: a torchrun given neither --log-dir nor the "
+        "run's TMPDIR)",
+    ]
+    # An own glob is a path glob: the same name elsewhere is no one's own.
+    assert lc.leaks(_snap(shm=frozenset()), _snap(shm=frozenset({"pytest-of-ci"})), own=["/tmp/pytest-of-*"]) == [
+        "/dev/shm/pytest-of-ci left behind"]
+    # Another run of the suite (started meanwhile) names its folders after its own id: they are its own, not leaks.
+    others = _snap(temp=frozenset({"old-tmp", "tf-test-other1-tmp", "tf-test-run1-tmp"}),
+                   shm=frozenset({"old", "tf-test-other1-main", "tf-test-run1-gw0"}))
+    assert [line.split(" left behind")[0] for line in lc.leaks(before, others, run_id="run1")] == [
+        "/dev/shm/tf-test-run1-gw0", "/tmp/tf-test-run1-tmp"]
+    # On a shared machine: only the kinds the suite's tools make count in the temp dir (all of /dev/shm still does).
+    known = lc.leaks(before, after, own=["/tmp/pytest-of-*"], temp_mode="known")
+    assert [line.split(" left behind")[0] for line in known] == [
+        "/dev/shm/torch_1234_5678", "/tmp/seaweedfs-master-grpc-4001.sock", "/tmp/tf-test-run1-tmp",
+        "/tmp/torchelastic_ab12cd"]
+
+
+def test_trainforge_leak_temp_is_all_or_known(monkeypatch) -> None:
+    monkeypatch.delenv(lc.TEMP_MODE_ENV, raising=False)
+    assert lc.temp_mode_from_env() == "known"
+    monkeypatch.setenv(lc.TEMP_MODE_ENV, "all")
+    assert lc.temp_mode_from_env() == "all"
+    monkeypatch.setenv(lc.TEMP_MODE_ENV, "none")
+    with pytest.raises(ValueError, match="TRAINFORGE_LEAK_TEMP='none'"):
+        lc.temp_mode_from_env()
+
+
 def test_an_item_either_snapshot_could_not_check_is_skipped_and_listed() -> None:
     before, after = _snap(ruleset=None, nft_tables=None), _snap(ruleset="changed", nft_tables=frozenset({"ip x"}))
     assert lc.leaks(before, after) == []
     assert lc.unchecked(before) == ["nft_tables", "ruleset"]
+    assert lc.leaks(_snap(temp=None), _snap(temp=frozenset({"new"}))) == []
+    assert lc.unchecked(_snap(temp=None)) == ["temp"]
     with pytest.raises(ValueError):
         lc.leaks(_snap(), _snap(examined="other"))
+    with pytest.raises(ValueError):
+        lc.leaks(_snap(), _snap(temp_dir="/elsewhere"))
 
 
 def test_a_missing_tool_leaves_its_items_unchecked_rather_than_failing(monkeypatch, tmp_path) -> None:
@@ -165,6 +215,69 @@ def test_a_missing_tool_leaves_its_items_unchecked_rather_than_failing(monkeypat
     assert snap.mounts is not None and snap.netns is not None  # read from files, no tool needed
     absent = lc.snapshot(netns=f"tflc{secrets.token_hex(3)}-none")
     assert {"bridges", "routes", "addresses", "ruleset", "sysctls"} <= set(lc.unchecked(absent))
+
+
+# --- files (no root needed) --------------------------------------------------------------------------------
+
+
+def test_a_file_planted_in_the_temp_dir_is_named(tmp_path: Path) -> None:
+    temp = tmp_path / "system-tmp"
+    (temp / "there-before").mkdir(parents=True)
+    before = lc.snapshot(temp_dir=temp)
+    assert before.temp_dir == str(temp) and before.temp == {"there-before"}
+    (temp / "torchelastic_x1y2z3").mkdir()
+    (temp / "there-before" / "inside").write_text("an entry's content is its own business")
+    (temp / "planted.txt").write_text("litter")
+    found = lc.leaks(before, lc.snapshot(temp_dir=temp))
+    assert [line.split(" left behind")[0] for line in found] == [str(temp / "planted.txt"),
+                                                                 str(temp / "torchelastic_x1y2z3")]
+    assert "torchrun's log folder" in found[1]
+    assert lc.leaks(before, lc.snapshot(temp_dir=temp), own=[str(temp / "*.txt")]) == found[1:]
+
+
+def test_a_file_planted_in_the_real_temp_dir_is_named() -> None:
+    """The machine's temp dir, as the suite's check sees it (TRAINFORGE_TEST_SYSTEM_TMP: under the suite TMPDIR is
+    the run's own folder, which a snapshot without `temp_dir` lists)."""
+    assert lc.snapshot().temp_dir == tempfile.gettempdir()
+    system = Path(os.environ.get("TRAINFORGE_TEST_SYSTEM_TMP") or tempfile.gettempdir())
+    before = lc.snapshot(temp_dir=system)
+    planted = system / f"tf-litter-{secrets.token_hex(4)}"  # a kind the check knows (tf-*): counted by default
+    planted.write_text("litter")
+    try:
+        found = lc.leaks(before, lc.snapshot(temp_dir=system))
+    finally:
+        planted.unlink()
+    assert _has_line(found, f"{planted} left behind"), found
+    assert not _has_line(lc.leaks(before, lc.snapshot(temp_dir=system)), str(planted))
+
+
+def test_the_suite_fails_a_run_that_leaves_files_in_the_system_temp_dir(tmp_path: Path) -> None:
+    """A pytest run of its own (not nested: no run tag of ours) with the suite's plugin and a folder standing in for
+    the system temp dir: its test writes one file there and one folder through tempfile (the run's TMPDIR). The run
+    fails naming the first; the second goes with the run's TMPDIR, and so does everything else of the run's."""
+    system = tmp_path / "system-tmp"
+    system.mkdir()
+    planted = system / f"tf-litter-{secrets.token_hex(4)}"  # a kind the check knows (tf-*): counted by default
+    test = tmp_path / "test_litter.py"
+    test.write_text(
+        "import os, tempfile\nfrom pathlib import Path\n\n\n"
+        "def test_litter():\n"
+        "    assert Path(tempfile.gettempdir()).parent == Path(os.environ['TRAINFORGE_TEST_SYSTEM_TMP'])\n"
+        "    Path(tempfile.mkdtemp(prefix='torchelastic_'), 'log').write_text('to the run TMPDIR')\n"
+        f"    Path({str(planted)!r}).write_text('litter')\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in (lc.RUN_ENV, "PYTEST_XDIST_WORKER", "PYTEST_DEBUG_TEMPROOT", "TRAINFORGE_TEST_SYSTEM_TMP",
+                        "TRAINFORGE_TEST_ARTIFACTS", lc.TEMP_MODE_ENV)}
+    env["TMPDIR"] = str(system)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "-p", "tests.fixtures.suite", f"--rootdir={REPO}", f"--basetemp={tmp_path / 'basetemp'}",
+                           str(test)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert "1 passed" in out, out
+    assert done.returncode == 1, out
+    assert f"LEAK {planted} left behind" in out, out
+    assert "torchelastic_" not in out, out
+    assert sorted(p.name for p in system.iterdir()) == [planted.name], out  # the run's own TMPDIR is gone
 
 
 # --- processes (no root needed: our own children's environ is ours to read) --------------------------------

@@ -16,6 +16,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,9 @@ from trainforge.infra.storage.iam import JobGrant
 
 LOOPBACK = "127.0.0.1"
 _ADMIN_GRPC_OFFSET = 10_000  # weed 4.48's mini worker dials admin.port + 10000 whatever admin.port.grpc says
+# weed puts a unix socket beside each gRPC port at this fixed path (not under TMPDIR) and removes it only when it
+# exits cleanly: `stop` removes those a killed weed left.
+_GRPC_SOCKET = "/tmp/seaweedfs-{server}-grpc-{port}.sock"
 
 
 class SeaweedFSError(RuntimeError):
@@ -113,6 +117,7 @@ class SeaweedFSServer:
         self.log_path = self.data_dir / "weed.log"
         self.config_path = self.data_dir / "s3-identities.json"
         self._sock_dir: str | None = None
+        self._started_at = 0.0
 
     @property
     def secret_key(self) -> str:
@@ -153,7 +158,7 @@ class SeaweedFSServer:
         data.mkdir(exist_ok=True)
         p = self.ports
         cmd = [
-            self.weed, "mini", f"-dir={data}",
+            self.weed, f"-logdir={self.data_dir}", "mini", f"-dir={data}",  # its log files: not in TMPDIR
             f"-ip={self.address}", f"-ip.bind={self.address}", "-master.telemetry=false",
             "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
@@ -167,6 +172,7 @@ class SeaweedFSServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(AWS_ACCESS_KEY_ID=self.access_key, AWS_SECRET_ACCESS_KEY=self._secret_key)
         self.endpoint = f"http://{self.address}:{p['s3']}"
+        self._started_at = time.time()
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(
                 cmd, cwd=self.data_dir, env=env, stdin=subprocess.DEVNULL, stdout=logf,
@@ -206,9 +212,24 @@ class SeaweedFSServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=kill_timeout)
+        if proc is not None:
+            self._remove_grpc_sockets()
         if self._sock_dir:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
             self._sock_dir = None
+
+    def _remove_grpc_sockets(self) -> None:
+        """The gRPC sockets of this server's ports that it made (not older than its start: another server's from
+        before keeps its own), once it has exited."""
+        for server in ("master", "volume", "filer", "s3", "admin"):
+            port = self.ports.get(f"{server}.grpc")
+            if port is None:
+                continue
+            path = Path(_GRPC_SOCKET.format(server=server, port=port))
+            with contextlib.suppress(OSError):
+                made = path.lstat()
+                if stat.S_ISSOCK(made.st_mode) and made.st_ctime >= self._started_at - 1:
+                    path.unlink()
 
     def log_tail(self, lines: int = 40) -> str:
         try:
