@@ -321,7 +321,7 @@ def _store_get(job_id: str) -> Any:
 
 
 def get_job(job_id: str) -> Job:
-    """The job with this id (or the one job of this name); JobNotFound otherwise. A detached job that has not
+    """The job with this id (or the newest job of this name); JobNotFound otherwise. A detached job that has not
     created its record yet is found by its full id."""
     try:
         return Job(_store_get(job_id).job_id)

@@ -170,7 +170,7 @@ class MetricValue:
 
 
 def run_id_for_job(job_id: str, tracker: Tracker | None = None) -> str:
-    """The MLflow run of a job: from the job record when this host has it (a job name finds its only submission),
+    """The MLflow run of a job: from the job record when this host has it (a job name finds its newest submission),
     else the run tagged `trainforge.job_id` in a trainforge/* experiment: a driver on another host needs only the
     tracking server."""
     from trainforge.registry.jobs import JobStore
