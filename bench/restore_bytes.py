@@ -97,7 +97,9 @@ def free_port() -> int:
 def torchrun(world: int, cfg: dict, env: dict[str, str], timeout: float = 900) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--nnodes=1",
            "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "tests.distributed.restore_worker"]
-    full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RESTORE_CONFIG": json.dumps(cfg), **env}
+    # TMPDIR: torchrun's own log folder (torchelastic_*, no --log-dir here) goes into the run's folder, not /tmp
+    full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RESTORE_CONFIG": json.dumps(cfg),
+            "TMPDIR": cfg["out"], **env}
     proc = subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise SystemExit(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")

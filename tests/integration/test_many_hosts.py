@@ -295,6 +295,23 @@ def inject_after_commits(rig: TestHosts, job_id: str, faults: list[str], out: li
         since = t
 
 
+def _ready_for_host_faults(rig: Rig, monkeypatch: pytest.MonkeyPatch, workers: int = 6) -> int:
+    """The lost-host scenarios' set-up: the chaos drills' detection windows (one-host figures), the dataset, the
+    rig's store, and each step of every rank sleeping STEP_DEVICE_S, as a GPU step leaves the CPU to the
+    checkpoint's background upload while the device computes: 6 CPU workers on 2 cores starve the upload instead (a
+    save took 3 s to commit, longer than the 4-step interval), so no moment exists with the last save committed and
+    the next not yet staged, which is when the faults are injected. The losses and weights are the same as without
+    it. Returns the workers."""
+    from trainforge.tasks.chaos import FAST_HEALTH
+
+    monkeypatch.setenv("TRAINFORGE_HEALTH", json.dumps(FAST_HEALTH))
+    monkeypatch.setenv("TRAINFORGE_FAULT", ",".join(f"slow:rank={r}:step=0:ms={STEP_DEVICE_S * 1000:.0f}:always=1"
+                                                    for r in range(workers)))
+    ensure_demo_dataset()
+    rig_store(rig, monkeypatch)
+    return workers
+
+
 @pytest.mark.timing
 def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_nothing_happened(
         reference, rig, tmp_path, monkeypatch):
@@ -302,21 +319,12 @@ def test_a_lost_host_is_detected_replaced_by_a_spare_and_the_job_ends_as_if_noth
     healed (two steps trained past the commit it resumed from), (ii) another's link down and its processes stopped. Each is detected, its node
     marked failed, the gang re-placed on a spare (5 hosts: 3 in the gang, 2 spares) and resumed from the last
     commit; the job ends with the fault-free run's losses and weights."""
-    from trainforge.tasks.chaos import FAST_HEALTH, unhealthy_nodes
+    from trainforge.tasks.chaos import unhealthy_nodes
 
-    monkeypatch.setenv("TRAINFORGE_HEALTH", json.dumps(FAST_HEALTH))  # the chaos drills' windows (one-host figures)
-    # Each step of every rank sleeps STEP_DEVICE_S, as a GPU step leaves the CPU to the checkpoint's background
-    # upload while the device computes: 6 CPU workers on 2 cores starve the upload instead (a save took 3 s to
-    # commit, longer than the 4-step interval), so no moment exists with the last save committed and the next not
-    # yet staged, which is when the faults are injected. The losses and weights are the same as without it.
-    workers = 6
-    monkeypatch.setenv("TRAINFORGE_FAULT", ",".join(f"slow:rank={r}:step=0:ms={STEP_DEVICE_S * 1000:.0f}:always=1"
-                                                    for r in range(workers)))
-    ensure_demo_dataset()
+    workers = _ready_for_host_faults(rig, monkeypatch)
     job_id = "tiny-hosts-lost"
     faults: list[Fault] = []
     stop = threading.Event()
-    rig_store(rig, monkeypatch)
     hosts = rig.hosts
     watcher = threading.Thread(target=inject_after_commits, args=(hosts, job_id, ["kill", "partition"], faults, stop),
                                daemon=True)
@@ -379,18 +387,13 @@ def test_two_hosts_lost_at_once_are_healed_by_one_reprovisioning(reference, rig,
     """Two of the gang's three hosts killed at the same moment (5 hosts: 3 in the gang, 2 spares): one incident
     naming both, both marked failed, one re-provisioning onto the two spares, and the job ends with the fault-free
     run's losses and weights."""
-    from trainforge.tasks.chaos import FAST_HEALTH, unhealthy_nodes
+    from trainforge.tasks.chaos import unhealthy_nodes
     from trainforge.tasks.supervisor import incident_hosts
 
-    monkeypatch.setenv("TRAINFORGE_HEALTH", json.dumps(FAST_HEALTH))
-    workers = 6
-    monkeypatch.setenv("TRAINFORGE_FAULT", ",".join(f"slow:rank={r}:step=0:ms={STEP_DEVICE_S * 1000:.0f}:always=1"
-                                                    for r in range(workers)))
-    ensure_demo_dataset()
+    workers = _ready_for_host_faults(rig, monkeypatch)
     job_id = "tiny-hosts-lost-together"
     faults: list[Fault] = []
     stop = threading.Event()
-    rig_store(rig, monkeypatch)
     hosts = rig.hosts
     watcher = threading.Thread(target=inject_after_commits, args=(hosts, job_id, ["kill"], faults, stop, 2),
                                daemon=True)

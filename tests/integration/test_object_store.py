@@ -132,44 +132,34 @@ def test_conditional_overwrite_is_refused_by_the_store_once_the_etag_moved_on(st
         store.get_with_etag("job/absent.json")
 
 
-def test_racing_conditional_overwrites_exactly_one_wins(store):
-    writers = 6
-    store.put_bytes("cas/fence.json", b"base")
-    _, etag = store.get_with_etag("cas/fence.json")
+def _race(store, key: str, writers: int, refused: type[Exception], **condition) -> None:
+    """`writers` threads released at once each write `writer-i` to `key` under `condition`: exactly one wins, the
+    others get `refused`, and the key holds the winner's bytes."""
     barrier = threading.Barrier(writers)
 
     def write(i: int) -> bool:
         barrier.wait(timeout=30)
         try:
-            store.put_bytes("cas/fence.json", f"writer-{i}".encode(), if_match=etag)
+            store.put_bytes(key, f"writer-{i}".encode(), **condition)
             return True
-        except ObjectChangedError:
+        except refused:
             return False
 
     with ThreadPoolExecutor(writers) as ex:
         won = list(ex.map(write, range(writers)))
     assert sum(won) == 1, won
-    assert store.get_bytes("cas/fence.json") == f"writer-{won.index(True)}".encode()
+    assert store.get_bytes(key) == f"writer-{won.index(True)}".encode()
+
+
+def test_racing_conditional_overwrites_exactly_one_wins(store):
+    store.put_bytes("cas/fence.json", b"base")
+    _, etag = store.get_with_etag("cas/fence.json")
+    _race(store, "cas/fence.json", 6, ObjectChangedError, if_match=etag)
 
 
 def test_racing_conditional_writers_exactly_one_wins(store):
-    writers = 8
     for round_ in range(3):
-        key = f"race/{round_}/manifest.json"
-        barrier = threading.Barrier(writers)
-
-        def write(i: int, key: str = key, barrier: threading.Barrier = barrier) -> bool:
-            barrier.wait(timeout=30)
-            try:
-                store.put_bytes(key, f"writer-{i}".encode(), if_none_match=True)
-                return True
-            except ObjectExistsError:
-                return False
-
-        with ThreadPoolExecutor(writers) as ex:
-            won = list(ex.map(write, range(writers)))
-        assert sum(won) == 1, won
-        assert store.get_bytes(key) == f"writer-{won.index(True)}".encode()
+        _race(store, f"race/{round_}/manifest.json", 8, ObjectExistsError, if_none_match=True)
 
 
 def test_racing_conditional_uploads_of_big_files(store, tmp_path):

@@ -130,7 +130,7 @@ def advance_attempt(store: ObjectStore, job_prefix: str, attempt: int,
 
 
 def commit(store: ObjectStore, job_prefix: str, step: int, attempt: int, write: Callable[[], None], *,
-           manifest_steps: Callable[[], Iterable[int]], before_write: Callable[[], None] | None = None) -> Fence:
+           manifest_steps: Callable[[], Iterable[int]], before_write: Callable[[], None] | None = None) -> None:
     """Commit checkpoint `step` for `attempt`: add it to the fence with If-Match on the ETag just read, then
     `write()` the manifest. The store refuses the fence write (412, StaleAttemptError with status 412) when a newer
     attempt advanced the fence since the read; a fence that already names a newer attempt refuses without a write.
@@ -164,5 +164,5 @@ def commit(store: ObjectStore, job_prefix: str, step: int, attempt: int, write: 
                                         fenced_at=latest.attempt, status=exc.status) from exc
             continue  # the fence changed for another reason (the controller epoch): read again
         write()
-        return new
+        return
     raise RuntimeError(f"could not commit step {step} under the fence of {job_prefix} in {TRIES} tries")

@@ -103,6 +103,11 @@ def _scan(store: ObjectStore, job_prefix: str) -> tuple[dict[int, str], set[int]
     return manifests, quarantined, fence
 
 
+def _accepted(fence: Fence | None, step: int, manifest: dict[str, Any] | None) -> bool:
+    """A readable manifest the job's fence (if any) counts as committed."""
+    return manifest is not None and (fence is None or fence.visible(step, manifest.get("segment_attempt")))
+
+
 def manifest_steps(store: ObjectStore, job_prefix: str) -> set[int]:
     """Every step with a manifest object in the store, whatever the fence says (what the fence's advance needs)."""
     return set(_scan_raw(store, job_prefix)[0])
@@ -118,7 +123,7 @@ def list_committed(store: ObjectStore, job_prefix: str, *, include_quarantined: 
             continue
         prefix = key.rsplit("/", 1)[0]
         manifest = read_manifest(store, prefix)
-        if manifest is not None and (fence is None or fence.visible(step, manifest.get("segment_attempt"))):
+        if _accepted(fence, step, manifest):
             refs.append(CheckpointRef(step, prefix, manifest))
     return sorted(refs, key=lambda r: r.step)
 
@@ -138,7 +143,7 @@ def newest_committed(store: ObjectStore, job_prefix: str, *, below: int | None =
             continue
         prefix = step_prefix(job_prefix, step)
         manifest = read_manifest(store, prefix)
-        if manifest is not None and (fence is None or fence.visible(step, manifest.get("segment_attempt"))):
+        if _accepted(fence, step, manifest):
             return CheckpointRef(step, prefix, manifest)
     return None
 

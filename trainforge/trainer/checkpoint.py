@@ -529,14 +529,17 @@ class Checkpointer:
             return folder
         folder = self._folder(ref.step)
         problems: list[str] = []
+        error = ""
         if self.ctx.local_rank == 0:  # one copy per node, each file verified (files already there are not read)
             try:
                 problems = materialize(self.store, ref, folder)
             except Exception as exc:  # a store failure: still reach the gather below, peers wait in it
-                problems = [f"reading the checkpoint failed: {type(exc).__name__}: {exc}"]
-        everyone = [p for ps in self._gather(problems) for p in ps]
-        if any(p.startswith("reading the checkpoint failed") for p in everyone):
-            raise RuntimeError(f"checkpoint step {ref.step}: {'; '.join(everyone)}")
+                error = f"{type(exc).__name__}: {exc}"
+        outcomes = self._gather((problems, error))
+        errors = [e for _, e in outcomes if e]
+        if errors:  # the store failed, not the checkpoint: nothing to quarantine
+            raise RuntimeError(f"checkpoint step {ref.step}: reading it failed: {'; '.join(errors)}")
+        everyone = [p for ps, _ in outcomes for p in ps]
         if everyone:
             raise CheckpointCorruptError(f"checkpoint step {ref.step}: {'; '.join(everyone)}", everyone)
         self._known = referenced_chunks(ref.files)

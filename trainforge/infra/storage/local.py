@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from trainforge.infra.storage.base import (
@@ -101,12 +103,10 @@ class LocalObjectStore:
             raise ObjectNotFoundError(key) from None
 
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        path = self._path(key)
-        with _folder_lock(path.parent) if path.parent.is_dir() else _no_lock():
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                raise ObjectNotFoundError(key) from None
+        try:  # writes replace the file atomically: these bytes and their ETag belong together
+            data = self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise ObjectNotFoundError(key) from None
         return data, _etag(data)
 
     def get_file(self, key: str, path: Path) -> None:
@@ -156,24 +156,12 @@ def _etag(data: bytes) -> str:
     return f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
 
 
-class _folder_lock:  # noqa: N801 (a context manager used like a function)
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
     """An exclusive flock on a folder (no lock file: nothing appears among the keys)."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-
-    def __enter__(self) -> None:
-        self.fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-
-
-class _no_lock:  # noqa: N801
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock

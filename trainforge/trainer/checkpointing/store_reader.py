@@ -11,31 +11,27 @@ How one `dcp.load` goes with `StoreRangeReader`:
    copied into the model: a chunk that is missing or does not hash right fails the load on every rank together,
    with the problems listed (`problems`), and the model and optimizer are untouched;
 4. one all-to-all hands every chunk to the other ranks that need it; DCP's own reader then reads the ranges from
-   those chunks in memory (`_SparseFileSystem`), through the safe unpickler (safe_dcp.py).
+   those chunks in memory (memory_fs.MemoryFileSystem), through the safe unpickler (safe_dcp.py).
 `.metadata` is read by one rank and broadcast before the load (`read_metadata_once`).
 """
 
 from __future__ import annotations
 
-import bisect
-import io
-import os
 import threading
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
 from trainforge.infra.storage.base import ObjectStore
 from trainforge.registry.dedup import ChunkError, chunk_intact, read_chunk
+from trainforge.trainer.checkpointing.memory_fs import ROOT, MemoryFileSystem
 from trainforge.trainer.checkpointing.read_plan import (
     Chunk,
     RankReads,
@@ -46,7 +42,6 @@ from trainforge.trainer.checkpointing.read_plan import (
 )
 from trainforge.trainer.checkpointing.safe_dcp import SafeFileSystemReader, read_metadata_bytes
 
-ROOT = Path("/checkpoint-in-store")
 FETCH_THREADS = 8  # concurrent GETs per rank: a store's per-request latency, not its bandwidth, bounds one stream
 
 
@@ -57,76 +52,6 @@ class RestoreReadError(RuntimeError):
     def __init__(self, message: str, problems: list[str]):
         super().__init__(message)
         self.problems = problems
-
-
-class _SparseStream(io.RawIOBase):
-    """A seekable, read-only stream over some byte ranges of a file (the chunks this rank holds); reading a byte it
-    does not hold is a bug in the read plan and fails loudly."""
-
-    def __init__(self, name: str, pieces: Sequence[tuple[int, memoryview]]):
-        super().__init__()
-        self._name = name
-        self._starts = [start for start, _ in pieces]
-        self._pieces = pieces
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_END:
-            raise OSError(f"{self._name}: a partial file has no end to seek from")
-        self._pos = (self._pos if whence == io.SEEK_CUR else 0) + offset
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        done = 0
-        while done < len(view):
-            i = bisect.bisect_right(self._starts, self._pos) - 1
-            start, data = self._pieces[i] if i >= 0 else (0, memoryview(b""))
-            inside = self._pos - start
-            if i < 0 or inside >= len(data):
-                raise OSError(f"{self._name}: byte {self._pos} was not fetched for this rank (read plan mismatch)")
-            n = min(len(view) - done, len(data) - inside)
-            view[done:done + n] = data[inside:inside + n]
-            done += n
-            self._pos += n
-        return done
-
-    def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0:
-            raise OSError(f"{self._name}: a partial file is read by ranges only")
-        out = bytearray(size)
-        self.readinto(out)
-        return bytes(out)
-
-
-class _SparseFileSystem(FileSystem):
-    """DCP's file-system interface over the chunks this rank holds, placed at their offsets in their files."""
-
-    def __init__(self, files: Mapping[str, Sequence[tuple[int, memoryview]]]):
-        self.files = files
-
-    def _name(self, path: str | os.PathLike) -> str:
-        return Path(path).relative_to(ROOT).as_posix()
-
-    @contextmanager
-    def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
-        if mode != "rb":
-            raise PermissionError(f"a checkpoint read from the store is read-only (asked for {path}, {mode!r})")
-        name = self._name(path)
-        with _SparseStream(name, self.files.get(name, ())) as stream:
-            yield stream
-
-    def exists(self, path: str | os.PathLike) -> bool:
-        return self._name(path) in self.files
 
 
 class StoreRangeReader(SafeFileSystemReader):
@@ -191,7 +116,7 @@ class StoreRangeReader(SafeFileSystemReader):
             files.setdefault(span.name, []).append((span.start, have[span.chunk]))
         for name in self._extra:
             self.extra[name] = b"".join(bytes(data) for _, data in files[name])
-        self.fs = _SparseFileSystem(files)
+        self.fs = MemoryFileSystem(files)  # the chunks this rank holds, at their offsets
         return super().read_data(plan, planner)
 
     # -------------------------------------------------------------- reading and exchanging
@@ -279,7 +204,11 @@ class StoreRangeReader(SafeFileSystemReader):
         if self._local_copy is None:
             return {}
         wanted = set(chunks)
-        return {s.chunk: s for s in sorted(self._needs, reverse=True) if s.chunk in wanted}
+        places: dict[Chunk, Span] = {}
+        for span in sorted(self._needs):
+            if span.chunk in wanted:
+                places.setdefault(span.chunk, span)
+        return places
 
     def _from_local(self, chunk: Chunk, span: Span | None) -> bytes | None:
         if span is None or self._local_copy is None:
