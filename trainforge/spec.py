@@ -582,6 +582,9 @@ class FaultToleranceSpec(_Model):
     """In-segment restarts of crashed workers by the elastic agent before the segment fails."""
     segment_max_steps: Int | None = Field(default=None, ge=1)
     """End a segment after this many steps (the next segment resumes from the committed checkpoint)."""
+    recovery_wait_s: Int = Field(default=1800, ge=1, le=7 * 86400)
+    """How long a recovery may wait in the queue for a gang of healthy hosts (that all reach each other) once a
+    fault took some away; past it the job fails, naming the fault and what it waited for."""
 
 
 # ------------------------------------------------------------------------------------------ secrets

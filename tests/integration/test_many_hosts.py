@@ -430,6 +430,113 @@ def test_two_hosts_lost_at_once_are_healed_by_one_reprovisioning(reference, rig,
     assert same_weights(weights(result), weights(reference.result))
 
 
+# ------------------------------------------------------------------------------------------- a cut between groups
+
+def _probe_across(rig: TestHosts, src: str, dst: str) -> bool:
+    """The agents' own probe (reach_probe.py: a TCP connect within PROBE_TIMEOUT_S), from host `src`'s network stack
+    to a probe listener in host `dst`'s: the cut test's positive control."""
+    import subprocess
+
+    listen = ("import sys, time\n"
+              "from trainforge.infra.backends.reach_probe import ProbeListener\n"
+              "l = ProbeListener(); print(l.port, flush=True); time.sleep(30)\n")
+    server = subprocess.Popen(["ip", "netns", "exec", rig.netns(dst), sys.executable, "-c", listen],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        probe = ("import sys\n"
+                 "from trainforge.infra.backends.reach_probe import probe_round\n"
+                 f"print('failed' if probe_round({{'dst': ({rig.addresses[dst]!r}, {port})}}) else 'reached')\n")
+        done = rig.run(src, sys.executable, "-c", probe, timeout=30)
+        return done.stdout.strip() == "reached"
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+
+
+@pytest.mark.timing
+def test_a_cut_between_two_groups_of_hosts_is_healed_by_re_placing_the_gang_on_one_side(reference, rig, tmp_path,
+                                                                                          monkeypatch):
+    """The network between two groups of hosts cut while both still reach the store and the control plane (each
+    host's packet filter drops the other group's packets): the gang's own node agents find which hosts cannot
+    reach which, the cut is named in the incident, the gang is stopped and re-placed on hosts that all reach each
+    other, and the job ends with the fault-free run's losses and weights. The groups: the gang's first two hosts and
+    the second spare (A) against its third host and the first spare (B), so that the re-placement, which takes the
+    spares in order, first lands on B's side again: that gang is cut from its start and re-placed once more. A
+    positive control: the agents' probe, from one group's host to the other's, fails while the cut stands and
+    crosses once it is healed (run after the job: before the cut, it would delay the injection past its moment)."""
+    from trainforge.tasks.chaos import unhealthy_nodes
+    from trainforge.tasks.supervisor import incident_hosts
+
+    workers = _ready_for_host_faults(rig, monkeypatch)
+    job_id = "tiny-hosts-cut"
+    hosts = rig.hosts
+    cut_at: list[float] = []
+    groups: list[list[str]] = []
+    stop = threading.Event()
+
+    def inject() -> None:
+        path = home() / "jobs" / job_id / "events.jsonl"
+        while not stop.wait(0.1):
+            if _ready_for_a_fault(path, 0.0, attempt=0):
+                break
+        else:
+            return
+        gang = JobStore().get(job_id).data["allocation"]["nodes"]
+        spares = [h for h in hosts.names if h not in gang]
+        groups.extend([[gang[0], gang[1], spares[1]], [gang[2], spares[0]]])
+        cut_at.append(time.time())
+        hosts.cut(groups)
+
+    watcher = threading.Thread(target=inject, daemon=True)
+    watcher.start()
+    try:
+        result = run_flow(tiny_spec(workers=workers, per_node=2), rig_cluster(hosts, tmp_path / "nodes", hosts=5),
+                          job_id)
+        crossed_during_cut = _probe_across(hosts, groups[0][0], groups[1][0]) if groups else None
+    finally:
+        stop.set()
+        watcher.join(timeout=30)
+        hosts.heal()
+        leftovers = {host: left for host in hosts.names if (left := hosts.reap(host, timeout_s=25.0))}
+    assert not leftovers, f"still running 25 s after the job ended (killed): {leftovers}"
+    assert cut_at, "the cut was never injected (_ready_for_a_fault)"
+    assert crossed_during_cut is False  # the probe is what the cut stops...
+    assert _probe_across(hosts, groups[0][0], groups[1][0])  # ...and healed, it crosses again
+    a, b = groups
+    assert result["state"] == "completed"
+    record = JobStore().get(job_id)
+    cuts = [i for i in record.data["incidents"] if i["kind"] == "network_cut"]
+    segments = record.data["segments"]
+    # the first gang cut mid-run loses its B host; a re-placement onto B's spare is cut from its start
+    expected = [[b[0]]] + ([[b[1]]] if b[1] in segments[1]["nodes"] else [])
+    assert [incident_hosts(i) for i in cuts] == expected, [i["message"] for i in cuts]
+    assert [s["state"] for s in segments] == ["failed"] * len(expected) + ["completed"]
+    assert not [i for i in record.data["incidents"] if i["kind"] in ("hang", "rank_lost")]  # a cut, not a hang
+    first = cuts[0]
+    assert first["message"].startswith(f"network cut: hosts {b[0]} cannot reach hosts {a[0]}, {a[1]}")
+    assert set(first["evidence"]["keep"]) == set(a[:2]) and first["evidence"]["exclude"] == [b[0]]
+    for failed, incident in zip(segments, cuts, strict=False):
+        assert incident["message"] in failed["error"]
+    final = record.data["allocation"]["nodes"]
+    assert set(final) <= set(a) and len(final) == 3  # all on one side of the cut
+    # the far side still answers its runner (the cut was between the hosts): the job's folders are gone everywhere
+    assert not (tmp_path / "nodes" / job_id).exists() or not any((tmp_path / "nodes" / job_id).iterdir())
+    assert unhealthy_nodes() == {h for i in cuts for h in incident_hosts(i)}
+    events, _ = read_events(record.events_path)
+    recovered = [e for e in events if e["type"] == "recovered"]
+    detection = first["detected_at"] - cut_at[0]
+    first_step = recovered[-1]["time"] - cut_at[0]
+    print(f"\ncut between groups {a} | {b}: detected {detection:.2f} s after the cut, first step after recovery "
+          f"{first_step:.2f} s after it, {recovered[-1]['lost_steps']} steps lost, {len(segments)} segments; "
+          f"incidents {[i['message'] for i in cuts]}")
+    assert detection <= 6.0 and recovered[-1]["lost_steps"] <= 4
+    # the stopped attempts committed nothing after the cut: every step's loss and the weights are the fault-free run's
+    assert losses(job_id) == reference.losses
+    assert same_weights(weights(result), weights(reference.result))
+
+
 # ------------------------------------------------------------------------------------------- a hybrid layout
 
 def test_a_hybrid_layout_keeps_each_tensor_group_on_a_host_and_each_pipeline_in_a_rack(prefect_api, rig, tmp_path,

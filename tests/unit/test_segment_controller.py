@@ -27,6 +27,7 @@ infra = Outcome.failed("infra", rank=1)
 node_lost = Outcome.failed("infra", rank=2, lost_nodes=("node-1", "node-0"))
 user = Outcome.failed("user", rank=0)
 diverged = Outcome.failed("divergence", rank=0)
+no_gang = Outcome.failed("capacity", message="found no gang within fault_tolerance.recovery_wait_s after network cut")
 
 ROWS = [
     # (outcome, history, action, reason contains)
@@ -50,6 +51,9 @@ ROWS = [
     (diverged, history(rollbacks=1, used=3), Action.GIVE_UP, "retry budget spent"),  # rollbacks count as retries
     (user, history(), Action.GIVE_UP, "user error (rank 0)"),
     (user, history(budget=100), Action.GIVE_UP, "not retried"),
+    # the recovery already waited its bound for a gang: given up at once, naming what it waited for
+    (no_gang, history(), Action.GIVE_UP, "no gang to recover on: found no gang within"),
+    (no_gang, history(budget=100), Action.GIVE_UP, "network cut"),
     (Outcome(Ended.CANCELLED), history(), Action.GIVE_UP, "cancelled"),
     (Outcome(Ended.CANCELLED), history(used=3), Action.GIVE_UP, "cancelled"),
     # the drills' guard against a job that never finishes
@@ -76,7 +80,7 @@ def test_reprovision_excludes_the_lost_nodes_and_resumes_from_the_last_commit():
 
 OUTCOMES = [Outcome.completed(s) for s in (None, 0, 12, 23, 24, 30)] + \
     [Outcome(e, s) for e in (Ended.PREEMPTED, Ended.RESIZED) for s in (None, 13, 24)] + \
-    [Outcome.failed(k, 1, lost) for k in ("user", "infra", "divergence") for lost in ((), ("n1",))] + \
+    [Outcome.failed(k, 1, lost) for k in ("user", "infra", "divergence", "capacity") for lost in ((), ("n1",))] + \
     [Outcome(Ended.CANCELLED)]
 HISTORIES = [history(used=u, budget=b, rollbacks=r, attempts=a, max_segments=m)
              for u, b, r, a, m in itertools.product((0, 1, 2), (0, 2), (0, 3, 4), (1, 8), (None, 8)) if u <= b]
@@ -93,14 +97,14 @@ def test_the_whole_product_follows_the_rules(outcome: Outcome):
         # finish exactly when a clean end reached total_steps
         assert (d.action is Action.FINISH) == done, (outcome, h, d)
         # a retry only for a retryable failure within every budget, never past them
-        retryable = failed and outcome.kind != "user" and h.retries_used < h.max_retries and not guard and not (
+        retryable = failed and outcome.kind not in ("user", "capacity") and h.retries_used < h.max_retries and not guard and not (
             outcome.kind == "divergence" and h.rollbacks > h.max_rollbacks)
         assert d.retries == retryable, (outcome, h, d)
         if d.retries:
             same_gang = outcome.kind == "divergence" and not outcome.lost_nodes
             assert d.action is (Action.RETRY if same_gang else Action.REPROVISION)
             assert d.exclude_nodes == outcome.lost_nodes
-        if outcome.ended is Ended.CANCELLED or (failed and outcome.kind == "user"):
+        if outcome.ended is Ended.CANCELLED or (failed and outcome.kind in ("user", "capacity")):
             assert d.action is Action.GIVE_UP
         if clean and not done:
             expected = Action.GIVE_UP if guard else {Ended.COMPLETED: Action.CONTINUE, Ended.PREEMPTED:

@@ -337,3 +337,26 @@ def test_a_store_that_cannot_be_listed_at_the_segment_end_books_nothing_and_says
                    for r in caplog.records)
     finally:
         channel.close()
+
+
+def test_a_network_cut_stops_the_gang_and_records_the_excluded_side_as_lost_together(tmp_path, record):
+    from trainforge.plan.reach import find_cut
+    from trainforge.tasks.supervisor import incident_hosts
+
+    channel = LocalChannel(tmp_path / "objects", ["a", "b", "c"])
+    try:
+        sup = channel.supervisor(record, rank_hosts={0: "a", 1: "b", 2: "c", 3: "c"})
+        cut = find_cut(["a", "b", "c"], {"c": {"a", "b"}})
+        assert cut is not None
+        sup.network_cut(cut)
+        sup.network_cut(cut)  # said again by a later pass: one incident
+        [inc] = sup.incidents
+        assert (inc.kind, inc.scope, inc.hosts, inc.rank) == ("network_cut", "node", ["c"], 2)
+        assert inc.message == "network cut: hosts c cannot reach hosts a, b (all 2 pairs across the cut fail)"
+        assert inc.evidence["keep"] == ["a", "b"] and inc.evidence["ranks"] == [2, 3]
+        assert sup.poll() == inc.message and sup.gang_broken  # the gang stops now, without grace
+        assert sup.root_cause() is inc
+        [kept] = JobStore().get(record.job_id).data["incidents"]  # in the record before the failure is handled
+        assert incident_hosts(kept) == ["c"] and kept["evidence"]["exclude"] == ["c"]
+    finally:
+        channel.close()

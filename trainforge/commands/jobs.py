@@ -275,6 +275,7 @@ def status(
     """Show jobs (state, step, loss) or one job in detail. Job ids are printed whole."""
     from rich.table import Table
 
+    from trainforge.contract.events import FATAL_INCIDENTS
     from trainforge.events import last_event
     from trainforge.registry.jobs import JobStore
     from trainforge.sdk import Job
@@ -320,8 +321,18 @@ def status(
     if data["last_metrics"]:
         m = data["last_metrics"]
         console.print(f"  {'last step':14}: {m['step']} loss {m['loss']:.4f} ({m['tokens_per_s']:,.0f} tok/s)")
+    incidents = data.get("incidents") or []
     for seg in data.get("segments", []):
-        console.print(f"  segment {seg['attempt']}: {seg['state']}")
+        # what stopped a failed segment, as the supervisor named it (a lost host, a network cut and its sides)
+        fatal = next((i for i in incidents if i.get("attempt") == seg["attempt"]
+                      and i.get("kind") in FATAL_INCIDENTS), None)
+        why = f" — {escape(fatal['message'])}" if fatal and seg["state"] == "failed" else ""
+        console.print(f"  segment {seg['attempt']}: {seg['state']}{why}")
+    if data.get("waiting"):
+        w = data["waiting"]
+        console.print(f"  {'waiting':14}: {escape(str(w.get('reason')))} (since "
+                      f"{time.strftime('%H:%M:%S', time.localtime(w['since']))}, gives up at "
+                      f"{time.strftime('%H:%M:%S', time.localtime(w['until']))})")
 
 
 def _job(job: str, as_json: bool) -> Any:

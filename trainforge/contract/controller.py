@@ -19,6 +19,8 @@ one is kept and why):
 - failed, kind `divergence`: `retry` on the same gang from the last good checkpoint while both the retry budget and
   the rollback budget last (`reprovision` if the attempt also lost a node). (Before, the flow re-provisioned after a divergence too; a rollback is numerical, the
   hardware is fine, so releasing the gang only risked losing its slots to another job.)
+- failed, kind `capacity` (the re-provisioning waited `recovery_wait_s` for a gang without the lost hosts and
+  got none): `give_up`, naming what it waited for.
 - cancelled: `give_up` (reason `cancelled`; the caller re-raises the cancellation).
 - `max_segments` (drills only, a guard against a job that never finishes): `give_up` past it.
 
@@ -48,7 +50,7 @@ class Ended(enum.Enum):
     CANCELLED = "cancelled"
 
 
-FAILURE_KINDS = ("user", "infra", "divergence")
+FAILURE_KINDS = ("user", "infra", "divergence", "capacity")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +61,8 @@ class Outcome:
     last_step: int | None = None
     """The step the segment ended at (its `segment_end` event); None when it ended without one."""
     kind: str | None = None
-    """FAILED only: `user`, `infra` or `divergence` (tasks/segment.py SegmentFailed.kind)."""
+    """FAILED only: `user`, `infra` or `divergence` (tasks/segment.py SegmentFailed.kind), or `capacity`: the
+    recovery found no gang within its wait (`fault_tolerance.recovery_wait_s`)."""
     rank: int | None = None
     lost_nodes: tuple[str, ...] = ()
     """FAILED only: the nodes the attempt lost whole (the re-provisioned gang avoids them)."""
@@ -152,6 +155,8 @@ class SegmentController:
         if outcome.ended is Ended.FAILED:
             if outcome.kind == "user":
                 return Decision(Action.GIVE_UP, f"user error (rank {outcome.rank}): not retried")
+            if outcome.kind == "capacity":  # it already waited its bound: another retry would only wait again
+                return Decision(Action.GIVE_UP, f"no gang to recover on: {outcome.message}")
             if outcome.kind == "divergence" and h.rollbacks > h.max_rollbacks:
                 return Decision(Action.GIVE_UP, f"training diverged {h.rollbacks} times (max_rollbacks "
                                                 f"{h.max_rollbacks})")

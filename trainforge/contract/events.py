@@ -310,7 +310,9 @@ class Notice(_Event):
 
 
 IncidentKind = Literal["rank_lost", "hang", "straggler", "straggler_evicted", "preemption", "resize",
-                       "gpu_unhealthy", "divergence"]
+                       "gpu_unhealthy", "divergence", "network_cut"]
+FATAL_INCIDENTS = ("rank_lost", "hang", "straggler_evicted", "gpu_unhealthy", "network_cut")
+"""The supervisor's findings that end a segment (tasks/supervisor.py): one of them is what stopped a failed one."""
 
 
 class FaultDetected(_Event):

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from trainforge._optional import MissingConditionalImportError
 from trainforge.contract.controller import Action, Decision, Ended, History, Outcome, SegmentController
 from trainforge.registry.jobs import JobRecord, JobStore
+from trainforge.tasks.provision import RecoveryTimeout
 from trainforge.tasks.segment import SegmentCancelled, SegmentFailed, SegmentResult, health_policy
 from trainforge.tasks.supervisor import incident_hosts
 
@@ -66,6 +67,8 @@ def failure_outcome(record: JobRecord, exc: BaseException) -> Outcome:
     copy of the job record: the flow's own copy is updated by its event pump meanwhile)."""
     if isinstance(exc, SegmentCancelled | KeyboardInterrupt) or not isinstance(exc, Exception):
         return Outcome(Ended.CANCELLED, message=str(exc))
+    if isinstance(exc, RecoveryTimeout):  # the re-provisioning already waited its bound for a gang
+        return Outcome.failed("capacity", message=str(exc)[:500])
     # Anything but a SegmentFailed (a provisioning error, a launch that broke) counts as infrastructure, as the
     # flow's retry condition always treated it; except a missing optional package (no torch for the local ranks):
     # the user's install, which no retry can fix.

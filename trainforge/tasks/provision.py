@@ -50,12 +50,19 @@ def live_scheduler():  # -> LiveScheduler
 # ------------------------------------------------------------------------------------------- the gang
 
 
+class RecoveryTimeout(TimeoutError):
+    """A re-provisioning after a fault found no gang within `fault_tolerance.recovery_wait_s`: the message names the
+    fault (the cut, the hosts lost) and the scheduler's reason. The job gives up (contract/controller.py)."""
+
+
 def provision_gang(job_id: str, spec: JobSpec, layout: dict[str, Any],
-                   on_wait: Callable[[QueueWait], None] | None = None) -> dict[str, Any]:
+                   on_wait: Callable[[QueueWait], None] | None = None,
+                   timeout_s: float | None = None) -> dict[str, Any]:
     """Admit the whole gang with the plan's layout (TP groups within a node, pipelines within a rack). An elastic
     job asks for its largest size and accepts down to its smallest; the allocation says the size it got
     (`workers`), the layout for it and the scheduler's nodes in rank order. While the gang waits in the queue,
-    `on_wait` hears its place and the scheduler's reason each time they change (`watching_queue`)."""
+    `on_wait` hears its place and the scheduler's reason each time they change (`watching_queue`). It waits at most
+    `timeout_s` (default PROVISION_TIMEOUT_S): SchedulingTimeout."""
     from trainforge.infra.scheduler.live import GangRequest
 
     sizes = elastic_sizes(spec, layout)
@@ -69,7 +76,7 @@ def provision_gang(job_id: str, spec: JobSpec, layout: dict[str, Any],
     )
     scheduler = live_scheduler()
     with watching_queue(scheduler, job_id, on_wait):
-        allocation = scheduler.request(request, timeout_s=PROVISION_TIMEOUT_S)
+        allocation = scheduler.request(request, timeout_s=PROVISION_TIMEOUT_S if timeout_s is None else timeout_s)
     return allocation_dict(spec, layout, sizes, job_id, allocation.num_gpus,
                            [name for name, _ in allocation.nodes], repr(allocation),
                            devices={name: list(gpus) for name, gpus in allocation.nodes})

@@ -232,6 +232,8 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
             if cancel is not None and cancel.is_set():
                 gang.terminate()
                 raise SegmentCancelled(f"segment {attempt} of {config.job_id} cancelled; workers stopped")
+            if isinstance(gang, HostsGang) and (cut := gang.cut(_heard_at(reader))) is not None:
+                supervisor.network_cut(cut)  # a cut between the gang's hosts: stopped below, re-placed by the retry
             if supervisor.poll() is not None:  # policy: stop the gang now (straggler eviction, GPU drain, a node
                 # the channel lost: then the gang is broken and its survivors get no grace, as below)
                 gang.terminate(BROKEN_GANG_GRACE_S) if supervisor.gang_broken else gang.terminate()
@@ -289,6 +291,19 @@ def run_segment(record: JobRecord, config_path: Path, config: SegmentConfig, *, 
         reason = "resize"
     _finish(record, attempt, {"preempted": "preempted", "resize": "resized"}.get(reason or "", "completed"))
     return SegmentResult(attempt, code, duration, end.step if end is not None else None, reason)
+
+
+def _heard_at(reader: ChannelReader) -> Callable[[str], float | None]:
+    """When the channel last heard each live node (time.monotonic; None: lost, or nothing heard yet)."""
+    statuses: dict[str, Any] = {}
+
+    def heard_at(node: str) -> float | None:
+        if not statuses:
+            statuses.update(reader.status())
+        status = statuses.get(node)
+        return None if status is None or status.state != "live" else time.monotonic() - status.age_s
+
+    return heard_at
 
 
 def _local_gang(nodes: list[GangNode], nproc: int, max_restarts: int, env: dict[str, str], config: SegmentConfig,
@@ -365,8 +380,10 @@ def remove_node_folders(record: JobRecord, launcher: LauncherSpec,
         data = JobStore(record.folder.parent).get(record.job_id).data  # the tasks' writes
         ran = {node for seg in data.get("segments", []) for node in seg.get("nodes", [])}
         # A host the job lost (killed, partitioned) is not waited on at the job's end: it may not answer for the
-        # whole timeout; when it is back, its next agent sweeps the folders by age.
-        lost = {h for i in data.get("incidents", []) for h in incident_hosts(i)} & ran
+        # whole timeout; when it is back, its next agent sweeps the folders by age. A host on the far side of a
+        # network cut still answers its runner (the cut was between the gang's hosts): its folders go too.
+        lost = {h for i in data.get("incidents", []) if i.get("kind") != "network_cut"
+                for h in incident_hosts(i)} & ran
         hosts = sorted(ran - lost)
         outcomes = {host: "lost by the job: left to the host's next agent" for host in sorted(lost)}
         if hosts:

@@ -180,9 +180,9 @@ def reprovision(record: JobRecord, spec: JobSpec, lost: tuple[str, ...] | None =
     """Release the gang and request it again; a node the last attempt lost whole (`lost`, by default read from
     the record's incidents) is marked unhealthy first so the scheduler places the gang elsewhere. An elastic job that cannot get its full size back continues at a
     smaller valid one (a `resize` in the record); the allocation is returned and kept in the job record."""
-    from trainforge.infra.scheduler.live import LiveScheduler
+    from trainforge.infra.scheduler.live import LiveScheduler, SchedulingTimeout
     from trainforge.plan.cluster import default_cluster
-    from trainforge.tasks.provision import provision_gang, record_allocation, release_gang
+    from trainforge.tasks.provision import RecoveryTimeout, provision_gang, record_allocation, release_gang
 
     attempt = record.data["segments"][-1]["attempt"]
     kinds: dict[str, str] = {}
@@ -199,21 +199,43 @@ def reprovision(record: JobRecord, spec: JobSpec, lost: tuple[str, ...] | None =
         except (KeyError, ValueError):  # a host name the scheduler does not place on (the local backend)
             continue
     release_gang(record.job_id)
-    allocation = provision_gang(record.job_id, spec, record.data["plan"]["layout"], _log_wait(record.job_id))
+    # what the recovery is for, as `status` and the failure say it: the cut or loss the attempt's incidents name
+    causes = [i["message"] for i in record.data.get("incidents", []) if i["attempt"] == attempt
+              and incident_hosts(i) and set(incident_hosts(i)) & set(lost)]
+    cause = "; ".join(causes) or f"segment {attempt} failed"
+    wait_s = spec.fault_tolerance.recovery_wait_s
+    try:
+        allocation = provision_gang(record.job_id, spec, record.data["plan"]["layout"],
+                                    _log_wait(record, cause, time.time() + wait_s), timeout_s=wait_s)
+    except SchedulingTimeout as exc:
+        raise RecoveryTimeout(f"job {record.job_id} found no gang within fault_tolerance.recovery_wait_s "
+                              f"({wait_s} s) after {cause}: {exc.reason}") from exc
+    finally:
+        if record.data.get("waiting"):
+            record.update(waiting=None)
     why = f"re-provisioned after segment {attempt} failed" + (f" (lost {', '.join(sorted(lost))})" if lost else "")
     record_allocation(record, allocation, why, spec)
     return allocation
 
 
-def _log_wait(job_id: str) -> Any:
-    """Re-provisioning runs inside train-segment: its wait in the queue goes to that task's log."""
+def _log_wait(record: JobRecord, cause: str, until: float) -> Any:
+    """Re-provisioning runs inside train-segment: its wait in the queue goes to that task's log, and to the job
+    record's `waiting` (what `status` shows: the fault it recovers from, the scheduler's reason, its deadline)."""
     try:
         log = get_run_logger()
     except Exception:  # noqa: BLE001 - outside a Prefect run (a chaos drill): the module logger
         import logging
 
         log = logging.getLogger(__name__)
-    return lambda wait: log.info("job %s waits in the queue to re-provision: %s", job_id, wait.describe())
+    since = time.time()
+
+    def on_wait(wait: Any) -> None:
+        reason = f"re-provisioning after {cause}: {wait.describe()}"
+        log.info("job %s waits in the queue: %s (gives up at %s)", record.job_id, reason,
+                 time.strftime("%H:%M:%S", time.localtime(until)))
+        record.update(waiting={"reason": reason, "since": since, "until": until})
+
+    return on_wait
 
 
 def _scheduler_status(job_id: str) -> Any:

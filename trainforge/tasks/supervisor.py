@@ -15,6 +15,10 @@ shared disk. It applies the policy:
   its line, and it is killed (same recovery).
 - straggler: a rank's local time per step persistently above `straggler_ratio` x the median of ranks: reported
   with the evidence; with `straggler_action: evict` the segment ends at the next committed checkpoint.
+- network cut: the gang's node agents probe each other (infra/backends/reach_probe.py) and some pairs of hosts
+  cannot reach each other while the channel still hears every host (both sides reach the store and this control
+  plane): the cut is named (plan/reach.py `find_cut`), the gang stopped, and the hosts outside the largest group
+  that all reach each other are recorded lost (scope `node`), so the retry is placed without them.
 - preemption: the scheduler marks the job `preempting` (or a worker got a termination notice): the
   `preemption_notice` command, which the workers turn into a checkpoint at the next step boundary and a clean end.
 Every detection and recovery is an event in events.jsonl (with timestamps) and in the job record, so detection
@@ -37,6 +41,7 @@ from typing import Any
 from trainforge.contract.channel import LEASE_TTL_S, Batch, ChannelReader, CommandWriter
 from trainforge.contract.config import SegmentConfig
 from trainforge.contract.events import (
+    FATAL_INCIDENTS,
     CheckpointCommitted,
     EventError,
     FailureReport,
@@ -52,6 +57,7 @@ from trainforge.contract.events import (
 )
 from trainforge.events import EventWriter, append_records, read_typed_events
 from trainforge.infra.storage import ObjectStore
+from trainforge.plan.reach import Cut
 from trainforge.registry.jobs import JobRecord
 from trainforge.registry.manifest import committed_steps, read_manifest, step_prefix
 from trainforge.trainer.health import HealthPolicy, heartbeat_path, stacks_dir, stacks_file_name
@@ -63,7 +69,7 @@ PREEMPTION_CHECK_S = 2.0
 STACKS_WAIT_S = 6.0
 """How long a hang's stack dump waits for every rank's answer: the sidecar's own wait for a dump (3 s), a flush of
 its publisher and a read of the channel."""
-FATAL = ("rank_lost", "hang", "straggler_evicted", "gpu_unhealthy")
+FATAL = FATAL_INCIDENTS
 NODE_SIDE = ("age_s", "alive", "dead_at")
 """What a node's side adds to a rank's beat in the batch envelope (the publisher: the beat's age; the sidecar: its
 check of the rank's process), not part of the rank's own `Heartbeat`."""
@@ -110,7 +116,7 @@ def rank_beats(channel: ChannelReader, rank_hosts: Mapping[int, str] | None = No
 @dataclass
 class Incident:
     kind: str
-    """rank_lost | hang | straggler | straggler_evicted | preemption | resize | gpu_unhealthy"""
+    """rank_lost | hang | straggler | straggler_evicted | preemption | resize | gpu_unhealthy | network_cut"""
     rank: int | None
     detected_at: float
     message: str
@@ -222,6 +228,24 @@ class SegmentSupervisor:
         if host:
             inc.scope = "node"
         self.terminate_requested = "straggler evicted at the committed checkpoint"
+        self.finish()  # the incident is in the record before the segment's failure is handled
+
+    def network_cut(self, cut: Cut) -> None:
+        """The gang's hosts are cut into groups that cannot reach each other (both still reach the store and the
+        channel): stop the gang now (its ranks wait in collectives across the cut: no grace), and record the hosts
+        outside the kept group as lost together (scope `node`), so the re-provisioning places the gang on hosts
+        that all reach each other. The stopped attempt can commit nothing after that: the retry advances the
+        job's fence (registry/fence.py)."""
+        if self.terminate_requested is not None:
+            return
+        ranks = sorted(r for r, h in self.rank_hosts.items() if h in cut.exclude)
+        inc = self._record("network_cut", ranks[0] if ranks else None, f"network cut: {cut.describe()}",
+                           self._beats, host=cut.exclude[0], evidence={**cut.to_dict(), "ranks": ranks},
+                           action=f"stop the gang; re-place it on hosts that all reach each other, without "
+                                  f"{', '.join(cut.exclude)}")
+        inc.scope, inc.hosts = "node", list(cut.exclude)
+        self.terminate_requested = inc.message
+        self.gang_broken = True
         self.finish()  # the incident is in the record before the segment's failure is handled
 
     def _check_gpu_health(self, beats: dict[int, RankBeat]) -> None:

@@ -35,6 +35,8 @@ from pathlib import Path
 from trainforge.infra.backends.local import gang_exit_code
 from trainforge.infra.backends.node_agent import NodeProgram
 from trainforge.infra.backends.node_logs import UPLOAD_TIMEOUT_S
+from trainforge.infra.backends.reach_probe import format_peers
+from trainforge.plan.reach import Cut, find_cut
 
 AGENT_MODULE = "trainforge.infra.backends.node_agent"
 LOST = -int(signal.SIGKILL)
@@ -142,6 +144,12 @@ class RemoteNode:
     port: int | None = field(default=None, init=False)
     """The rendezvous port of the gang: the one the first node's agent picked (when the launcher names none), which
     every other node is given in its `go` line and reports in `started`."""
+    probe_port: int | None = field(default=None, init=False)
+    """The port the node's agent probes are answered on (its `ready` report; reach_probe.py)."""
+    unreachable: frozenset[str] = field(default=frozenset(), init=False)
+    """The gang peers the node's agent last reported it cannot reach (its `reach` reports)."""
+    failing_since: dict[str, float] = field(default_factory=dict, init=False)
+    """For each of those: when its first failed probe began (this host's time.monotonic)."""
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -176,7 +184,10 @@ class RemoteNode:
                 self.started.set()
             elif "ready" in message:
                 self.port = (message["ready"] or {}).get("port")
+                self.probe_port = (message["ready"] or {}).get("probe_port")
                 self.ready.set()
+            elif "reach" in message:
+                self._reached(message["reach"] or {})
             elif "fetching" in message:
                 self.fetching_since = time.monotonic()
             elif "exit" in message:
@@ -184,6 +195,13 @@ class RemoteNode:
             elif "error" in message:
                 self.inputs_error = bool(message.get("inputs"))  # first: a reader of `error` reads both
                 self.error = str(message["error"])
+
+    def _reached(self, report: dict) -> None:
+        now = time.monotonic()
+        down = frozenset(str(p) for p in report.get("unreachable") or ())
+        failing = report.get("failing_s") or {}
+        self.failing_since = {p: self.failing_since.get(p, now - float(failing.get(p, 0.0))) for p in down}
+        self.unreachable = down
 
     def poll(self) -> int | None:
         """The node's exit code: its agent's, or LOST when the runner ended without one; None while it runs."""
@@ -248,8 +266,8 @@ class HostsGang:
         (the job's cancel, polled while the nodes fetch)."""
         try:
             deadline = time.monotonic() + self.start_timeout_s
-            for node in self.nodes:
-                node.program = dataclasses.replace(node.program, hold=True)
+            for node in self.nodes:  # with peers, each agent measures which of them it reaches (`cut`)
+                node.program = dataclasses.replace(node.program, hold=True, probe=len(self.nodes) > 1)
                 node.start()
             self._wait_all(lambda node: node.ready, deadline, should_stop)
             first = self.nodes[0]
@@ -258,7 +276,8 @@ class HostsGang:
                                                   "not report the rendezvous port it picked")
             if should_stop():  # the last moment nothing has started anywhere
                 raise StartCancelled("the job was cancelled while its nodes started")
-            go = f"go {first.port}\n" if first.program.pick_port else "go\n"
+            peers = format_peers({n.host: (n.address, n.probe_port) for n in self.nodes if n.probe_port})
+            go = f"go {first.port if first.program.pick_port else 0} {peers}".rstrip() + "\n"
             for node in self.nodes:
                 node.send(go)
             self._wait_all(lambda node: node.started, time.monotonic() + self.start_timeout_s, should_stop)
@@ -304,6 +323,22 @@ class HostsGang:
         tail = node.tail()
         raise HostUnreachable(node.host, f"host {node.host} ({node.address}) could not start its node agent: "
                                          f"{why}" + (f"\n--- its runner printed ---\n{tail}" if tail else ""))
+
+    def cut(self, heard_at: Callable[[str], float | None]) -> Cut | None:
+        """The cut between the gang's hosts its agents' probes show (plan/reach.py `find_cut`), once the channel
+        heard every host of it after the first of those probes failed (`heard_at(host)`: when the host's last
+        batch arrived, time.monotonic; None: never or lost): a host silent in the channel too is a lost host (the
+        supervisor's), not a cut. None while there is no such cut."""
+        reports = {n.host: n.unreachable for n in self.nodes if n.unreachable}
+        if not reports:
+            return None
+        found = find_cut([n.host for n in self.nodes], reports)
+        if found is None:
+            return None
+        first = min(t for n in self.nodes for t in n.failing_since.values())
+        if any((heard_at(n.host) or float("-inf")) <= first for n in self.nodes):
+            return None
+        return found
 
     def poll(self) -> int | None:
         """None while any node runs and none failed; else the first failing node's code, or 0 when all finished."""

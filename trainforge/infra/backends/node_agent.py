@@ -46,6 +46,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -100,6 +101,10 @@ class NodeProgram:
     (infra/backends/node_folders.py), so the job's end removes it only once no agent of the job runs here."""
     sweep_after_s: float | None = None
     """At start, remove this node's folders of other jobs that no agent holds and nobody used for this long."""
+    probe: bool = False
+    """Measure which gang peers this node reaches (infra/backends/reach_probe.py): a probe port opened before
+    `ready` (its port in that report), the peers' probed from the `go` line on, each change reported as
+    `{"reach": ...}`. Only with `hold` (the peers' ports come with `go`)."""
 
     def to_line(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":")) + "\n"
@@ -175,9 +180,13 @@ def _free_port() -> int:
 
 
 
+_EMIT_LOCK = threading.Lock()  # the prober reports from a thread of its own
+
+
 def _emit(out: IO[str], **message: Any) -> None:
-    out.write(json.dumps(message) + "\n")
-    out.flush()
+    with _EMIT_LOCK:
+        out.write(json.dumps(message) + "\n")
+        out.flush()
 
 
 class _Lines:
@@ -239,12 +248,20 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
             return failed
     if program.pick_port:  # picked after the fetch: the port is free for the shortest time before torch binds it
         port = _free_port()
+    listener = prober = None
+    peers: dict[str, tuple[str, int]] = {}
     if program.hold:
-        _emit(out, ready={"node": program.node, "port": port})
+        if program.probe:
+            from trainforge.infra.backends.reach_probe import ProbeListener
+
+            listener = ProbeListener()
+        _emit(out, ready={"node": program.node, "port": port,
+                          **({"probe_port": listener.port} if listener is not None else {})})
         go = _wait_for_go(stdin)
         if go is None:  # stopped, or the control plane went away, before anything started
             _stopped_before_start(out)
-        port = port or go
+        port = port or go[0]
+        peers = {name: where for name, where in go[1].items() if name != program.node}
     if port:
         torchrun = with_rendezvous_port(torchrun, port)
     sidecar = agent = None
@@ -267,6 +284,11 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
         _emit(out, error=f"node {program.node}: could not start: {exc}")
         return 127
     _emit(out, started={"node": program.node, "agent_pid": agent.pid, "host_pid": os.getpid(), "port": port})
+    if listener is not None and peers:
+        from trainforge.infra.backends.reach_probe import Prober
+
+        prober = Prober(peers, lambda down, failing_s: _emit(
+            out, reach={"node": program.node, "unreachable": down, "failing_s": failing_s})).start()
     stopped = False  # an exception in _supervise stopped nothing: what runs gets the SIGTERM grace below
     try:
         code, stopped = _supervise(agent, sidecar, stdin, lease_marker)
@@ -277,6 +299,10 @@ def run(program: NodeProgram, stdin: _Lines, out: IO[str]) -> int:
         # SIGTERM and grace (torchrun passed the stop's SIGTERM on): it is killed at once. A worker blocked in a
         # collective of a broken gang never acts on a SIGTERM, and a second grace only delayed the node's exit.
         _reap_all(grace_s=0.0 if stopped else REAP_GRACE_S)
+        if prober is not None:
+            prober.stop()
+        if listener is not None:
+            listener.close()
     if program.logs_url and program.logs_key:  # before the exit line: the flow reads them once it has that
         from trainforge.infra.backends.node_logs import upload_bounded
 
@@ -296,8 +322,6 @@ def _hold_node_folder(program: NodeProgram, out: IO[str]) -> int | None:
     not count against the start's timeout), sweep this node's folders of other jobs abandoned here. None when
     held; else the exit it reported."""
     global _HELD
-    import threading
-
     from trainforge.infra.backends.node_folders import FolderBusy, hold, sweep
 
     assert program.node_dir is not None
@@ -370,8 +394,6 @@ def _fetch_inputs(program: NodeProgram, config: Path, stdin: _Lines, out: IO[str
     then find the copies), on a thread while stdin is watched, so a stop ends a long fetch at once. Reports
     `fetching` first (the control plane then bounds it by the launcher's inputs_timeout_s, not the start timeout).
     Returns None when fetched; else the exit it reported (an `error` line first, when the fetch failed)."""
-    import threading
-
     _emit(out, fetching={"node": program.node})
     failure: list[BaseException] = []
 
@@ -401,8 +423,9 @@ def _fetch_inputs(program: NodeProgram, config: Path, stdin: _Lines, out: IO[str
     return 1
 
 
-def _wait_for_go(stdin: _Lines) -> int | None:
-    """Block until `go [port]`: the port given (0 when none), or None on a stop or the end of stdin."""
+def _wait_for_go(stdin: _Lines) -> tuple[int, dict[str, tuple[str, int]]] | None:
+    """Block until `go [port [peers]]`: the port given (0 when none) and the gang's probe addresses
+    (`name=address:port,...`, reach_probe.py), or None on a stop or the end of stdin."""
     while True:
         if not stdin.ready(1.0):
             continue
@@ -414,7 +437,12 @@ def _wait_for_go(stdin: _Lines) -> int | None:
         for line in lines:
             if line.startswith("go"):
                 parts = line.split()
-                return int(parts[1]) if len(parts) > 1 else 0
+                peers: dict[str, tuple[str, int]] = {}
+                if len(parts) > 2:
+                    from trainforge.infra.backends.reach_probe import parse_peers
+
+                    peers = parse_peers(parts[2])
+                return (int(parts[1]) if len(parts) > 1 else 0), peers
 
 
 def _supervise(agent: subprocess.Popen[bytes], sidecar: subprocess.Popen[bytes] | None,
