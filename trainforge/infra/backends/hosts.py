@@ -11,6 +11,9 @@ stdin open as the node's lease (infra/backends/node_agent.py). The runner's proc
   such interpreter, a refused login, the store out of its reach) stops every agent already started and raises
   `HostUnreachable` naming the host and what its runner printed; an input missing from the store raises
   `InputsUnavailable`, blaming no host; the job's cancel while the nodes fetch raises `StartCancelled`.
+- cut: each agent probes its peers and reports the ones it cannot reach (node_agent.py `probe`); `cut` turns the
+  reports into the cut between the gang's hosts (plan/reach.py), once the channel heard every host after the first
+  failed probe (a host that went silent there is a lost host, not a cut).
 - poll: a node's exit code comes from its agent's `exit` line; a runner that ended without one lost its node
   (the host or the connection went away), reported as killed (`killed_nodes`), as a dead local agent is.
 - stop: `stop <grace>` down each node's stdin, then the runner is killed, which closes the node's stdin: the agent

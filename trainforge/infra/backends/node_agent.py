@@ -25,7 +25,10 @@ some (`{"fetching": ...}` first), and, when the program says `hold`, reports `{"
 for a `go [port]` line: the `hosts` backend starts torchrun on no node before every node has its inputs.
 
 Its stdout is the protocol back, JSON lines: `{"started": {...}}` once both processes run, `{"exit": code}` as
-the last line (a negative code: the agent died of that signal). Anything else it has to say goes to stderr.
+the last line (a negative code: the agent died of that signal). In a gang of several nodes (`probe`) the agent also
+answers its peers' probes on a port of its own (in `ready`), probes theirs from the `go` line on (`go PORT
+name=address:port,...`) and reports each change of the peers it cannot reach as `{"reach": {"unreachable": [...],
+"failing_s": {...}}}` (infra/backends/reach_probe.py): how the control plane tells a cut between hosts. Anything else it has to say goes to stderr.
 Both children also get PR_SET_PDEATHSIG (SIGTERM): if the node agent itself is killed, they are told at once.
 The agent is its node's child subreaper (PR_SET_CHILD_SUBREAPER): torchrun starts each worker in a session of its
 own, so a worker whose torchrun was killed re-parents to the agent, which kills whatever is left of its descendants
