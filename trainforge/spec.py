@@ -738,6 +738,8 @@ class JobSpec(_Model):
             doc["code"].pop("auth", None)
         if doc["training"].get("gradient_reduction") == "fixed-order":  # added later, as auth; its default
             doc["training"].pop("gradient_reduction", None)
+        if doc["fault_tolerance"].get("recovery_wait_s") == FaultToleranceSpec.model_fields["recovery_wait_s"].default:
+            doc["fault_tolerance"].pop("recovery_wait_s", None)  # added later, as auth: its default keeps the hash
         canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
