@@ -12,13 +12,14 @@ DEMO_STAMP := $(VENV)/.installed-demo
 # `make venv` / `make test`: the demo does not wait for it (74 s of the install on 2 cores, bench/demo_phases.py).
 $(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# pip 23 (Python 3.11's) takes 37 s to resolve the demo's set on 2 cores, a current pip 13 s
+	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU wheel of torch first, so nothing pulls a CUDA build (any torch>=2.13 works elsewhere).
 	$(BIN)/pip install --quiet "torch==2.13.0"
 	$(BIN)/pip install --quiet -e ".[trainer]"
 	touch $(DEMO_STAMP)
 
 $(STAMP): $(DEMO_STAMP) pyproject.toml
-	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
