@@ -68,7 +68,7 @@ def make_steps(clone: Path) -> list[tuple[str, list[str]]]:
         if not line or line.startswith(("#", "touch", "echo")):
             continue
         name = "venv" if " -m venv " in line else "torch" if "torch==" in line else "pip" if "--upgrade pip" in line else \
-            "project" if " -e " in line else line.split()[0]
+            "project" if " -e " in line else "compile" if "compileall" in line else line.split()[0]
         steps.append((name, ["sh", "-c", line]))
     return steps
 
