@@ -1,4 +1,8 @@
-"""registry/offline.py: a winding-down job's offline evaluations and exports are stopped, not waited for."""
+"""registry/offline.py: a winding-down job's offline evaluations and exports are stopped, not waited for.
+
+Each test runs both ways an offline request runs: `plain`, a process of its own (`python -m
+trainforge.trainer.offline`, here a script in its place), and `warm`, a child the warm starter forks
+(trainer/offline_zygote.py, here serving the same script)."""
 
 from __future__ import annotations
 
@@ -16,8 +20,23 @@ JOB = ("file:///store", "jobs/a")
 OTHER = ("file:///store", "jobs/b")
 
 
+ZYGOTE_SHIM = ("import sys\n"
+               "from trainforge.trainer.offline_zygote import serve\n"
+               "code = sys.argv[1]\n"
+               "sys.exit(serve(lambda args: exec(code, {'__name__': '__main__'}) or 0))\n")
+
+
+@pytest.fixture(params=["plain", "warm"], autouse=True)
+def mode(request, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(offline.WARM_ENV, "1" if request.param == "warm" else "0")
+    yield request.param
+    offline.close_warm_starters()  # the next test's script is another starter's
+
+
 def _script(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
+    offline.close_warm_starters()
     monkeypatch.setattr(offline, "offline_argv", lambda args: [sys.executable, "-c", code])
+    monkeypatch.setattr(offline, "zygote_argv", lambda: [sys.executable, "-c", ZYGOTE_SHIM, code])
 
 
 def _evaluate_in_thread() -> tuple[threading.Thread, list[BaseException]]:
@@ -127,3 +146,33 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_warm_starter_killed_mid_request_fails_that_request_and_the_next_one_gets_a_new_one(monkeypatch, mode):
+    if mode != "warm":
+        pytest.skip("the warm starter's own failure")
+    _script(monkeypatch, "import time; time.sleep(60)")
+    thread, raised = _evaluate_in_thread()
+    _wait_running(JOB)
+    [zygote] = offline._ZYGOTES.values()
+    [child] = offline._RUNNING[JOB]
+    zygote.proc.kill()
+    thread.join(20)
+    assert not thread.is_alive() and len(raised) == 1
+    assert "offline evaluate failed (exit -9)" in str(raised[0])
+    deadline = time.monotonic() + 10
+    while _alive(child.pid):  # it died with its starter (PR_SET_PDEATHSIG)
+        assert time.monotonic() < deadline, "the child outlived its warm starter"
+        time.sleep(0.05)
+    monkeypatch.setattr(offline, "zygote_argv", lambda: [sys.executable, "-c", ZYGOTE_SHIM, "print('{\"ok\": 1}')"])
+    assert run_offline(JOB, ["evaluate"], 30, {}) == {"ok": 1}
+    assert offline._ZYGOTES and zygote not in offline._ZYGOTES.values()
+
+
+def test_each_warm_child_gets_its_own_environment_and_folder(monkeypatch, mode, tmp_path):
+    _script(monkeypatch, "import json, os; print(json.dumps({'x': os.environ.get('X'), 'cwd': os.getcwd()}))")
+    monkeypatch.chdir(tmp_path)
+    assert run_offline(JOB, ["evaluate"], 30, {"X": "1"}) == {"x": "1", "cwd": str(tmp_path)}
+    assert run_offline(JOB, ["evaluate"], 30, {"X": "2"}) == {"x": "2", "cwd": str(tmp_path)}
+    if mode == "warm":  # one starter per environment, the other closed once idle
+        assert len(offline._ZYGOTES) == 1
