@@ -41,3 +41,13 @@ def _isolated_home(tmp_path_factory, monkeypatch, request):
     tracking = any(request.node.get_closest_marker(m) for m in ("slow", "timing"))
     with make_test_home(tmp_path_factory, monkeypatch, "tf-home", tracking=tracking) as home:
         yield home
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_starters_closed():
+    """The offline work's warm starters (registry/offline.py) this test process started end with its session, before
+    the leak check looks (they would end with the process anyway: its exit, or their PR_SET_PDEATHSIG)."""
+    yield
+    from trainforge.registry.offline import close_warm_starters
+
+    close_warm_starters()
