@@ -18,7 +18,8 @@ events (`segment_start` once the workers have restored and begin, the first `met
   after         `segment_end` to the job's `completed_at` (the last commit, evaluation, export, promotion)
   exit          `completed_at` to the command's exit (the servers' shutdown)
 
-Run: .venv/bin/python bench/demo_phases.py [--fresh-clone] [--python python3.11] [--repeat N]
+Run: .venv/bin/python bench/demo_phases.py [--fresh-clone [--rev COMMIT]] [--repeat N]
+     (the baseline: --fresh-clone --rev 5ca88b9, main before `make demo` was cut down; about 3 minutes each)
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fresh-clone", action="store_true", help="clone, install and run as `make demo` does")
     ap.add_argument("--repeat", type=int, default=1, help="demo runs (the install is timed once)")
+    ap.add_argument("--rev", default="HEAD", help="with --fresh-clone: the commit to clone (a baseline's)")
     args = ap.parse_args()
     rows: list[dict[str, float]] = []
     if args.fresh_clone:
@@ -114,6 +116,7 @@ def main() -> None:
         try:
             clone = parent / "trainforge"
             subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=300)
+            subprocess.run(["git", "-C", str(clone), "checkout", "--quiet", args.rev], check=True, timeout=60)
             steps = install(clone)
             for _ in range(args.repeat):
                 rows.append(demo(clone / ".venv" / "bin", clone))
