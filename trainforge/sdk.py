@@ -25,7 +25,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -227,44 +226,11 @@ def launch(sub: Submission, *, backend: Backend = "local", detach: bool = False)
     return run_here(sub)
 
 
-_WARMING: threading.Thread | None = None
-
-
-def warm_up_server() -> None:
-    """Start Prefect's temporary server now, on a thread, when this process will run a flow without a Prefect server
-    (no API URL in its settings): the server's start (a uvicorn process importing Prefect's server and migrating its
-    database: 4.5 s of the demo on 2 cores) then overlaps with what the caller does meanwhile (the demo's dataset,
-    the flow's imports) instead of following it. `run_flow` waits for it; the flow's client finds it running
-    (Prefect keeps one temporary server per process). A start that fails here is left to the flow to retry."""
-    global _WARMING
-    for key, value in EMBEDDED_SERVER_ENV.items():  # read by the temporary server (a child process)
-        os.environ.setdefault(key, value)
-    if _WARMING is not None or os.environ.get("PREFECT_API_URL"):
-        return
-
-    def start() -> None:
-        with contextlib.suppress(Exception):
-            from prefect.settings import get_current_settings
-
-            settings = get_current_settings()
-            if settings.api.url or not settings.server.ephemeral.enabled:
-                return
-            from prefect.server.api.server import SubprocessASGIServer
-
-            SubprocessASGIServer().start()
-
-    _WARMING = threading.Thread(target=start, name="prefect-server-start", daemon=True)
-    _WARMING.start()
-
-
 def run_flow(sub: Submission) -> dict[str, Any]:
     """The train-job flow in this process, reusing the submission's validation; its result, or what it raised."""
     for key, value in EMBEDDED_SERVER_ENV.items():  # read by the temporary server Prefect starts (a child process)
         os.environ.setdefault(key, value)
     from trainforge.flows.train_job import reusing_validation, train_job
-
-    if _WARMING is not None:  # its start, begun earlier (warm_up_server), must be over before the flow's client
-        _WARMING.join(timeout=EPHEMERAL_STARTUP_S)
 
     with reusing_validation(sub.report):  # validated here already: the flow does not validate it again
         return train_job(sub.doc, sub.source, sub.base_dir, sub.job_id, sub.resume)

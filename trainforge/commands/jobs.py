@@ -66,9 +66,6 @@ def run_job(spec_file: Path | None, *, job_id: str | None = None, resume: bool =
             overrides: list[str] | None = None) -> dict[str, Any]:
     """Run the train-job flow in this process through the SDK (Prefect's ephemeral API when no server is
     configured); a bad spec stops the command with its problems; what the flow raised is raised."""
-    from trainforge.sdk import warm_up_server
-
-    warm_up_server()  # its start overlaps with the validation and the flow's imports
     sub = _prepare(spec_file, overrides=overrides, resume=job_id if resume else None, job_id=job_id)
     return run_job_from(sub, show_progress=show_progress)
 
@@ -465,10 +462,8 @@ def demo(
 ) -> None:
     """Build the demo dataset if missing, then submit the tiny CPU job and print where to look."""
     from trainforge.datasets.demo import ensure_demo_dataset
-    from trainforge.sdk import warm_up_server
 
     t0 = time.monotonic()
-    warm_up_server()  # Prefect's temporary server starts while the dataset is built
     if as_json:
         ds = ensure_demo_dataset()
     else:
