@@ -64,12 +64,13 @@ def make_steps(clone: Path) -> list[tuple[str, list[str]]]:
     listing = subprocess.run(["make", "-n", "-B", stamp], cwd=clone, capture_output=True,
                              text=True, timeout=60, check=True).stdout
     steps = []
-    for line in listing.splitlines():
+    for line in listing.replace("\\\n", " ").splitlines():  # a recipe line continued with a backslash is one
         line = line.strip()
         if not line or line.startswith(("#", "touch", "echo")):
             continue
-        name = "venv" if " -m venv " in line else "torch" if "torch==" in line else "pip" if "--upgrade pip" in line else \
-            "project" if " -e " in line else "compile" if "compileall" in line else line.split()[0]
+        name = ("venv" if " -m venv " in line else "pip" if "--upgrade pip" in line else
+                "torch" if "torch==" in line else "project" if " -e " in line else
+                "compile" if "compileall" in line else line.split()[0])
         steps.append((name, ["sh", "-c", line]))
     return steps
 
