@@ -16,13 +16,10 @@ $(DEMO_STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU wheel of torch first, so nothing pulls a CUDA build (any torch>=2.13 works elsewhere).
 	$(BIN)/pip install --quiet --no-compile "torch==2.13.0"
-	# pip compiles each file as it installs it, on one core (47 s of the install on 2 cores). Instead: what is
-	# installed so far (torch and its dependencies) compiles on one core while pip resolves and installs the rest on
-	# the other, then compileall on every core does what is left, the project's own modules too (an editable install
-	# leaves them to each process). A file rewritten meanwhile is compiled again by the last pass (its mtime).
+	$(BIN)/pip install --quiet --no-compile -e ".[trainer]"
+	# pip compiles each file as it installs it, on one core (47 s of the install on 2 cores); compileall on every
+	# core takes 30 s, and compiles the project's own modules too (an editable install leaves them to each process).
 	# Some packages ship files no Python 3 compiles (aenum's _py2.py): pip skips them too, so their errors do not count.
-	$(BIN)/python -m compileall -qq $(VENV)/lib >/dev/null 2>&1 & compiling=$$!; \
-		$(BIN)/pip install --quiet --no-compile -e ".[trainer]"; installed=$$?; wait $$compiling; exit $$installed
 	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib trainforge || true
 	touch $(DEMO_STAMP)
 
