@@ -79,14 +79,35 @@ class _Zygote:
 
     def __init__(self, env: Mapping[str, str]):
         self.env = dict(env)
-        self.proc = subprocess.Popen(zygote_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=self.env)
+        self._closed = threading.Event()
+        self.proc = self._spawn()
         self.ready = threading.Event()
         self.dead = False
         self._ids = itertools.count()
         self._children: dict[int, _Child] = {}
         self._send = threading.Lock()
         threading.Thread(target=self._read, name="offline-zygote", daemon=True).start()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """Started from a thread of its own that lives as long as the starter: the starter's PR_SET_PDEATHSIG fires
+        when the thread that started it ends, and the caller's (a task runner's pool thread) may end first."""
+        started = threading.Event()
+        box: dict[str, Any] = {}
+
+        def keep() -> None:
+            try:
+                box["proc"] = subprocess.Popen(zygote_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                               stderr=subprocess.DEVNULL, env=self.env)
+            except BaseException as exc:  # handed to the caller
+                box["error"] = exc
+            started.set()
+            self._closed.wait()
+
+        threading.Thread(target=keep, name="offline-zygote-keeper", daemon=True).start()
+        started.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["proc"]
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -135,6 +156,7 @@ class _Zygote:
         return child
 
     def close(self) -> None:
+        self._closed.set()
         with contextlib.suppress(OSError, ValueError):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()  # it kills its children left and exits

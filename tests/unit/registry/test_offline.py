@@ -20,8 +20,9 @@ JOB = ("file:///store", "jobs/a")
 OTHER = ("file:///store", "jobs/b")
 
 
-ZYGOTE_SHIM = ("import sys\n"
-               "from trainforge.trainer.offline_zygote import serve\n"
+ZYGOTE_SHIM = ("import signal, sys\n"
+               "from trainforge.trainer.offline_zygote import _die_with_parent, serve\n"
+               "_die_with_parent(signal.SIGKILL)  # as the starter's main does\n"
                "code = sys.argv[1]\n"
                "sys.exit(serve(lambda args: exec(code, {'__name__': '__main__'}) or 0))\n")
 
@@ -176,3 +177,18 @@ def test_each_warm_child_gets_its_own_environment_and_folder(monkeypatch, mode, 
     assert run_offline(JOB, ["evaluate"], 30, {"X": "2"}) == {"x": "2", "cwd": str(tmp_path)}
     if mode == "warm":  # one starter per environment, the other closed once idle
         assert len(offline._ZYGOTES) == 1
+
+
+def test_the_warm_starter_outlives_the_thread_that_first_asked_for_it(monkeypatch, mode):
+    """Its PR_SET_PDEATHSIG follows the thread that started it: a task runner's pool thread may end before the flow."""
+    if mode != "warm":
+        pytest.skip("the warm starter's own lifetime")
+    _script(monkeypatch, "print('{\"n\": 1}')")
+    thread, raised = _evaluate_in_thread()
+    thread.join(30)
+    assert not raised
+    [zygote] = offline._ZYGOTES.values()
+    time.sleep(0.5)  # the asking thread is gone
+    assert zygote.proc.poll() is None and not zygote.dead
+    assert run_offline(JOB, ["evaluate"], 30, {}) == {"n": 1}
+    assert list(offline._ZYGOTES.values()) == [zygote]
