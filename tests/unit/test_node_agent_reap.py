@@ -15,7 +15,7 @@ AGENT = textwrap.dedent("""
     import os, subprocess, sys, time
     from trainforge.infra.backends import node_agent
 
-    node_agent._prctl(node_agent.PR_SET_CHILD_SUBREAPER, 1)
+    node_agent.prctl(node_agent.PR_SET_CHILD_SUBREAPER, 1)
     # both ignore SIGTERM, as a worker blocked in a collective of a broken gang does: only SIGKILL ends them
     sleeper = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
     spawn = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

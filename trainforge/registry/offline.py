@@ -219,11 +219,10 @@ def run_offline(key: Key, args: list[str], timeout_s: float, env: Mapping[str, s
             if child is not None:
                 try:
                     if not child.done.wait(timeout_s):
-                        _kill(child)
-                        child.done.wait(5.0)
                         raise subprocess.TimeoutExpired(offline_argv(args), timeout_s)
                 except BaseException:  # a timeout, or Ctrl-C in this thread: the child never outlives its caller
                     _kill(child)
+                    child.done.wait(5.0)
                     raise
                 finally:
                     stopping = _forget(key, child)

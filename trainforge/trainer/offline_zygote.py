@@ -18,7 +18,6 @@ process that asked for it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -27,12 +26,7 @@ import sys
 import traceback
 from typing import Any
 
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(sig: int) -> None:
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+from trainforge._linux import die_with_parent
 
 
 def _reply(message: dict[str, Any]) -> None:
@@ -44,7 +38,7 @@ def _child(request: dict[str, Any], run: Any) -> None:
     code = 1
     try:
         os.setsid()  # its own group: a stop kills what it started too
-        _die_with_parent(signal.SIGKILL)  # the zygote gone (the flow gone): nothing waits for this result
+        die_with_parent(signal.SIGKILL)  # the zygote gone (the flow gone): nothing waits for this result
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
@@ -113,7 +107,7 @@ def serve(run: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m trainforge.trainer.offline_zygote [MODULE:FUNCTION]`: what each child runs (default: the offline
     module's `main`)."""
-    _die_with_parent(signal.SIGKILL)
+    die_with_parent(signal.SIGKILL)
     args = sys.argv[1:] if argv is None else argv
     module, _, name = (args[0] if args else "trainforge.trainer.offline:main").partition(":")
     run = getattr(__import__(module, fromlist=[name]), name)  # the warm part: torch, the trainer, the models

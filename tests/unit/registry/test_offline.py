@@ -21,8 +21,9 @@ OTHER = ("file:///store", "jobs/b")
 
 
 ZYGOTE_SHIM = ("import signal, sys\n"
-               "from trainforge.trainer.offline_zygote import _die_with_parent, serve\n"
-               "_die_with_parent(signal.SIGKILL)  # as the starter's main does\n"
+               "from trainforge._linux import die_with_parent\n"
+               "from trainforge.trainer.offline_zygote import serve\n"
+               "die_with_parent(signal.SIGKILL)  # as the starter's main does\n"
                "code = sys.argv[1]\n"
                "sys.exit(serve(lambda args: exec(code, {'__name__': '__main__'}) or 0))\n")
 
@@ -188,7 +189,8 @@ def test_the_warm_starter_outlives_the_thread_that_first_asked_for_it(monkeypatc
     thread.join(30)
     assert not raised
     [zygote] = offline._ZYGOTES.values()
-    time.sleep(0.5)  # the asking thread is gone
-    assert zygote.proc.poll() is None and not zygote.dead
+    with pytest.raises(subprocess.TimeoutExpired):  # the asking thread is gone: no parent-death signal comes
+        zygote.proc.wait(timeout=1.0)
+    assert not zygote.dead
     assert run_offline(JOB, ["evaluate"], 30, {}) == {"n": 1}
     assert list(offline._ZYGOTES.values()) == [zygote]

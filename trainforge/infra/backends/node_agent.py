@@ -42,7 +42,6 @@ other nodes in their `go` line.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -55,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+from trainforge._linux import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl
 from trainforge.infra.procs import stop_group, stop_process
 
 ORPHAN_GRACE_S = 5.0
@@ -120,18 +120,9 @@ class NodeProgram:
         return cls(**data)
 
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def _prctl(option: int, value: int) -> None:
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value, 0, 0, 0)
-
-
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the node agent dies."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)
 
 
 def _children() -> list[int]:
@@ -497,7 +488,7 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 
 def main() -> int:
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
     stdin = _Lines(sys.stdin.fileno())
     line = stdin.first()
     if not line:

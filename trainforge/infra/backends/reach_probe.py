@@ -130,8 +130,8 @@ class Prober:
             began = time.monotonic()
             failed = probe_round(self.peers, self.timeout_s)
             self.sent += len(self.peers)
-            self._failing = {p: (self._failing.get(p, (0, began))[0] + 1, self._failing.get(p, (0, began))[1])
-                             for p in failed}
+            self._failing = {p: (rounds + 1, first) for p in failed
+                             for rounds, first in [self._failing.get(p, (0, began))]}
             now = time.monotonic()
             down = sorted(p for p, (n, _) in self._failing.items() if n >= self.rounds)
             if down != self._reported:

@@ -10,7 +10,6 @@ SIGHUP to the pid in `weed.pid`) whose Read/Write/List actions are a job's grant
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import secrets
 import shutil
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainforge._linux import die_with_parent
 from trainforge.infra.storage.credentials import (
     PID_FILE,
     CredentialError,
@@ -83,12 +83,8 @@ def _free_ports(n: int, address: str = LOOPBACK) -> list[int]:
             s.close()
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: no orphan server if the parent dies
-    except OSError:
-        pass
+def _die_with_parent() -> None:  # runs in the child between fork and exec: no orphan server if the parent dies
+    die_with_parent(signal.SIGTERM)
 
 
 class SeaweedFSServer:
